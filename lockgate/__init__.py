@@ -1,0 +1,36 @@
+"""Lockgate: exactly-once stateful stream processing for Python."""
+
+from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
+from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
+from lockgate.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ExponentialBackoffRestart,
+    FixedDelayRestart,
+    NoRestart,
+)
+from lockgate.errors import LockgateError
+from lockgate.state.backend import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointingMode",
+    "DataStream",
+    "ExponentialBackoffRestart",
+    "FixedDelayRestart",
+    "KeyedProcessFunction",
+    "KeyedStream",
+    "ListStateDescriptor",
+    "LockgateError",
+    "MapStateDescriptor",
+    "NoRestart",
+    "Pipeline",
+    "RuntimeContext",
+    "ValueStateDescriptor",
+]

@@ -1,0 +1,87 @@
+"""User function base classes and the runtime context they see."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, Protocol, TypeVar
+
+from lockgate.state.backend import (
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ValueState,
+    ValueStateDescriptor,
+)
+
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+__all__ = ["RuntimeContext", "KeyedProcessFunction", "Collector"]
+
+
+class Collector(Protocol[OUT]):
+    def collect(self, record: OUT) -> None: ...
+
+
+class RuntimeContext(ABC):
+    """What a user function sees of the task it runs in."""
+
+    task_index: int
+    parallelism: int
+    attempt: int
+    uid: str
+
+    @property
+    @abstractmethod
+    def current_key(self) -> Any:
+        """The key of the record being processed (keyed functions only)."""
+
+    @abstractmethod
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+
+    @abstractmethod
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+
+    @abstractmethod
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+
+
+class KeyedProcessFunction(ABC, Generic[IN, OUT]):
+    """A function over a keyed stream with access to keyed state.
+
+    Example::
+
+        class Count(KeyedProcessFunction):
+            def open(self, ctx):
+                self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+            def process_element(self, value, ctx):
+                n = self.count.value() + 1
+                self.count.update(n)
+                yield (ctx.current_key, n)
+
+    ``process_element`` returns an iterable of output records (a generator, a
+    list, or ``None`` for nothing).
+    """
+
+    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
+        """Called once per task before the first record; register state here."""
+
+    @abstractmethod
+    def process_element(self, value: IN, ctx: RuntimeContext) -> Iterable[OUT] | None: ...
+
+    def end_input(self, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """Called once when the input is exhausted (bounded jobs)."""
+        return None
+
+    def finish(self, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """Called after ``end_input``: last chance to emit records."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; always called, also on failure."""
+
+
+KeySelector = Callable[[Any], Any]

@@ -1,0 +1,230 @@
+"""Building pipelines: ``Pipeline``, ``DataStream`` and ``KeyedStream``.
+
+Example::
+
+    from lockgate import Pipeline, CheckpointConfig
+    from lockgate.connectors import SequenceSource, FileSink
+
+    p = Pipeline("odd-even-sums", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=1.0, storage="checkpoints/"))
+    (p.source(SequenceSource(1, 1_000_000), uid="numbers")
+       .key_by(lambda x: x % 2)
+       .reduce(lambda a, b: a + b, uid="sums")
+       .sink(FileSink("out/", format="jsonl"), uid="out"))
+    p.run()
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from lockgate.api.functions import KeyedProcessFunction
+from lockgate.config import CheckpointConfig, RestartStrategy
+from lockgate.connectors.base import Sink, Source
+from lockgate.errors import PipelineDefinitionError
+from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
+
+if TYPE_CHECKING:
+    from lockgate.cluster.result import JobResult
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node"]
+
+_UID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass
+class Node:
+    """One operator of the logical pipeline (before chaining)."""
+
+    id: int
+    kind: str
+    """source | map | filter | flat_map | map_batch | reduce | process | sink"""
+    fn: Any
+    uid: str | None
+    parallelism: int
+    input: int | None = None
+    partitioning: str = "forward"
+    """How records reach this node from its input: forward | hash | rebalance."""
+    key_selector: Callable[[Any], Any] | None = None
+    name: str = ""
+    consumers: list[int] = field(default_factory=list)
+
+
+class Pipeline:
+    """A dataflow program: sources, operators and sinks.
+
+    Args:
+        name: the job's name (also the prefix of its job id).
+        parallelism: default parallelism of every operator.
+        max_parallelism: number of key groups; fixes how far keyed state can be
+            rescaled for the life of the state.
+        checkpoint: checkpointing settings; ``None`` for the defaults.
+        restart: restart strategy on failure.
+        allow_pickle: let state hold arbitrary objects (pickled). Loading such a
+            checkpoint executes code: only for checkpoints you trust.
+        batch_size: records per batch that sources emit.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        parallelism: int = 1,
+        *,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        checkpoint: CheckpointConfig | None = None,
+        restart: RestartStrategy | None = None,
+        allow_pickle: bool = False,
+        batch_size: int = 1024,
+    ) -> None:
+        if parallelism < 1:
+            raise PipelineDefinitionError(f"parallelism must be >= 1, got {parallelism}")
+        if parallelism > max_parallelism:
+            raise PipelineDefinitionError(
+                f"parallelism {parallelism} exceeds max_parallelism {max_parallelism}; "
+                "raise max_parallelism (it fixes the number of key groups)"
+            )
+        self.name = name
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.checkpoint = checkpoint or CheckpointConfig()
+        self.restart = restart
+        self.allow_pickle = allow_pickle
+        self.batch_size = batch_size
+        self.nodes: list[Node] = []
+
+    # -- building ---------------------------------------------------------
+    def source(self, source: Source[T], *, uid: str | None = None,
+               parallelism: int | None = None) -> DataStream[T]:
+        """Add a source; returns its stream."""
+        if not isinstance(source, Source):
+            raise PipelineDefinitionError(f"{source!r} is not a lockgate Source")
+        node = self._add("source", source, uid, parallelism, None)
+        return DataStream(self, node)
+
+    def _add(self, kind: str, fn: Any, uid: str | None, parallelism: int | None,
+             upstream: Node | None, partitioning: str = "forward",
+             key_selector: Callable[[Any], Any] | None = None) -> Node:
+        if uid is not None and not _UID_RE.match(uid):
+            raise PipelineDefinitionError(
+                f"uid {uid!r} may only contain letters, digits, '_', '-' and '.'"
+            )
+        if uid is not None and any(n.uid == uid for n in self.nodes):
+            raise PipelineDefinitionError(
+                f"uid {uid!r} is used twice; every operator needs its own"
+            )
+        p = parallelism or self.parallelism
+        if p < 1 or p > self.max_parallelism:
+            raise PipelineDefinitionError(
+                f"parallelism {p} of {kind} must be in 1..max_parallelism ({self.max_parallelism})"
+            )
+        node = Node(len(self.nodes), kind, fn, uid, p,
+                    upstream.id if upstream else None, partitioning, key_selector,
+                    name=getattr(fn, "__name__", kind))
+        if upstream is not None:
+            upstream.consumers.append(node.id)
+        self.nodes.append(node)
+        return node
+
+    # -- running ----------------------------------------------------------
+    def run(self, *, launcher: str = "local", from_checkpoint: str | None = None,
+            allow_non_replayable: bool = False, fault_injection: list[dict] | None = None,
+            job_id: str | None = None) -> JobResult:
+        """Run the job and block until it ends (bounded input done, or failed).
+
+        Args:
+            launcher: ``"local"`` (one subprocess per task).
+            from_checkpoint: start from this completed checkpoint (a ``chk-N`` folder).
+            allow_non_replayable: run with a non-replayable source under
+                exactly-once by downgrading the guarantee (the job reports it).
+            fault_injection: test-only: kill tasks at named protocol points.
+        """
+        from lockgate.cluster.jobmaster import run_pipeline
+
+        return run_pipeline(self, launcher=launcher, from_checkpoint=from_checkpoint,
+                            allow_non_replayable=allow_non_replayable,
+                            fault_injection=fault_injection or [], job_id=job_id)
+
+
+class DataStream(Generic[T]):
+    """A stream of records of type ``T``."""
+
+    def __init__(self, pipeline: Pipeline, node: Node, partitioning: str = "forward") -> None:
+        self._p = pipeline
+        self._node = node
+        self._partitioning = partitioning
+
+    def _then(self, kind: str, fn: Any, uid: str | None, parallelism: int | None,
+              partitioning: str | None = None,
+              key_selector: Callable[[Any], Any] | None = None) -> Node:
+        if self._node.kind == "sink":
+            raise PipelineDefinitionError("a sink has no output stream")
+        part = partitioning or self._partitioning
+        p = parallelism or self._p.parallelism
+        if part == "forward" and p != self._node.parallelism:
+            part = "rebalance"
+        return self._p._add(kind, fn, uid, parallelism, self._node, part, key_selector)
+
+    def map(self, fn: Callable[[T], U], *, uid: str | None = None,
+            parallelism: int | None = None) -> DataStream[U]:
+        """Apply ``fn`` to every record."""
+        return DataStream(self._p, self._then("map", fn, uid, parallelism))
+
+    def filter(self, fn: Callable[[T], bool], *, uid: str | None = None,
+               parallelism: int | None = None) -> DataStream[T]:
+        """Keep the records for which ``fn`` is true."""
+        return DataStream(self._p, self._then("filter", fn, uid, parallelism))
+
+    def flat_map(self, fn: Callable[[T], Iterable[U]], *, uid: str | None = None,
+                 parallelism: int | None = None) -> DataStream[U]:
+        """Replace every record by the records of the iterable ``fn`` returns."""
+        return DataStream(self._p, self._then("flat_map", fn, uid, parallelism))
+
+    def map_batch(self, fn: Callable[[list[T]], list[U]], *, uid: str | None = None,
+                  parallelism: int | None = None) -> DataStream[U]:
+        """Apply ``fn`` to a whole batch (a list) at once; it returns a list."""
+        return DataStream(self._p, self._then("map_batch", fn, uid, parallelism))
+
+    def rebalance(self) -> DataStream[T]:
+        """Spread the records round-robin over the next operator's tasks."""
+        return DataStream(self._p, self._node, "rebalance")
+
+    def key_by(self, key_selector: Callable[[T], Any]) -> KeyedStream[T]:
+        """Partition by key: records with equal keys go to the same task."""
+        return KeyedStream(self._p, self._node, key_selector)
+
+    def sink(self, sink: Sink[T], *, uid: str | None = None,
+             parallelism: int | None = None) -> DataStream[T]:
+        """Write the stream to ``sink``."""
+        if not isinstance(sink, Sink):
+            raise PipelineDefinitionError(f"{sink!r} is not a lockgate Sink")
+        return DataStream(self._p, self._then("sink", sink, uid, parallelism))
+
+
+class KeyedStream(Generic[T]):
+    """A stream partitioned by key; its operators see keyed state."""
+
+    def __init__(self, pipeline: Pipeline, node: Node, key_selector: Callable[[T], Any]) -> None:
+        self._p = pipeline
+        self._node = node
+        self._key = key_selector
+
+    def _keyed(self, kind: str, fn: Any, uid: str | None, parallelism: int | None) -> Node:
+        return self._p._add(kind, fn, uid, parallelism, self._node, "hash", self._key)
+
+    def reduce(self, fn: Callable[[T, T], T], *, uid: str | None = None,
+               parallelism: int | None = None) -> DataStream[T]:
+        """Combine each record with its key's running value; emits every updated value."""
+        return DataStream(self._p, self._keyed("reduce", fn, uid, parallelism))
+
+    def process(self, fn: KeyedProcessFunction[T, U], *, uid: str | None = None,
+                parallelism: int | None = None) -> DataStream[U]:
+        """Run a ``KeyedProcessFunction`` with keyed state."""
+        if not isinstance(fn, KeyedProcessFunction):
+            raise PipelineDefinitionError(f"{fn!r} is not a KeyedProcessFunction")
+        return DataStream(self._p, self._keyed("process", fn, uid, parallelism))

@@ -1,0 +1,261 @@
+"""The checkpoint coordinator (Flink's CheckpointCoordinator role), in the driver.
+
+It decides when to trigger, collects acknowledgements, completes a checkpoint
+by writing ``_metadata`` atomically, notifies every task, enforces timeouts
+and retention, and runs the final checkpoint of a bounded job. It talks to
+tasks only through the injected ``send`` function and reads time only from the
+injected ``clock``, so tests drive it without processes or sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lockgate.checkpoint import storage
+from lockgate.checkpoint.pending import (
+    AckResult,
+    CheckpointAbortReason,
+    PendingCheckpoint,
+    build_metadata,
+    checkpoints_to_discard,
+)
+from lockgate.config import CheckpointConfig
+from lockgate.errors import LockgateError
+
+log = logging.getLogger("lockgate.checkpoint")
+
+
+class CheckpointFailureError(LockgateError):
+    """More consecutive checkpoints failed than the job tolerates."""
+
+
+@dataclass
+class CheckpointRecord:
+    """One line of the checkpoint history."""
+
+    checkpoint_id: int
+    kind: str
+    status: str  # in_progress | completed | failed
+    trigger_time: float
+    duration: float | None = None
+    size: int = 0
+    failure: str | None = None
+    ack_times: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class CompletedCheckpoint:
+    checkpoint_id: int
+    path: Path
+    metadata: dict[str, Any]
+
+
+@dataclass
+class AttemptPlan:
+    """Who takes part in checkpoints during one job attempt."""
+
+    attempt: int
+    source_tasks: list[int]
+    all_tasks: list[int]
+    task_operators: dict[int, tuple[int, int, list[str]]]
+
+
+class CheckpointCoordinator:
+    def __init__(
+        self,
+        job_id: str,
+        job_dir: Path,
+        config: CheckpointConfig,
+        operator_parallelism: dict[str, int],
+        operator_modes: dict[str, str],
+        max_parallelism: int,
+        send: Callable[[int, int, dict[str, Any]], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.job_id = job_id
+        self.job_dir = job_dir
+        self.config = config
+        self.operator_parallelism = operator_parallelism
+        self.operator_modes = operator_modes
+        self.max_parallelism = max_parallelism
+        self.send = send
+        self.clock = clock
+        self.next_id = 1
+        self.pending: PendingCheckpoint | None = None
+        self.completed: list[CompletedCheckpoint] = []
+        self.history: list[CheckpointRecord] = []
+        self.plan: AttemptPlan | None = None
+        self.consecutive_failures = 0
+        self.last_trigger = clock()
+        self.last_completion = clock()
+        self.end_of_data: set[int] = set()
+        self.finished = False
+        """The final checkpoint completed: the job may end."""
+
+    # ------------------------------------------------------------ attempts
+    def start_attempt(self, plan: AttemptPlan) -> None:
+        if self.pending is not None:
+            self._abort(CheckpointAbortReason.TASK_FAILURE, notify=False)
+        self.plan = plan
+        self.end_of_data = set()
+        self.last_trigger = self.clock()
+
+    def restored_from(self, completed: CompletedCheckpoint) -> None:
+        """Start numbering after a checkpoint the job was started from."""
+        self.next_id = max(self.next_id, completed.checkpoint_id + 1)
+        if not self.completed:
+            self.completed.append(completed)
+
+    @property
+    def latest(self) -> CompletedCheckpoint | None:
+        return self.completed[-1] if self.completed else None
+
+    # --------------------------------------------------------------- clock
+    def tick(self) -> None:
+        """Periodic work: expire the pending checkpoint, trigger the next one."""
+        now = self.clock()
+        if self.pending is not None:
+            if self.pending.expired(now, self.config.timeout):
+                self._abort(CheckpointAbortReason.EXPIRED)
+            return
+        if self.plan is None or self.finished:
+            return
+        if self._all_ended():
+            self.trigger(final=True)
+            return
+        interval = self.config.interval
+        if (interval is not None and now - self.last_trigger >= interval
+                and now - self.last_completion >= self.config.min_pause):
+            self.trigger()
+
+    def _all_ended(self) -> bool:
+        return self.plan is not None and self.end_of_data >= set(self.plan.all_tasks)
+
+    def trigger(self, final: bool = False) -> int | None:
+        """Start a checkpoint: ``trigger(n)`` to every source task."""
+        if self.pending is not None or self.plan is None:
+            return None
+        n = self.next_id
+        self.next_id += 1
+        now = self.clock()
+        self.last_trigger = now
+        self.pending = PendingCheckpoint(n, time.time(), now, frozenset(self.plan.all_tasks),
+                                         is_final=final)
+        self.history.append(CheckpointRecord(n, "final" if final else "checkpoint",
+                                             "in_progress", time.time()))
+        for task in self.plan.source_tasks:
+            self.send(self.plan.attempt, task, {"t": "trigger", "cp": n})
+        return n
+
+    # -------------------------------------------------------------- events
+    def on_end_of_data(self, task: int) -> None:
+        self.end_of_data.add(task)
+        if self._all_ended() and self.pending is None and not self.finished:
+            self.trigger(final=True)
+
+    def on_ack(self, task: int, checkpoint_id: int, handles: dict[str, Any]) -> AckResult:
+        p = self.pending
+        if p is None or p.checkpoint_id != checkpoint_id:
+            return AckResult.DISCARDED
+        result = p.acknowledge(task, handles, self.clock())
+        if result is AckResult.SUCCESS and p.fully_acknowledged:
+            self._complete(p)
+        return result
+
+    def on_decline(self, task: int, checkpoint_id: int, reason: str) -> None:
+        p = self.pending
+        if p is not None and p.checkpoint_id == checkpoint_id:
+            log.warning("task %d declined checkpoint %d: %s", task, checkpoint_id, reason)
+            self._abort(CheckpointAbortReason.DECLINED, detail=reason)
+
+    def on_attempt_failed(self) -> None:
+        if self.pending is not None:
+            self._abort(CheckpointAbortReason.TASK_FAILURE, notify=False)
+        self.plan = None
+
+    # ------------------------------------------------------------- outcome
+    def _complete(self, p: PendingCheckpoint) -> None:
+        """Step 1. write _metadata atomically (now the checkpoint exists);
+        Step 2. notify every task; Step 3. discard old checkpoints."""
+        assert self.plan is not None
+        chk = storage.checkpoint_dir(self.job_dir, p.checkpoint_id)
+        metadata = build_metadata(self.job_id, p, self.plan.task_operators,
+                                  self.operator_parallelism, self.operator_modes,
+                                  self.max_parallelism)
+        # Step 1.
+        chk.mkdir(parents=True, exist_ok=True)
+        storage.write_metadata(chk, metadata)
+        self.pending = None
+        now = self.clock()
+        self.last_completion = now
+        self.consecutive_failures = 0
+        self.completed.append(CompletedCheckpoint(p.checkpoint_id, chk, metadata))
+        record = self._record(p.checkpoint_id)
+        record.status = "completed"
+        record.duration = now - p.started
+        record.ack_times = dict(p.ack_times)
+        record.size = sum(h["size"] for acks in p.acks.values()
+                          for h in acks.values() if h)
+        log.info("checkpoint %d completed in %.3f s (%d bytes)", p.checkpoint_id,
+                 record.duration, record.size)
+        # Step 2.
+        for task in self.plan.all_tasks:
+            self.send(self.plan.attempt, task, {"t": "complete", "cp": p.checkpoint_id})
+        if p.is_final:
+            self.finished = True
+            for task in self.plan.all_tasks:
+                self.send(self.plan.attempt, task, {"t": "finish"})
+        # Step 3.
+        self._retain()
+
+    def _retain(self) -> None:
+        keep = checkpoints_to_discard([c.checkpoint_id for c in self.completed],
+                                      self.config.retained)
+        doomed = set(keep)
+        self.completed = [c for c in self.completed if c.checkpoint_id not in doomed]
+        for n in doomed:
+            storage.discard(storage.checkpoint_dir(self.job_dir, n))
+        # folders of failed checkpoints older than the newest completed one
+        latest = self.completed[-1].checkpoint_id
+        if self.job_dir.is_dir():
+            for entry in self.job_dir.iterdir():
+                if entry.name.startswith("chk-") and not (entry / storage.METADATA).exists():
+                    try:
+                        n = int(entry.name[4:])
+                    except ValueError:
+                        continue
+                    if n < latest:
+                        storage.discard(entry)
+
+    def _abort(self, reason: CheckpointAbortReason, detail: str | None = None,
+               notify: bool = True) -> None:
+        p = self.pending
+        assert p is not None
+        p.abort(reason)
+        self.pending = None
+        self.last_completion = self.clock()
+        record = self._record(p.checkpoint_id)
+        record.status = "failed"
+        record.failure = f"{reason.value}: {detail}" if detail else reason.value
+        if notify and self.plan is not None:
+            for task in self.plan.all_tasks:
+                self.send(self.plan.attempt, task, {"t": "abort", "cp": p.checkpoint_id})
+        if reason in (CheckpointAbortReason.EXPIRED, CheckpointAbortReason.DECLINED):
+            self.consecutive_failures += 1
+            if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
+                raise CheckpointFailureError(
+                    f"{self.consecutive_failures} checkpoints failed in a row (last: "
+                    f"{record.failure}); tolerable_failed_checkpoints is "
+                    f"{self.config.tolerable_failed_checkpoints}"
+                )
+
+    def _record(self, checkpoint_id: int) -> CheckpointRecord:
+        for r in reversed(self.history):
+            if r.checkpoint_id == checkpoint_id:
+                return r
+        raise KeyError(checkpoint_id)

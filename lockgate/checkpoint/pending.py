@@ -1,0 +1,99 @@
+"""The coordinator's view of one checkpoint, as small objects without I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import Any
+
+
+class AckResult(Enum):
+    SUCCESS = "success"
+    DUPLICATE = "duplicate"
+    UNKNOWN = "unknown"
+    """The task is not one this checkpoint waits for."""
+    DISCARDED = "discarded"
+    """The checkpoint was already aborted."""
+
+
+class CheckpointAbortReason(StrEnum):
+    EXPIRED = "expired before every task acknowledged"
+    DECLINED = "a task declined it"
+    TASK_FAILURE = "a task failed"
+    JOB_ENDED = "the job ended"
+    SUBSUMED = "a newer checkpoint completed"
+
+
+@dataclass
+class PendingCheckpoint:
+    """Collects the acknowledgements of one checkpoint."""
+
+    checkpoint_id: int
+    timestamp: float
+    started: float
+    """Monotonic clock at trigger time."""
+    tasks_to_ack: frozenset[int]
+    is_final: bool = False
+    acks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    ack_times: dict[int, float] = field(default_factory=dict)
+    aborted: CheckpointAbortReason | None = None
+
+    def acknowledge(self, task: int, handles: dict[str, Any], now: float) -> AckResult:
+        if self.aborted is not None:
+            return AckResult.DISCARDED
+        if task not in self.tasks_to_ack:
+            return AckResult.UNKNOWN
+        if task in self.acks:
+            return AckResult.DUPLICATE
+        self.acks[task] = handles
+        self.ack_times[task] = now - self.started
+        return AckResult.SUCCESS
+
+    @property
+    def fully_acknowledged(self) -> bool:
+        return self.aborted is None and len(self.acks) == len(self.tasks_to_ack)
+
+    def expired(self, now: float, timeout: float) -> bool:
+        return now - self.started > timeout
+
+    def abort(self, reason: CheckpointAbortReason) -> None:
+        self.aborted = reason
+
+
+def checkpoints_to_discard(completed: list[int], retained: int) -> list[int]:
+    """Which completed checkpoints to delete so that the newest ``retained`` stay."""
+    ordered = sorted(completed)
+    return ordered[:-retained] if len(ordered) > retained else []
+
+
+def build_metadata(
+    job_id: str,
+    pending: PendingCheckpoint,
+    task_operators: dict[int, tuple[int, int, list[str]]],
+    operator_parallelism: dict[str, int],
+    operator_modes: dict[str, str],
+    max_parallelism: int,
+) -> dict[str, Any]:
+    """The content of ``_metadata`` for a fully acknowledged checkpoint.
+
+    ``task_operators`` maps a global task number to ``(vertex, subtask index,
+    operator uids)``. Every acknowledgement maps an operator uid to its handle.
+    """
+    operators: dict[str, dict[str, Any]] = {
+        uid: {"parallelism": p, "operator_state_mode": operator_modes[uid], "subtasks": [None] * p}
+        for uid, p in operator_parallelism.items()
+    }
+    for task, handles in pending.acks.items():
+        _, index, uids = task_operators[task]
+        for uid in uids:
+            operators[uid]["subtasks"][index] = handles.get(uid)
+    return {
+        "format": 1,
+        "job_id": job_id,
+        "checkpoint_id": pending.checkpoint_id,
+        "kind": "checkpoint",
+        "timestamp": pending.timestamp,
+        "final": pending.is_final,
+        "max_parallelism": max_parallelism,
+        "operators": operators,
+    }

@@ -1,0 +1,57 @@
+"""Which parts of a checkpoint a task restores. Pure: no I/O.
+
+Keyed state: every key group in the task's range, from whichever old subtask
+wrote it. Operator state ("split"): with unchanged parallelism each task gets
+its own entries back; otherwise all entries are dealt round-robin. ("union"):
+every task gets every entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockgate.errors import CheckpointCorruptError
+from lockgate.state.keygroups import key_group_range
+
+
+@dataclass
+class KeyedRestore:
+    """Blocks to read: (state file handle, offset, length) per key group."""
+
+    blocks: list[tuple[dict[str, Any], int, int]] = field(default_factory=list)
+    states: dict[str, str] = field(default_factory=dict)
+
+
+def plan_keyed_restore(
+    op_meta: dict[str, Any], task_index: int, parallelism: int, max_parallelism: int
+) -> KeyedRestore:
+    wanted = key_group_range(task_index, parallelism, max_parallelism)
+    plan = KeyedRestore()
+    for handle in op_meta["subtasks"]:
+        if not handle or not handle.get("key_groups"):
+            continue
+        for name, kind in handle.get("states", {}).items():
+            plan.states.setdefault(name, kind)
+        for kg_str, (offset, length) in handle["key_groups"].items():
+            kg = int(kg_str)
+            if not 0 <= kg < max_parallelism:
+                raise CheckpointCorruptError(
+                    f"key group {kg} outside [0, {max_parallelism}) in {handle['file']}"
+                )
+            if kg in wanted:
+                plan.blocks.append((handle, handle["keyed_offset"] + offset, length))
+    plan.blocks.sort(key=lambda b: (b[0]["file"], b[1]))
+    return plan
+
+
+def distribute_operator_state(
+    per_subtask: list[list[Any]], mode: str, task_index: int, parallelism: int
+) -> list[Any]:
+    """The operator-state entries task ``task_index`` of ``parallelism`` receives."""
+    if mode == "union":
+        return [e for entries in per_subtask for e in entries]
+    if len(per_subtask) == parallelism:
+        return list(per_subtask[task_index])
+    flat = [e for entries in per_subtask for e in entries]
+    return flat[task_index::parallelism]

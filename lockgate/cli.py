@@ -1,0 +1,77 @@
+"""The ``lockgate`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import runpy
+import sys
+
+from lockgate.checkpoint import storage
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run ``app.py[:name]``: the file's pipeline object (default ``pipeline``)."""
+    from lockgate.api.pipeline import Pipeline
+
+    path, _, name = args.app.partition(":")
+    namespace = runpy.run_path(path, run_name="lockgate_app")
+    candidates = {k: v for k, v in namespace.items() if isinstance(v, Pipeline)}
+    if name:
+        if name not in candidates:
+            print(f"error: {path} defines no Pipeline named {name!r} "
+                  f"(found: {sorted(candidates) or 'none'})", file=sys.stderr)
+            return 2
+        pipeline = candidates[name]
+    elif len(candidates) == 1:
+        pipeline = next(iter(candidates.values()))
+    else:
+        print(f"error: {path} defines {len(candidates)} Pipeline objects; "
+              f"name one as {path}:NAME", file=sys.stderr)
+        return 2
+    if args.parallelism:
+        pipeline.parallelism = args.parallelism
+        for node in pipeline.nodes:
+            node.parallelism = args.parallelism
+    result = pipeline.run(launcher=args.launcher, from_checkpoint=args.from_checkpoint)
+    done = len(result.completed_checkpoints)
+    print(f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
+          f"{result.records_in} records in, {result.records_out} out, "
+          f"{done} checkpoints, {result.restarts} restarts, guarantee {result.guarantee}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    meta = storage.read_metadata(args.path)
+    print(json.dumps({
+        "checkpoint_id": meta["checkpoint_id"], "job_id": meta.get("job_id"),
+        "max_parallelism": meta["max_parallelism"],
+        "operators": {uid: {"parallelism": op["parallelism"],
+                            "bytes": sum(h["size"] for h in op["subtasks"] if h)}
+                      for uid, op in meta["operators"].items()},
+    }, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lockgate", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a pipeline defined in a Python file")
+    run.add_argument("app", help="app.py or app.py:pipeline_variable")
+    run.add_argument("--launcher", default="local", choices=["local"])
+    run.add_argument("--parallelism", type=int)
+    run.add_argument("--from-checkpoint")
+    run.set_defaults(func=_run)
+    ins = sub.add_parser("inspect", help="print a checkpoint's operators and sizes")
+    ins.add_argument("path")
+    ins.set_defaults(func=_inspect)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

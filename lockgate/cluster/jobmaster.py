@@ -1,0 +1,294 @@
+"""The job master: runs a job's attempts and decides restarts (in the driver).
+
+One attempt = every task of the job, started by the launcher from the latest
+completed checkpoint. Any task failure (exception, death, lost connection)
+ends the attempt: all its tasks are killed before the next one starts, so no
+zombie of an older attempt writes anything. Events from tasks arrive on one
+queue and are handled one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lockgate.checkpoint import storage
+from lockgate.checkpoint.coordinator import (
+    AttemptPlan,
+    CheckpointCoordinator,
+    CheckpointFailureError,
+    CompletedCheckpoint,
+)
+from lockgate.cluster.result import JobResult, end_to_end_guarantee
+from lockgate.cluster.server import ControlServer, Event
+from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
+from lockgate.errors import CheckpointCorruptError, JobFailedError, PipelineDefinitionError
+from lockgate.graph.jobgraph import JobGraph, build_job_graph
+from lockgate.runtime.task import TaskSpec
+
+if TYPE_CHECKING:
+    from lockgate.api.pipeline import Pipeline
+
+log = logging.getLogger("lockgate.driver")
+
+TICK = 0.02  # seconds between coordinator ticks
+DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
+
+
+class AttemptFailed(Exception):
+    def __init__(self, reason: str, task: int | None = None, error_type: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.task = task
+        self.error_type = error_type
+
+
+@dataclass
+class RunOptions:
+    launcher: str = "local"
+    from_checkpoint: str | None = None
+    allow_non_replayable: bool = False
+    fault_injection: list[dict[str, Any]] | None = None
+    job_id: str | None = None
+
+
+def make_launcher(name: str, events: queue.Queue[Event]) -> Any:
+    if name == "local":
+        from lockgate.cluster.local import LocalLauncher
+
+        return LocalLauncher(events)
+    raise PipelineDefinitionError(f"unknown launcher {name!r}; use 'local'")
+
+
+class JobMaster:
+    def __init__(self, pipeline: Pipeline, graph: JobGraph, options: RunOptions) -> None:
+        self.pipeline = pipeline
+        self.graph = graph
+        self.options = options
+        self.config = pipeline.checkpoint
+        self.job_id = options.job_id or f"{_slug(pipeline.name)}-{uuid.uuid4().hex[:8]}"
+        self.job_dir = Path(self.config.storage).absolute() / self.job_id
+        self.secret = os.urandom(32)
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.restart: RestartStrategy = pipeline.restart or DEFAULT_RESTART
+        self.offsets = graph.task_offsets()
+        self.task_operators = {
+            self.offsets[v.id] + i: (v.id, i, [op.uid for op in v.operators])
+            for v in graph.vertices for i in range(v.parallelism)
+        }
+        modes = {op.uid: ("union" if op.kind == "sink"
+                          else getattr(op.fn, "operator_state_mode", "split"))
+                 for op in graph.operators()}
+        self.server = ControlServer(self.secret, self.job_id, self.events)
+        self.coordinator = CheckpointCoordinator(
+            self.job_id, self.job_dir, self.config, graph.operator_parallelism(), modes,
+            graph.max_parallelism, self._send)
+        self.attempt = 0
+        self.launcher: Any = None
+        self.records = {"in": {}, "out": {}}
+        self.failures: list[str] = []
+
+    # ------------------------------------------------------------------ api
+    def run(self, guarantee: str) -> JobResult:
+        started = time.monotonic()
+        if self.options.from_checkpoint:
+            self.coordinator.restored_from(load_checkpoint(self.options.from_checkpoint,
+                                                           self.graph))
+        log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
+                 self.job_id, self.graph.num_tasks, guarantee, self.job_dir)
+        try:
+            while True:
+                try:
+                    self._run_attempt()
+                    break
+                except (AttemptFailed, CheckpointFailureError) as e:
+                    self._end_attempt()
+                    reason = e.reason if isinstance(e, AttemptFailed) else str(e)
+                    self.failures.append(reason)
+                    delay = self.restart.delay(len(self.failures))
+                    if delay is None:
+                        raise JobFailedError(
+                            f"job {self.job_id} failed after {len(self.failures)} failure(s); "
+                            f"last: {reason}"
+                        ) from None
+                    log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
+                                self.attempt, reason, delay,
+                                self.coordinator.latest.path if self.coordinator.latest
+                                else "the beginning")
+                    time.sleep(delay)
+                    self.attempt += 1
+            self._end_attempt()
+        finally:
+            self.server.close()
+        latest = self.coordinator.latest
+        return JobResult(
+            job_id=self.job_id, status="finished", guarantee=guarantee,
+            restarts=len(self.failures), failures=list(self.failures),
+            checkpoints=list(self.coordinator.history),
+            latest_checkpoint=str(latest.path) if latest else None,
+            records_in=sum(self.records["in"].values()),
+            records_out=sum(self.records["out"].values()),
+            duration=time.monotonic() - started,
+        )
+
+    # ------------------------------------------------------------ attempts
+    def _specs(self) -> list[TaskSpec]:
+        latest = self.coordinator.latest
+        specs = []
+        for v in self.graph.vertices:
+            for i in range(v.parallelism):
+                inputs = [
+                    [self.offsets[e.upstream] + i] if e.partitioning == "forward"
+                    else [self.offsets[e.upstream] + j for j in range(e.upstream_parallelism)]
+                    for e in v.inputs
+                ]
+                outputs = [[self.offsets[e.downstream] + j for j in range(e.downstream_parallelism)]
+                           for e in v.outputs]
+                specs.append(TaskSpec(
+                    job_id=self.job_id, task_id=self.offsets[v.id] + i, vertex=v, task_index=i,
+                    max_parallelism=self.graph.max_parallelism, attempt=self.attempt,
+                    aligned=self.config.mode == CheckpointingMode.EXACTLY_ONCE,
+                    job_dir=str(self.job_dir), inputs=inputs, outputs=outputs,
+                    restore_dir=str(latest.path) if latest else None,
+                    restore_metadata=latest.metadata if latest else None,
+                    allow_pickle=self.pipeline.allow_pickle,
+                    batch_size=self.pipeline.batch_size,
+                    faults=list(self.options.fault_injection or []),
+                ))
+        return specs
+
+    def _run_attempt(self) -> None:
+        n = self.graph.num_tasks
+        self.launcher = make_launcher(self.options.launcher, self.events)
+        self.launcher.start(self._specs(), self.server.address, self.secret)
+        registered: dict[int, list[Any]] = {}
+        finished: set[int] = set()
+        self.exit_codes: dict[int, int | None] = {}
+        running = False
+        while len(finished) < n:
+            try:
+                ev = self.events.get(timeout=TICK)
+            except queue.Empty:
+                ev = None
+            if ev is not None and ev.attempt == self.attempt:
+                if ev.kind == "message":
+                    assert ev.message is not None
+                    self._on_message(ev.task, ev.message, registered, finished)
+                    if not running and len(registered) == n:
+                        self._start_tasks(registered)
+                        running = True
+                elif ev.task not in finished:
+                    # A connected task's messages all arrive before its
+                    # "disconnected" event: judge it then, not at its exit.
+                    if ev.kind == "exited" and ev.task in registered:
+                        self.exit_codes[ev.task] = ev.exit_code
+                        continue
+                    code = self.exit_codes.get(ev.task, ev.exit_code)
+                    what = ("lost its connection to the coordinator" if code is None
+                            else f"exited with code {code}")
+                    raise AttemptFailed(f"task {self._task_name(ev.task)} {what}", ev.task)
+            if running:
+                self.coordinator.tick()
+
+    def _start_tasks(self, registered: dict[int, list[Any]]) -> None:
+        peers = {str(t): addr for t, addr in registered.items()}
+        for t in registered:
+            self._send(self.attempt, t, {"t": "start", "peers": peers})
+        sources = [self.offsets[v.id] + i for v in self.graph.vertices if v.is_source
+                   for i in range(v.parallelism)]
+        self.coordinator.start_attempt(AttemptPlan(
+            self.attempt, sources, sorted(registered), self.task_operators))
+
+    def _on_message(self, task: int, msg: dict[str, Any], registered: dict[int, list[Any]],
+                    finished: set[int]) -> None:
+        t = msg["t"]
+        if t == "register":
+            registered[task] = [msg["host"], msg["port"]]
+        elif t == "ack":
+            self._count(task, msg)
+            self.coordinator.on_ack(task, msg["cp"], msg["handles"])
+        elif t == "decline":
+            self.coordinator.on_decline(task, msg["cp"], msg["reason"])
+        elif t == "end_of_data":
+            self._count(task, msg)
+            self.coordinator.on_end_of_data(task)
+        elif t == "finished":
+            self._count(task, msg)
+            finished.add(task)
+        elif t == "failed":
+            log.error("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
+            raise AttemptFailed(f"task {self._task_name(task)} failed: {msg['error']}", task,
+                                msg.get("error_type"))
+
+    def _count(self, task: int, msg: dict[str, Any]) -> None:
+        if "in" in msg:
+            self.records["in"][task] = msg["in"]
+            self.records["out"][task] = msg["out"]
+
+    def _end_attempt(self) -> None:
+        self.coordinator.on_attempt_failed()
+        if self.launcher is not None:
+            self.launcher.stop()
+            self.launcher = None
+        self.server.drop_attempt(self.attempt)
+
+    def _send(self, attempt: int, task: int, message: dict[str, Any]) -> None:
+        self.server.send(attempt, task, message)
+
+    def _task_name(self, task: int) -> str:
+        v, i, uids = self.task_operators[task]
+        return f"{'->'.join(uids)}[{i}] (task {task})"
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name).strip("-") or "job"
+
+
+def load_checkpoint(path: str, graph: JobGraph) -> CompletedCheckpoint:
+    """Read a checkpoint a job starts from and check it fits the job."""
+    chk = Path(path).absolute()
+    meta = storage.read_metadata(chk)
+    storage.verify_files(chk, meta)
+    known = {op.uid for op in graph.operators()}
+    unknown = sorted(set(meta["operators"]) - known)
+    if unknown:
+        raise CheckpointCorruptError(
+            f"checkpoint {chk} holds state of operator uid(s) {unknown} that the job does not "
+            f"have (its uids: {sorted(known)}); give the operators their old uids"
+        )
+    if meta["max_parallelism"] != graph.max_parallelism:
+        raise CheckpointCorruptError(
+            f"checkpoint {chk} was taken with max_parallelism {meta['max_parallelism']}, the "
+            f"job has {graph.max_parallelism}; it fixes the key groups: use the same value"
+        )
+    return CompletedCheckpoint(int(meta["checkpoint_id"]), chk, meta)
+
+
+def run_pipeline(pipeline: Pipeline, *, launcher: str = "local",
+                 from_checkpoint: str | None = None, allow_non_replayable: bool = False,
+                 fault_injection: list[dict[str, Any]] | None = None,
+                 job_id: str | None = None) -> JobResult:
+    graph = build_job_graph(pipeline)
+    sources = [op for op in graph.operators() if op.kind == "source"]
+    sinks = [op for op in graph.operators() if op.kind == "sink"]
+    mode = pipeline.checkpoint.mode
+    not_replayable = [op.uid for op in sources if not op.fn.replayable]
+    if not_replayable and mode == CheckpointingMode.EXACTLY_ONCE and not allow_non_replayable:
+        raise PipelineDefinitionError(
+            f"source(s) {not_replayable} cannot be replayed, so the job cannot be exactly-once: "
+            "after a failure their records in flight would be lost. Use a replayable source, "
+            "or run with allow_non_replayable=True to accept at-most-once for those records"
+        )
+    guarantee = end_to_end_guarantee(
+        [op.fn.replayable for op in sources], [op.fn.exactly_once for op in sinks], mode)
+    if guarantee != "exactly_once":
+        log.warning("job %s runs with end-to-end guarantee %s", pipeline.name,
+                    guarantee.replace("_", "-").upper())
+    options = RunOptions(launcher, from_checkpoint, allow_non_replayable, fault_injection, job_id)
+    return JobMaster(pipeline, graph, options).run(guarantee)

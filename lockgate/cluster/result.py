@@ -1,0 +1,36 @@
+"""What a finished job reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lockgate.checkpoint.coordinator import CheckpointRecord
+from lockgate.config import CheckpointingMode
+
+
+def end_to_end_guarantee(sources_replayable: list[bool], sinks_exactly_once: list[bool],
+                         mode: CheckpointingMode) -> str:
+    """The guarantee a job's parts allow (design: Recovery)."""
+    if not all(sources_replayable):
+        return "at_most_once"
+    if mode == CheckpointingMode.EXACTLY_ONCE and all(sinks_exactly_once):
+        return "exactly_once"
+    return "at_least_once"
+
+
+@dataclass
+class JobResult:
+    job_id: str
+    status: str
+    guarantee: str
+    restarts: int
+    failures: list[str]
+    checkpoints: list[CheckpointRecord] = field(default_factory=list)
+    latest_checkpoint: str | None = None
+    records_in: int = 0
+    records_out: int = 0
+    duration: float = 0.0
+
+    @property
+    def completed_checkpoints(self) -> list[CheckpointRecord]:
+        return [c for c in self.checkpoints if c.status == "completed"]

@@ -1,0 +1,105 @@
+"""Job configuration: checkpointing and restart strategies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "CheckpointingMode",
+    "CheckpointConfig",
+    "RestartStrategy",
+    "FixedDelayRestart",
+    "ExponentialBackoffRestart",
+    "NoRestart",
+]
+
+
+class CheckpointingMode(StrEnum):
+    """How barriers are handled by tasks with several inputs."""
+
+    EXACTLY_ONCE = "exactly_once"
+    """Aligned barriers: a channel that delivered ``Barrier(n)`` is blocked until
+    every input delivered it."""
+    AT_LEAST_ONCE = "at_least_once"
+    """No blocking: records after a barrier may enter the snapshot's state and
+    are replayed after a failure (counted twice)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Periodic checkpointing.
+
+    Args:
+        interval: seconds between the start of two checkpoints (``None`` turns
+            periodic checkpoints off; bounded jobs still take a final one).
+        storage: checkpoint directory; checkpoints go to ``<storage>/<job-id>/chk-<n>``.
+        mode: exactly-once (aligned) or at-least-once (no blocking).
+        timeout: seconds after which a pending checkpoint is aborted.
+        retained: how many completed checkpoints to keep.
+        tolerable_failed_checkpoints: consecutive failed checkpoints the job
+            tolerates before it fails (and restarts).
+        min_pause: minimum seconds between the end of one checkpoint and the
+            start of the next.
+    """
+
+    interval: float | None = 1.0
+    storage: str = "checkpoints"
+    mode: CheckpointingMode | str = CheckpointingMode.EXACTLY_ONCE
+    timeout: float = 60.0
+    retained: int = 3
+    tolerable_failed_checkpoints: int = 3
+    min_pause: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", CheckpointingMode(self.mode))
+        if self.interval is not None and self.interval <= 0:
+            raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.interval}")
+        if self.retained < 1:
+            raise ValueError(f"retained must be >= 1, got {self.retained}")
+
+
+@dataclass(frozen=True)
+class RestartStrategy:
+    """Decides whether, and after which delay, a failed job restarts."""
+
+    max_attempts: int = 10
+
+    def delay(self, failures: int) -> float | None:
+        """Seconds to wait before restart number ``failures`` (1-based), or
+        ``None`` to give up."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NoRestart(RestartStrategy):
+    """Fail the job on the first failure."""
+
+    max_attempts: int = 0
+
+    def delay(self, failures: int) -> float | None:
+        return None
+
+
+@dataclass(frozen=True)
+class FixedDelayRestart(RestartStrategy):
+    """Restart up to ``max_attempts`` times, waiting ``delay_s`` each time."""
+
+    delay_s: float = 0.0
+
+    def delay(self, failures: int) -> float | None:
+        return self.delay_s if failures <= self.max_attempts else None
+
+
+@dataclass(frozen=True)
+class ExponentialBackoffRestart(RestartStrategy):
+    """Restart with a delay that grows by ``multiplier`` up to ``max_delay_s``."""
+
+    initial_delay_s: float = 0.1
+    max_delay_s: float = 30.0
+    multiplier: float = 2.0
+
+    def delay(self, failures: int) -> float | None:
+        if failures > self.max_attempts:
+            return None
+        return min(self.max_delay_s, self.initial_delay_s * self.multiplier ** (failures - 1))

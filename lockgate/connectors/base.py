@@ -1,0 +1,112 @@
+"""The contracts between the runtime and connectors (sources and sinks).
+
+A connector object (``Source``/``Sink``) lives in the user's pipeline and is
+shipped to every task inside its ``TaskSpec``; there it creates one reader or
+writer per task. Everything a reader or writer returns from
+``snapshot_state`` is *operator state*: a list of entries, each made of plain
+msgpack types (None, bool, int, float, str, bytes, list, dict, tuple), stored
+in the checkpoint without pickle and handed back to ``restore`` after a
+failure. Entries are the unit of redistribution when parallelism changes
+(round-robin), so one entry should describe one split / one transaction.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["TaskInfo", "Source", "SourceReader", "Sink", "SinkWriter"]
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """Identity of one parallel instance of an operator in one job attempt."""
+
+    job_id: str
+    uid: str
+    task_index: int
+    parallelism: int
+    max_parallelism: int
+    attempt: int
+    """The attempt (epoch) number; it grows with every restart of the job."""
+
+
+class SourceReader(ABC, Generic[T]):
+    """Reads one task's share of a source. All methods run on the task thread."""
+
+    @abstractmethod
+    def restore(self, state: list[Any]) -> None:
+        """Called once before the first ``poll``: ``state`` holds the entries this
+        task received from the restored checkpoint, or is empty on a fresh start."""
+
+    @abstractmethod
+    def poll(self, max_records: int) -> list[T] | None:
+        """Return up to ``max_records`` records; ``[]`` if none is available now;
+        ``None`` once the reader's input is exhausted (bounded sources only)."""
+
+    @abstractmethod
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        """Position after the last record returned by ``poll`` (split + offset)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Always called, also on failure."""
+
+
+class Source(ABC, Generic[T]):
+    """A pipeline source. ``replayable`` sources can rewind to a checkpointed
+    position, which exactly-once requires."""
+
+    replayable: bool = True
+    bounded: bool = True
+    operator_state_mode: str = "split"
+    """How state entries are redistributed on restore: ``"split"`` (each task
+    gets its own entries back; round-robin when parallelism changed) or
+    ``"union"`` (every task gets every entry and keeps those it owns)."""
+
+    @abstractmethod
+    def create_reader(self, info: TaskInfo) -> SourceReader[T]: ...
+
+
+class SinkWriter(ABC, Generic[T]):
+    """Writes one task's share of a sink. All methods run on the task thread,
+    in this order: ``restore`` once, then ``write_batch`` and the checkpoint
+    calls interleaved, then ``finish`` (bounded end, drained) and ``close``."""
+
+    @abstractmethod
+    def restore(self, state: list[Any]) -> None:
+        """Called once before any write, with this task's entries of the restored
+        checkpoint (empty on a fresh start). Two-phase-commit writers commit the
+        transactions recorded there and clean up anything else they own."""
+
+    @abstractmethod
+    def write_batch(self, batch: list[T]) -> None: ...
+
+    @abstractmethod
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        """Pre-commit: make everything written so far durable and return the
+        handles needed to commit it (or to recover it after a failure)."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` (and every earlier one) is complete."""
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` will never complete."""
+
+    def finish(self) -> None:  # noqa: B027
+        """No more records will come (bounded input drained). Flush; the next
+        checkpoint pre-commits what is left."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release resources. Always called, also on failure."""
+
+
+class Sink(ABC, Generic[T]):
+    """A pipeline sink. ``exactly_once`` sinks are transactional or idempotent."""
+
+    exactly_once: bool = False
+
+    @abstractmethod
+    def create_writer(self, info: TaskInfo) -> SinkWriter[T]: ...

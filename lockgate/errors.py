@@ -1,0 +1,21 @@
+"""Errors Lockgate raises on purpose. Each message names the problem and the fix."""
+
+
+class LockgateError(Exception):
+    """Base of every error Lockgate raises on purpose."""
+
+
+class PipelineDefinitionError(LockgateError):
+    """The pipeline as written cannot run (bad uid, parallelism, guarantee...)."""
+
+
+class CheckpointCorruptError(LockgateError):
+    """A checkpoint or savepoint cannot be read back as it was written."""
+
+
+class JobFailedError(LockgateError):
+    """The job failed and the restart strategy gave up."""
+
+
+class AuthenticationError(LockgateError):
+    """A peer failed the HMAC challenge on the job secret."""

@@ -1,0 +1,1 @@
+"""Pipeline to job graph translation (pure)."""

@@ -1,0 +1,154 @@
+"""Pipeline -> job graph: uids, chaining, partitioning. Pure: no I/O.
+
+Operators joined by a forward edge with equal parallelism, where the upstream
+has no other consumer, are *chained*: they run in one task as plain function
+calls over batches. Every other edge becomes a network exchange.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lockgate.errors import PipelineDefinitionError
+
+if TYPE_CHECKING:
+    from lockgate.api.pipeline import Node, Pipeline
+
+__all__ = ["OperatorSpec", "InputEdge", "OutputEdge", "JobVertex", "JobGraph", "build_job_graph"]
+
+
+@dataclass
+class OperatorSpec:
+    uid: str
+    kind: str
+    fn: Any
+    key_selector: Any = None
+    uid_generated: bool = False
+
+
+@dataclass
+class InputEdge:
+    upstream: int
+    upstream_parallelism: int
+    partitioning: str
+
+
+@dataclass
+class OutputEdge:
+    downstream: int
+    downstream_parallelism: int
+    partitioning: str
+    key_selector: Any = None
+
+
+@dataclass
+class JobVertex:
+    id: int
+    parallelism: int
+    operators: list[OperatorSpec]
+    inputs: list[InputEdge] = field(default_factory=list)
+    outputs: list[OutputEdge] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return " -> ".join(op.uid for op in self.operators)
+
+    @property
+    def is_source(self) -> bool:
+        return self.operators[0].kind == "source"
+
+
+@dataclass
+class JobGraph:
+    name: str
+    max_parallelism: int
+    vertices: list[JobVertex]
+
+    def task_offsets(self) -> list[int]:
+        """Global number of task 0 of each vertex."""
+        offsets, n = [], 0
+        for v in self.vertices:
+            offsets.append(n)
+            n += v.parallelism
+        return offsets
+
+    @property
+    def num_tasks(self) -> int:
+        return sum(v.parallelism for v in self.vertices)
+
+    def tasks(self) -> list[tuple[int, int]]:
+        """``(vertex id, subtask index)`` of every task, by global task number."""
+        return [(v.id, i) for v in self.vertices for i in range(v.parallelism)]
+
+    def operators(self) -> list[OperatorSpec]:
+        return [op for v in self.vertices for op in v.operators]
+
+    def operator_parallelism(self) -> dict[str, int]:
+        return {op.uid: v.parallelism for v in self.vertices for op in v.operators}
+
+
+def _assign_uids(nodes: list[Node]) -> dict[int, tuple[str, bool]]:
+    uids: dict[int, tuple[str, bool]] = {}
+    taken = {n.uid for n in nodes if n.uid}
+    for n in nodes:
+        if n.uid:
+            uids[n.id] = (n.uid, False)
+            continue
+        uid = f"{n.kind}-{n.id}"
+        while uid in taken:
+            uid += "_"
+        taken.add(uid)
+        uids[n.id] = (uid, True)
+    generated = [uids[n.id][0] for n in nodes if uids[n.id][1]]
+    if generated:
+        warnings.warn(
+            f"operators without a uid got generated ones derived from their position "
+            f"({', '.join(generated)}); state cannot follow them if the pipeline's shape "
+            "changes: give every stateful operator uid='...'",
+            stacklevel=4,
+        )
+    return uids
+
+
+def build_job_graph(pipeline: Pipeline) -> JobGraph:
+    """Chain the pipeline's operators into job vertices."""
+    nodes = pipeline.nodes
+    if not nodes:
+        raise PipelineDefinitionError("the pipeline is empty: add a source with p.source(...)")
+    for n in nodes:
+        if n.kind != "sink" and not n.consumers:
+            uid = n.uid or f"{n.kind}-{n.id}"
+            raise PipelineDefinitionError(
+                f"operator {uid!r} has no consumer: end every stream with .sink(...)"
+            )
+    uids = _assign_uids(nodes)
+    vertex_of: dict[int, int] = {}
+    vertices: list[JobVertex] = []
+    for n in nodes:
+        up = nodes[n.input] if n.input is not None else None
+        spec = OperatorSpec(uids[n.id][0], n.kind, n.fn, n.key_selector, uids[n.id][1])
+        chainable = (
+            up is not None
+            and n.partitioning == "forward"
+            and up.parallelism == n.parallelism
+            and len(up.consumers) == 1
+        )
+        if chainable:
+            assert up is not None
+            v = vertices[vertex_of[up.id]]
+            v.operators.append(spec)
+            vertex_of[n.id] = v.id
+            continue
+        v = JobVertex(len(vertices), n.parallelism, [spec])
+        vertices.append(v)
+        vertex_of[n.id] = v.id
+        if up is not None:
+            uv = vertices[vertex_of[up.id]]
+            part = n.partitioning
+            if part == "forward" and uv.parallelism != v.parallelism:
+                part = "rebalance"
+            uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector))
+            v.inputs.append(InputEdge(uv.id, uv.parallelism, part))
+    return JobGraph(pipeline.name, pipeline.max_parallelism, vertices)

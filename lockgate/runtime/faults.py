@@ -1,0 +1,46 @@
+"""Fault injection as data: a test names protocol points where a task kills
+itself with SIGKILL (a real, unannounced death, as from the OOM killer).
+
+A fault is a dict ``{"point": str, "task": int | None, "attempt": int | None,
+"count": int}``: the task with global number ``task`` (any if None), in job
+attempt ``attempt`` (any if None), dies the ``count``-th time it reaches
+``point``. Points:
+
+- ``batch``: in the middle of a batch (after the chain ran, before its output is sent)
+- ``alignment``: a channel was blocked while other barriers are still awaited
+- ``snapshot``: the snapshot is taken and the barrier sent, the ack is not yet sent
+- ``acked``: the ack was sent; the completion notice has not arrived
+- ``commit``: the completion notice arrived; sinks have not committed yet
+- ``end_of_data``: the task reached the end of its input (final checkpoint ahead)
+- ``final_snapshot``: the final checkpoint's snapshot is taken, not yet acknowledged
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from typing import Any
+
+POINTS = ("batch", "alignment", "snapshot", "acked", "commit", "end_of_data", "final_snapshot")
+
+
+class FaultInjector:
+    def __init__(self, faults: list[dict[str, Any]], task: int, attempt: int) -> None:
+        self._faults = [
+            f for f in faults
+            if f.get("task") in (None, task) and f.get("attempt") in (None, attempt)
+        ]
+        for f in self._faults:
+            if f["point"] not in POINTS:
+                raise ValueError(f"unknown fault point {f['point']!r}; known: {POINTS}")
+        self._hits: Counter[str] = Counter()
+        self.active = bool(self._faults)
+
+    def hit(self, point: str) -> None:
+        if not self.active:
+            return
+        self._hits[point] += 1
+        for f in self._faults:
+            if f["point"] == point and self._hits[point] == f.get("count", 1):
+                os.kill(os.getpid(), signal.SIGKILL)

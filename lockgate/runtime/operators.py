@@ -1,0 +1,272 @@
+"""Operators as they run inside a task: each turns a batch into a batch.
+
+A chain is a list of operators called one after the other on whole batches;
+the per-record cost is the user's function plus a list comprehension step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
+from lockgate.connectors.base import SinkWriter, TaskInfo
+from lockgate.errors import PipelineDefinitionError
+from lockgate.graph.jobgraph import OperatorSpec
+from lockgate.state.backend import (
+    HeapKeyedStateBackend,
+    KeyedStateSnapshot,
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ValueState,
+    ValueStateDescriptor,
+)
+from lockgate.state.keygroups import key_group_range
+from lockgate.state.serde import StateSerializer
+
+
+@dataclass
+class OperatorSnapshot:
+    """The synchronous part of one operator's snapshot; written asynchronously."""
+
+    keyed: KeyedStateSnapshot | None = None
+    operator_state: list[Any] = field(default_factory=list)
+
+
+class StreamOperator:
+    """Base of the runtime operators. ``process`` maps a batch to a batch."""
+
+    keyed = False
+    operator_state_mode = "split"  # how entries are redistributed: split | union
+
+    def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
+        self.spec = spec
+        self.uid = spec.uid
+        self.info = info
+        self.backend: HeapKeyedStateBackend | None = None
+
+    def open(self, serializer: StateSerializer) -> None:
+        pass
+
+    def restore_operator_state(self, entries: list[Any]) -> None:
+        pass
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        raise NotImplementedError
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot(self.backend.snapshot() if self.backend is not None else None)
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def notify_aborted(self, checkpoint_id: int) -> None:
+        pass
+
+    def end_input(self) -> list[Any]:
+        return []
+
+    def finish(self) -> list[Any]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class MapOperator(StreamOperator):
+    def process(self, batch: list[Any]) -> list[Any]:
+        fn = self.spec.fn
+        return [fn(r) for r in batch]
+
+
+class FilterOperator(StreamOperator):
+    def process(self, batch: list[Any]) -> list[Any]:
+        fn = self.spec.fn
+        return [r for r in batch if fn(r)]
+
+
+class FlatMapOperator(StreamOperator):
+    def process(self, batch: list[Any]) -> list[Any]:
+        fn = self.spec.fn
+        return [o for r in batch for o in fn(r)]
+
+
+class MapBatchOperator(StreamOperator):
+    def process(self, batch: list[Any]) -> list[Any]:
+        out = self.spec.fn(batch)
+        return out if isinstance(out, list) else list(out)
+
+
+class _KeyedOperator(StreamOperator):
+    keyed = True
+
+    def open(self, serializer: StateSerializer) -> None:
+        kg = key_group_range(self.info.task_index, self.info.parallelism,
+                             self.info.max_parallelism)
+        self.backend = HeapKeyedStateBackend(self.info.max_parallelism, kg, serializer)
+
+
+class ReduceOperator(_KeyedOperator):
+    """Keeps one value per key; emits every updated value."""
+
+    STATE = ValueStateDescriptor("reduce")
+
+    def open(self, serializer: StateSerializer) -> None:
+        super().open(serializer)
+        assert self.backend is not None
+        self.backend.get_state(self.STATE)
+        self._values = self.backend.raw(self.STATE.name)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        fn, key_of, values = self.spec.fn, self.spec.key_selector, self._values
+        get = values.get
+        out = []
+        append = out.append
+        missing = _MISSING
+        for r in batch:
+            k = key_of(r)
+            old = get(k, missing)
+            v = r if old is missing else fn(old, r)
+            values[k] = v
+            append(v)
+        return out
+
+
+_MISSING = object()
+
+
+class _Context(RuntimeContext):
+    def __init__(self, op: ProcessOperator) -> None:
+        self._op = op
+        self.task_index = op.info.task_index
+        self.parallelism = op.info.parallelism
+        self.attempt = op.info.attempt
+        self.uid = op.uid
+
+    @property
+    def current_key(self) -> Any:
+        assert self._op.backend is not None
+        return self._op.backend.current_key
+
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
+        return self._state(descriptor, ValueStateDescriptor)
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+        return self._state(descriptor, ListStateDescriptor)
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+        return self._state(descriptor, MapStateDescriptor)
+
+    def _state(self, descriptor: Any, expected: type) -> Any:
+        if not isinstance(descriptor, expected):
+            raise PipelineDefinitionError(
+                f"expected a {expected.__name__}, got {type(descriptor).__name__}"
+            )
+        assert self._op.backend is not None
+        return self._op.backend.get_state(descriptor)
+
+
+class ProcessOperator(_KeyedOperator):
+    """Runs a user ``KeyedProcessFunction``."""
+
+    def open(self, serializer: StateSerializer) -> None:
+        super().open(serializer)
+        self.fn: KeyedProcessFunction = self.spec.fn
+        self.ctx = _Context(self)
+        self.fn.open(self.ctx)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        backend, key_of, fn, ctx = self.backend, self.spec.key_selector, self.fn, self.ctx
+        assert backend is not None
+        out: list[Any] = []
+        extend = out.extend
+        element = fn.process_element
+        for r in batch:
+            backend.current_key = key_of(r)
+            res = element(r, ctx)
+            if res is not None:
+                extend(res)
+        return out
+
+    def end_input(self) -> list[Any]:
+        return list(self.fn.end_input(self.ctx) or [])
+
+    def finish(self) -> list[Any]:
+        return list(self.fn.finish(self.ctx) or [])
+
+    def close(self) -> None:
+        self.fn.close()
+
+
+class SinkOperator(StreamOperator):
+    """Hands batches to the sink's writer; its state is the writer's pre-committed
+    transactions, unioned over all tasks on restore."""
+
+    operator_state_mode = "union"
+
+    def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
+        super().__init__(spec, info)
+        self.writer: SinkWriter = spec.fn.create_writer(info)
+
+    def restore_operator_state(self, entries: list[Any]) -> None:
+        self.writer.restore(entries)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        if batch:
+            self.writer.write_batch(batch)
+        return []
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot(None, self.writer.snapshot_state(checkpoint_id))
+
+    def notify_complete(self, checkpoint_id: int) -> None:
+        self.writer.notify_checkpoint_complete(checkpoint_id)
+
+    def notify_aborted(self, checkpoint_id: int) -> None:
+        self.writer.notify_checkpoint_aborted(checkpoint_id)
+
+    def finish(self) -> list[Any]:
+        self.writer.finish()
+        return []
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+OPERATORS: dict[str, type[StreamOperator]] = {
+    "map": MapOperator,
+    "filter": FilterOperator,
+    "flat_map": FlatMapOperator,
+    "map_batch": MapBatchOperator,
+    "reduce": ReduceOperator,
+    "process": ProcessOperator,
+    "sink": SinkOperator,
+}
+
+
+class SourceOperator(StreamOperator):
+    """Head of a source chain: polls the source's reader for batches."""
+
+    def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
+        super().__init__(spec, info)
+        self.reader = spec.fn.create_reader(info)
+
+    def restore_operator_state(self, entries: list[Any]) -> None:
+        self.reader.restore(entries)
+
+    def poll(self, max_records: int) -> list[Any] | None:
+        return self.reader.poll(max_records)
+
+    def process(self, batch: list[Any]) -> list[Any]:
+        return batch
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot(None, self.reader.snapshot_state(checkpoint_id))
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+OPERATORS["source"] = SourceOperator

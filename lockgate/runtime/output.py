@@ -1,0 +1,86 @@
+"""Output side of a task: routing batches to the downstream tasks of one edge.
+
+Records are buffered per channel and sent as one pickled batch when a buffer
+reaches the batch size, when the task is about to wait, or before any in-band
+event (barrier, end of data), so barriers never overtake records.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+from lockgate.graph.jobgraph import OutputEdge
+from lockgate.runtime import wire
+from lockgate.runtime.wire import Frame
+from lockgate.state.keygroups import KeyGroupAssigner
+
+MAX_BUFFER_AGE = 0.05  # seconds a non-empty buffer may wait before it is sent
+
+
+class OutputEdgeWriter:
+    def __init__(self, edge: OutputEdge, sockets: list[socket.socket | None], task_index: int,
+                 max_parallelism: int, batch_size: int) -> None:
+        self.edge = edge
+        self.sockets = sockets
+        self.batch_size = batch_size
+        self.buffers: list[list[Any]] = [[] for _ in sockets]
+        self.partitioning = edge.partitioning
+        self.forward_index = task_index if edge.partitioning == "forward" else 0
+        self.key_of = edge.key_selector
+        self.assigner = KeyGroupAssigner(max_parallelism)
+        self.next = task_index % len(sockets)
+        self.last_flush = time.monotonic()
+
+    def add(self, batch: list[Any]) -> None:
+        bufs = self.buffers
+        if self.partitioning == "hash":
+            key_of = self.key_of
+            targets = self.assigner.route([key_of(r) for r in batch], len(bufs))
+            appends = [b.append for b in bufs]
+            for t, r in zip(targets, batch, strict=True):
+                appends[t](r)
+        elif self.partitioning == "forward":
+            bufs[self.forward_index].extend(batch)
+        else:  # rebalance: whole batches round-robin
+            bufs[self.next].extend(batch)
+            self.next = (self.next + 1) % len(bufs)
+        size = self.batch_size
+        for i, b in enumerate(bufs):
+            if len(b) >= size:
+                self._send(i)
+        if time.monotonic() - self.last_flush > MAX_BUFFER_AGE:
+            self.flush()
+
+    def _send(self, i: int) -> None:
+        records = self.buffers[i]
+        self.buffers[i] = []
+        sock = self.sockets[i]
+        assert sock is not None
+        wire.send_frame(sock, Frame.BATCH, wire.encode_batch(records))
+
+    def flush(self) -> None:
+        for i, b in enumerate(self.buffers):
+            if b:
+                self._send(i)
+        self.last_flush = time.monotonic()
+
+    def broadcast(self, kind: int, payload: bytes, ignore_errors: bool = False) -> None:
+        """Send an in-band event on every channel, after the buffered records."""
+        try:
+            self.flush()
+            for sock in self.sockets:
+                if sock is not None:
+                    wire.send_frame(sock, kind, payload)
+        except OSError:
+            if not ignore_errors:
+                raise
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass

@@ -1,0 +1,480 @@
+"""One task: a chain of operators in its own process.
+
+Lifecycle (each step marked in ``Task.run``):
+
+1. listen for input channels, connect to the coordinator, register;
+2. open the operators and restore their state from the checkpoint, if any;
+3. wait for ``start`` (the addresses of every task of this attempt), connect
+   output channels, wait until every input channel is connected;
+4. the main loop: records, barriers, end of data, control messages;
+5. on ``finish`` (after the final checkpoint) or any error: close everything.
+
+A task needs only its ``TaskSpec``, the coordinator's address and the job
+secret; it can start in a subprocess or in a Spark executor alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
+from lockgate.checkpoint.storage import ChecksumWriter, checkpoint_dir, read_state_file
+from lockgate.connectors.base import TaskInfo
+from lockgate.errors import LockgateError
+from lockgate.graph.jobgraph import JobVertex
+from lockgate.runtime import wire
+from lockgate.runtime.barriers import AbortReason, BarrierHandler
+from lockgate.runtime.faults import FaultInjector
+from lockgate.runtime.mailbox import CONTROL, Mailbox
+from lockgate.runtime.operators import OPERATORS, OperatorSnapshot, SourceOperator, StreamOperator
+from lockgate.runtime.output import OutputEdgeWriter
+from lockgate.runtime.wire import Frame
+from lockgate.state.serde import StateSerializer
+
+log = logging.getLogger("lockgate.task")
+
+LOST = 99  # mailbox kind: an input connection broke
+
+
+@dataclass
+class TaskSpec:
+    """Everything a task needs to run, besides the coordinator address and secret.
+    Picklable (with cloudpickle, for the user's functions)."""
+
+    job_id: str
+    task_id: int
+    vertex: JobVertex
+    task_index: int
+    max_parallelism: int
+    attempt: int
+    aligned: bool
+    job_dir: str
+    inputs: list[list[int]]
+    """Per input edge, the global numbers of the upstream tasks feeding this task."""
+    outputs: list[list[int]]
+    """Per output edge, the global numbers of all downstream tasks (by subtask index)."""
+    restore_dir: str | None = None
+    restore_metadata: dict[str, Any] | None = None
+    allow_pickle: bool = False
+    batch_size: int = 1024
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    bind_host: str = "127.0.0.1"
+
+    @property
+    def name(self) -> str:
+        return f"{self.vertex.name} ({self.task_index + 1}/{self.vertex.parallelism})"
+
+
+class Task:
+    def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes) -> None:
+        self.spec = spec
+        self.coordinator = coordinator
+        self.secret = secret
+        self.channels = [t for edge in spec.inputs for t in edge]
+        self.channel_of = {t: i for i, t in enumerate(self.channels)}
+        self.mailbox = Mailbox(len(self.channels))
+        self.serializer = StateSerializer(allow_pickle=spec.allow_pickle)
+        self.faults = FaultInjector(spec.faults, spec.task_id, spec.attempt)
+        self.ops: list[StreamOperator] = []
+        self.outputs: list[OutputEdgeWriter] = []
+        self.snapshot_pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self.control: wire.ControlChannel | None = None
+        self.ended_channels: set[int] = set()
+        self.reached_end = False
+        self.done = False
+        self.records_in = 0
+        self.records_out = 0
+        self._input_sockets: list[socket.socket] = []
+        self._inputs_ready = threading.Event()
+        self._accept_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> None:
+        try:
+            # Step 1. Listen for inputs, connect to the coordinator, register.
+            listener = self._listen()
+            self._connect_control(listener.getsockname()[1] if listener else 0)
+            # Step 2. Open operators and restore their state.
+            self._open_operators()
+            self._restore()
+            # Step 3. Wire the channels of this attempt.
+            peers = self._await_start()
+            self._connect_outputs(peers)
+            if listener is not None:
+                threading.Thread(target=self._accept_inputs, args=(listener,),
+                                 daemon=True, name="accept").start()
+                self._await_inputs()
+            # Step 4. Process until finished.
+            self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned)
+            self._loop()
+            # Step 5. End: tell downstream and the coordinator.
+            for out in self.outputs:
+                out.broadcast(Frame.END_OF_PARTITION, b"", ignore_errors=True)
+            self._send({"t": "finished", "in": self.records_in, "out": self.records_out})
+        except BaseException as e:  # report every failure, then die
+            self._report_failure(e)
+            raise
+        finally:
+            self._close()
+
+    # ---------------------------------------------------------- set-up steps
+    def _listen(self) -> socket.socket | None:
+        if not self.channels:
+            return None
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((self.spec.bind_host, 0))
+        s.listen(len(self.channels) + 8)
+        return s
+
+    def _connect_control(self, data_port: int) -> None:
+        sock = wire.connect(self.coordinator)
+        reader = sock.makefile("rb", buffering=65536)
+        wire.authenticate_client(sock, reader, self.secret, {
+            "role": "task", "job": self.spec.job_id, "task": self.spec.task_id,
+            "attempt": self.spec.attempt,
+        })
+        self.control = wire.ControlChannel(sock, reader)
+        self._send({"t": "register", "host": self.spec.bind_host, "port": data_port,
+                    "pid": os.getpid()})
+        threading.Thread(target=self._read_control, daemon=True, name="control").start()
+
+    def _read_control(self) -> None:
+        assert self.control is not None
+        try:
+            while True:
+                self.mailbox.put_control(self.control.recv())
+        except (OSError, EOFError, ValueError):
+            self.mailbox.put_control({"t": "lost"})
+
+    def _open_operators(self) -> None:
+        spec = self.spec
+        for op_spec in spec.vertex.operators:
+            info = TaskInfo(spec.job_id, op_spec.uid, spec.task_index, spec.vertex.parallelism,
+                            spec.max_parallelism, spec.attempt)
+            op = OPERATORS[op_spec.kind](op_spec, info)
+            op.open(self.serializer)
+            self.ops.append(op)
+        self.source = self.ops[0] if isinstance(self.ops[0], SourceOperator) else None
+        self.chain = self.ops[1:] if self.source else self.ops
+
+    def _restore(self) -> None:
+        spec = self.spec
+        meta = spec.restore_metadata
+        files: dict[str, bytes] = {}
+
+        def data_of(handle: dict[str, Any]) -> bytes:
+            if handle["file"] not in files:
+                assert spec.restore_dir is not None
+                files[handle["file"]] = read_state_file(spec.restore_dir, handle)
+            return files[handle["file"]]
+
+        for op in self.ops:
+            op_meta = meta["operators"].get(op.uid) if meta else None
+            if op_meta is None:
+                op.restore_operator_state([])
+                continue
+            p = spec.vertex.parallelism
+            if op.keyed and op.backend is not None:
+                plan = plan_keyed_restore(op_meta, spec.task_index, p, spec.max_parallelism)
+                for handle, offset, length in plan.blocks:
+                    op.backend.restore_block(data_of(handle)[offset:offset + length], plan.states)
+            per_subtask: list[list[Any]] = []
+            for handle in op_meta["subtasks"]:
+                if handle and handle.get("op_state"):
+                    off, length = handle["op_state"]
+                    per_subtask.append(self.serializer.loads(data_of(handle)[off:off + length]))
+                else:
+                    per_subtask.append([])
+            op.restore_operator_state(distribute_operator_state(
+                per_subtask, op_meta["operator_state_mode"], spec.task_index, p))
+        files.clear()
+
+    def _await_start(self) -> dict[int, tuple[str, int]]:
+        while True:
+            item = self.mailbox.take(None)
+            assert item is not None
+            msg = item[2]
+            if msg["t"] == "start":
+                return {int(k): (v[0], v[1]) for k, v in msg["peers"].items()}
+            if msg["t"] in ("lost", "cancel"):
+                raise LockgateError("the coordinator went away before the job started")
+
+    def _connect_outputs(self, peers: dict[int, tuple[str, int]]) -> None:
+        spec = self.spec
+        hello = {"role": "data", "job": spec.job_id, "attempt": spec.attempt,
+                 "from": spec.task_id}
+        for edge, targets in zip(spec.vertex.outputs, spec.outputs, strict=True):
+            socks: list[socket.socket | None] = []
+            for index, target in enumerate(targets):
+                if edge.partitioning == "forward" and index != spec.task_index:
+                    socks.append(None)
+                    continue
+                sock = wire.connect(peers[target])
+                reader = sock.makefile("rb", buffering=0)
+                wire.authenticate_client(sock, reader, self.secret, hello)
+                socks.append(sock)
+            self.outputs.append(OutputEdgeWriter(edge, socks, spec.task_index,
+                                                 spec.max_parallelism, spec.batch_size))
+
+    def _accept_inputs(self, listener: socket.socket) -> None:
+        spec = self.spec
+        pending = set(self.channels)
+        try:
+            while pending:
+                sock, _ = listener.accept()
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                reader = sock.makefile("rb", buffering=1 << 20)
+                hello = wire.authenticate_server(sock, reader, self.secret)
+                if hello.get("job") != spec.job_id or hello.get("attempt") != spec.attempt:
+                    sock.close()  # a task of another job or an older attempt: fenced off
+                    continue
+                sender = hello.get("from")
+                if sender not in pending:
+                    sock.close()
+                    continue
+                pending.discard(sender)
+                self._input_sockets.append(sock)
+                ch = self.channel_of[sender]
+                threading.Thread(target=self._read_channel, args=(ch, reader),
+                                 daemon=True, name=f"in-{ch}").start()
+        except BaseException as e:
+            self._accept_error = e
+        finally:
+            listener.close()
+            self._inputs_ready.set()
+
+    def _await_inputs(self) -> None:
+        while not self._inputs_ready.wait(0.05):
+            msg = self.mailbox.take_control()
+            if msg and msg["t"] in ("lost", "cancel"):
+                raise LockgateError("job cancelled while connecting channels")
+        if self._accept_error is not None:
+            raise self._accept_error
+
+    def _read_channel(self, ch: int, reader: Any) -> None:
+        put = self.mailbox.put
+        try:
+            while True:
+                kind, payload = wire.read_frame(reader)
+                if kind == Frame.BATCH:
+                    put(ch, kind, wire.decode_batch(payload))
+                elif kind in (Frame.BARRIER, Frame.CANCEL_BARRIER):
+                    put(ch, kind, msgpack.unpackb(payload))
+                elif kind == Frame.END_OF_PARTITION:
+                    put(ch, kind, None)
+                    return
+                else:
+                    put(ch, kind, payload)
+        except (OSError, EOFError) as e:
+            put(ch, LOST, str(e))
+
+    # ------------------------------------------------------------ main loop
+    def _loop(self) -> None:
+        mailbox = self.mailbox
+        outputs = self.outputs
+        while not self.done:
+            if self.source is not None and not self.reached_end:
+                msg = mailbox.take_control()
+                if msg is not None:
+                    self._on_control(msg)
+                    continue
+                batch = self.source.poll(self.spec.batch_size)
+                if batch is None:
+                    self._end_of_input()
+                elif batch:
+                    self.records_in += len(batch)
+                    self._run_chain(batch, self.chain)
+                else:
+                    self._flush_all()
+                    item = mailbox.take(0.01)
+                    if item is not None:
+                        self._on_element(*item)
+                continue
+            item = mailbox.take(0)
+            if item is None:
+                for out in outputs:
+                    out.flush()
+                item = mailbox.take(1.0)
+                if item is None:
+                    continue
+            self._on_element(*item)
+
+    def _on_element(self, ch: int, kind: int, item: Any) -> None:
+        if ch == CONTROL:
+            self._on_control(item)
+        elif kind == Frame.BATCH:
+            self.records_in += len(item)
+            self._run_chain(item, self.chain)
+        elif kind == Frame.BARRIER:
+            if self.spec.aligned and len(self.barriers.live) > 1:
+                self.faults.hit("alignment")
+            self.barriers.barrier_received(ch, item[0])
+        elif kind == Frame.CANCEL_BARRIER:
+            self.barriers.cancel_received(ch, item[0])
+        elif kind == Frame.END_OF_DATA:
+            self.ended_channels.add(ch)
+            if len(self.ended_channels) == len(self.channels):
+                self._end_of_input()
+        elif kind == Frame.END_OF_PARTITION:
+            self.barriers.end_of_partition(ch)
+        elif kind == LOST:
+            if not self.done:
+                up = self.channels[ch]
+                raise ConnectionError(f"input channel from task {up} broke: {item}")
+
+    def _run_chain(self, batch: list[Any], ops: list[StreamOperator]) -> None:
+        for op in ops:
+            batch = op.process(batch)
+            if not batch:
+                return
+        self.faults.hit("batch")
+        self.records_out += len(batch)
+        for out in self.outputs:
+            out.add(batch)
+
+    def _end_of_input(self) -> None:
+        """Bounded input is exhausted: end_input and finish every operator in
+        chain order (each one's last output flows through the rest), then
+        EndOfData downstream; the coordinator's final checkpoint follows."""
+        ops = self.ops
+        for i, op in enumerate(ops):
+            tail = op.end_input() + op.finish()
+            if tail:
+                self._run_chain(tail, ops[i + 1:])
+        self._flush_all()
+        for out in self.outputs:
+            out.broadcast(Frame.END_OF_DATA, msgpack.packb(True))
+        self.reached_end = True
+        self._send({"t": "end_of_data", "in": self.records_in, "out": self.records_out})
+        self.faults.hit("end_of_data")
+
+    def _flush_all(self) -> None:
+        for out in self.outputs:
+            out.flush()
+
+    # -------------------------------------------------------- control plane
+    def _on_control(self, msg: dict[str, Any]) -> None:
+        t = msg["t"]
+        if t == "trigger":
+            self.trigger_snapshot(msg["cp"])
+        elif t == "complete":
+            self.faults.hit("commit")
+            for op in self.ops:
+                op.notify_complete(msg["cp"])
+        elif t == "abort":
+            for op in self.ops:
+                op.notify_aborted(msg["cp"])
+        elif t == "finish":
+            self.done = True
+        elif t == "cancel":
+            raise LockgateError("cancelled by the driver")
+        elif t == "lost":
+            raise ConnectionError("lost the connection to the coordinator")
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        assert self.control is not None
+        self.control.send(msg)
+
+    # ------------------------------------ barrier handler's controller role
+    def block(self, channel: int) -> None:
+        self.mailbox.blocked.add(channel)
+
+    def unblock_all(self) -> None:
+        self.mailbox.unblock_all()
+
+    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
+        self._send({"t": "decline", "cp": checkpoint_id, "reason": reason.value})
+        payload = msgpack.packb([checkpoint_id])
+        for out in self.outputs:
+            out.broadcast(Frame.CANCEL_BARRIER, payload)
+
+    def trigger_snapshot(self, checkpoint_id: int) -> None:
+        """Synchronous part: capture every operator's state (sinks pre-commit),
+        forward the barrier; the asynchronous part writes the files and acks."""
+        snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
+        self._flush_all()
+        payload = msgpack.packb([checkpoint_id, "checkpoint", time.time()])
+        for out in self.outputs:
+            out.broadcast(Frame.BARRIER, payload)
+        self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps)
+        self.faults.hit("final_snapshot" if self.reached_end else "snapshot")
+
+    def _write_snapshot(self, checkpoint_id: int,
+                        snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:
+        try:
+            chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
+            chk.mkdir(parents=True, exist_ok=True)
+            handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
+            self._send({"t": "ack", "cp": checkpoint_id, "handles": handles,
+                        "in": self.records_in, "out": self.records_out})
+            self.faults.hit("acked")
+        except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
+            log.exception("snapshot %d failed", checkpoint_id)
+            try:
+                self._send({"t": "decline", "cp": checkpoint_id,
+                            "reason": f"writing the snapshot failed: {e!r}"})
+            except OSError:
+                pass
+
+    def _write_state_file(self, chk: Path, uid: str,
+                          snap: OperatorSnapshot) -> dict[str, Any] | None:
+        if snap.keyed is None and not snap.operator_state:
+            return None
+        name = f"{uid}-{self.spec.task_index}.state"
+        with open(chk / name, "wb") as raw:
+            out = ChecksumWriter(raw)
+            handle: dict[str, Any] = {"file": name, "keyed_offset": 0}
+            if snap.keyed is not None:
+                handle.update(snap.keyed.write(out))  # type: ignore[arg-type]
+            if snap.operator_state:
+                blob = self.serializer.dumps(snap.operator_state)
+                handle["op_state"] = [out.tell(), len(blob)]
+                out.write(blob)
+            raw.flush()
+            os.fsync(raw.fileno())
+        handle["size"], handle["crc32"] = out.size, out.crc
+        if "key_groups" in handle:
+            handle["key_groups"] = {str(k): v for k, v in handle["key_groups"].items()}
+        return handle
+
+    # ---------------------------------------------------------------- end
+    def _report_failure(self, e: BaseException) -> None:
+        if self.control is None:
+            return
+        try:
+            self._send({"t": "failed", "error": f"{type(e).__name__}: {e}",
+                        "error_type": type(e).__name__,
+                        "traceback": traceback.format_exc()})
+        except OSError:
+            pass
+
+    def _close(self) -> None:
+        self.mailbox.close()
+        self.snapshot_pool.shutdown(wait=True)
+        for op in self.ops:
+            try:
+                op.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing %s failed", op.uid)
+        for out in self.outputs:
+            out.close()
+        for s in self._input_sockets:
+            s.close()
+        if self.control is not None:
+            self.control.close()
+
+
+def run_task(spec: TaskSpec, coordinator: tuple[str, int], secret: bytes) -> None:
+    """The task entry point of every launcher."""
+    Task(spec, coordinator, secret).run()

@@ -1,0 +1,132 @@
+"""Checking committed output record by record, and driving a job under kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def committed_lines(out: Path) -> list[list]:
+    """Every record of every committed (visible) JSONL file."""
+    records = []
+    for f in sorted(out.iterdir()):
+        if f.name.startswith((".", "_")):
+            continue
+        with open(f) as fh:
+            records += [json.loads(line) for line in fh]
+    return records
+
+
+def hidden_files(out: Path) -> list[str]:
+    return sorted(f.name for f in out.iterdir() if f.name.startswith((".", "_")))
+
+
+def check_running_sums(records: list[list], n: int, keys: int) -> None:
+    """For every key, the committed running sums, sorted, have successive
+    differences equal to the multiset of that key's inputs: nothing lost,
+    nothing twice."""
+    sums: dict[int, list[int]] = defaultdict(list)
+    for k, s in records:
+        sums[k].append(s)
+    expected: dict[int, list[int]] = defaultdict(list)
+    for x in range(1, n + 1):
+        expected[x % keys].append(x)
+    assert sorted(sums) == sorted(expected), f"keys differ: {sorted(sums)}"
+    for k, inputs in expected.items():
+        got = sorted(sums[k])
+        diffs = [b - a for a, b in zip([0] + got, got, strict=False)]
+        assert len(got) == len(inputs), (
+            f"key {k}: {len(got)} committed sums for {len(inputs)} inputs "
+            f"({'duplicates' if len(got) > len(inputs) else 'losses'})"
+        )
+        assert sorted(diffs) == inputs, f"key {k}: committed sums do not match the inputs"
+
+
+def task_pids(driver_pid: int) -> set[int]:
+    """The task processes: children of the driver."""
+    pids: set[int] = set()
+    try:
+        for tid in os.listdir(f"/proc/{driver_pid}/task"):
+            with open(f"/proc/{driver_pid}/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return pids
+
+
+class RandomKiller(threading.Thread):
+    """SIGKILLs a random task of the running attempt at random moments, then
+    waits for the next attempt's tasks before it strikes again."""
+
+    def __init__(self, driver: subprocess.Popen, kills: int, n_tasks: int, seed: int,
+                 min_delay: float = 0.2, max_delay: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.driver = driver
+        self.kills_planned = kills
+        self.n_tasks = n_tasks
+        self.rng = random.Random(seed)
+        self.delays = (min_delay, max_delay)
+        self.kills = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        previous: set[int] = set()
+        while self.kills < self.kills_planned and not self.stop.is_set():
+            pids = task_pids(self.driver.pid)
+            if len(pids) < self.n_tasks or pids & previous:
+                if self.driver.poll() is not None:
+                    return
+                self.stop.wait(0.01)  # polling /proc: no event to await here
+                continue
+            if self.stop.wait(self.rng.uniform(*self.delays)):
+                return
+            alive = sorted(task_pids(self.driver.pid) - previous)
+            if not alive:
+                continue
+            victim = self.rng.choice(alive)
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.kills += 1
+            previous = pids | {victim}
+
+
+def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list | None = None,
+            kills: int = 0, seed: int = 0, interval: float = 0.2, timeout: float = 300,
+            extra: list[str] | None = None) -> tuple[dict, int]:
+    out, chk = tmp / "out", tmp / "chk"
+    cmd = [sys.executable, str(HERE / "sums_job.py"), "--n", str(n), "--parallelism",
+           str(parallelism), "--keys", str(keys), "--out", str(out), "--storage", str(chk),
+           "--interval", str(interval), "--faults", json.dumps(faults or [])] + (extra or [])
+    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killer = RandomKiller(driver, kills, parallelism * 2, seed)
+    if kills:
+        killer.start()
+    try:
+        stdout, stderr = driver.communicate(timeout=timeout)
+    finally:
+        killer.stop.set()
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, f"driver failed ({driver.returncode}):\n{stderr[-4000:]}"
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return result, killer.kills
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.01)

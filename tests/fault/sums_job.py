@@ -1,0 +1,56 @@
+"""The fault-injection job: running sums per key, written by the file sink.
+
+Run as the driver process of a fault test::
+
+    python tests/fault/sums_job.py --n 200000 --parallelism 2 --out OUT --storage CHK \
+        --faults '[{"point": "snapshot", "attempt": 0}]'
+
+Prints the JobResult as one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+
+from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
+from lockgate.connectors import FileSink, SequenceSource
+
+
+def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval: float,
+          mode: str = "exactly_once", rate: float | None = None) -> Pipeline:
+    p = Pipeline("sums", parallelism=parallelism,
+                 checkpoint=CheckpointConfig(interval=interval, storage=storage, mode=mode,
+                                             timeout=30.0),
+                 restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
+    (p.source(SequenceSource(1, n, rate=rate), uid="numbers")
+       .map(lambda x: (x % keys, x), uid="pairs")
+       .key_by(lambda kv: kv[0])
+       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
+       .sink(FileSink(out, format="jsonl"), uid="out"))
+    return p
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, required=True)
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--keys", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--storage", required=True)
+    ap.add_argument("--interval", type=float, default=0.2)
+    ap.add_argument("--mode", default="exactly_once")
+    ap.add_argument("--rate", type=float)
+    ap.add_argument("--faults", default="[]")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    p = build(args.n, args.parallelism, args.keys, args.out, args.storage, args.interval,
+              args.mode, args.rate)
+    result = p.run(fault_injection=json.loads(args.faults))
+    print(json.dumps(dataclasses.asdict(result)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Exactly-once under SIGKILL: the committed output equals a failure-free run's.
+
+Every kill here is a real SIGKILL of a task process: either from outside at a
+random moment (``RandomKiller``), or by the task itself at a named protocol
+point (fault injection as data, see ``lockgate.runtime.faults``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fault.checks import check_running_sums, committed_lines, hidden_files, run_job
+
+N = 60_000
+
+
+def _check(tmp_path, result, n=N, keys=2):
+    out = tmp_path / "out"
+    check_running_sums(committed_lines(out), n, keys)
+    assert hidden_files(out) == [], "in-progress or pending files were left behind"
+    assert result["status"] == "finished"
+
+
+@pytest.mark.parametrize("parallelism", [2, 3])
+def test_targeted_kills_at_protocol_points(tmp_path, parallelism):
+    """One kill per attempt, each at another protocol point."""
+    p = parallelism
+    keyed = p  # global number of the first keyed task (sources are 0..p-1)
+    faults = [
+        {"point": "batch", "task": 0, "attempt": 0, "count": 20},
+        {"point": "alignment", "task": keyed, "attempt": 1, "count": 2},
+        {"point": "snapshot", "task": 1, "attempt": 2, "count": 2},
+        {"point": "acked", "task": keyed + 1, "attempt": 3, "count": 1},
+        {"point": "commit", "task": keyed, "attempt": 4, "count": 2},
+        {"point": "end_of_data", "task": keyed + p - 1, "attempt": 5, "count": 1},
+        {"point": "final_snapshot", "task": 0, "attempt": 6, "count": 1},
+    ]
+    result, _ = run_job(tmp_path, n=N, parallelism=p, faults=faults, interval=0.1)
+    _check(tmp_path, result)
+    assert result["restarts"] == len(faults), result["failures"]
+
+
+@pytest.mark.parametrize("parallelism,seed", [(2, 1), (3, 2)])
+def test_random_kills(tmp_path, parallelism, seed):
+    """SIGKILL random tasks at random moments, from outside."""
+    result, kills = run_job(tmp_path, n=4 * N, parallelism=parallelism, kills=6, seed=seed,
+                            interval=0.2, keys=7, extra=["--rate", "150000"])
+    _check(tmp_path, result, n=4 * N, keys=7)
+    assert kills >= 5, f"only {kills} kills happened"
+    assert result["restarts"] >= kills - 1
+
+
+def test_failure_free_run_is_exact(tmp_path):
+    result, _ = run_job(tmp_path, n=N, parallelism=2)
+    _check(tmp_path, result)
+    assert result["restarts"] == 0
+    assert any(c["status"] == "completed" for c in result["checkpoints"])
