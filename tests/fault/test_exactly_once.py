@@ -35,7 +35,8 @@ def test_targeted_kills_at_protocol_points(tmp_path, parallelism):
         {"point": "end_of_data", "task": keyed + p - 1, "attempt": 5, "count": 1},
         {"point": "final_snapshot", "task": 0, "attempt": 6, "count": 1},
     ]
-    result, _ = run_job(tmp_path, n=N, parallelism=p, faults=faults, interval=0.1)
+    result, _ = run_job(tmp_path, n=N, parallelism=p, faults=faults, interval=0.1,
+                        extra=["--rate", "40000"])
     _check(tmp_path, result)
     assert result["restarts"] == len(faults), result["failures"]
 

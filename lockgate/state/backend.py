@@ -1,0 +1,266 @@
+"""In-memory keyed state, snapshotted per key group.
+
+Each state name has one dict ``key -> value``. ``snapshot()`` is the
+synchronous part of a checkpoint: it copies the dicts (values of list and map
+state one level deep) so that records keep being processed while
+``KeyedStateSnapshot.write`` serializes the copy on another thread, one block
+per key group. Contract (as Flink's heap backend): a value stored with
+``ValueState.update`` must not be mutated in place afterwards — store a new
+value instead — or a snapshot in progress could see the change.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO, ClassVar
+
+from lockgate.errors import LockgateError
+from lockgate.state.keygroups import KeyGroupAssigner
+from lockgate.state.serde import StateSerializer
+
+__all__ = [
+    "ValueStateDescriptor",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ValueState",
+    "ListState",
+    "MapState",
+    "StateTypeError",
+    "HeapKeyedStateBackend",
+    "KeyedStateSnapshot",
+]
+
+
+class StateTypeError(LockgateError):
+    """A state name is used with another kind of state than before."""
+
+
+@dataclass(frozen=True)
+class ValueStateDescriptor:
+    name: str
+    default: Any = None
+    kind: ClassVar[str] = "value"
+
+
+@dataclass(frozen=True)
+class ListStateDescriptor:
+    name: str
+    kind: ClassVar[str] = "list"
+
+
+@dataclass(frozen=True)
+class MapStateDescriptor:
+    name: str
+    kind: ClassVar[str] = "map"
+
+
+Descriptor = ValueStateDescriptor | ListStateDescriptor | MapStateDescriptor
+
+
+class _State:
+    def __init__(self, backend: HeapKeyedStateBackend, table: dict[Any, Any]) -> None:
+        self._backend = backend
+        self._table = table
+
+    def clear(self) -> None:
+        self._table.pop(self._backend.current_key, None)
+
+
+class ValueState(_State):
+    """One value per key."""
+
+    def __init__(self, backend: HeapKeyedStateBackend, table: dict[Any, Any],
+                 default: Any) -> None:
+        super().__init__(backend, table)
+        self._default = default
+
+    def value(self) -> Any:
+        return self._table.get(self._backend.current_key, self._default)
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+        else:
+            self._table[self._backend.current_key] = value
+
+
+class ListState(_State):
+    """A list of values per key."""
+
+    def get(self) -> list[Any]:
+        return list(self._table.get(self._backend.current_key, ()))
+
+    def add(self, value: Any) -> None:
+        self._table.setdefault(self._backend.current_key, []).append(value)
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        if values:
+            self._table.setdefault(self._backend.current_key, []).extend(values)
+
+    def update(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        if values:
+            self._table[self._backend.current_key] = values
+        else:
+            self.clear()
+
+
+class MapState(_State):
+    """A dict per key."""
+
+    def _map(self) -> dict[Any, Any]:
+        return self._table.get(self._backend.current_key, {})
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._map().get(key, default)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._table.setdefault(self._backend.current_key, {})[key] = value
+
+    def put_all(self, items: dict[Any, Any]) -> None:
+        if items:
+            self._table.setdefault(self._backend.current_key, {}).update(items)
+
+    def contains(self, key: Any) -> bool:
+        return key in self._map()
+
+    def remove(self, key: Any) -> None:
+        m = self._table.get(self._backend.current_key)
+        if m is not None:
+            m.pop(key, None)
+            if not m:
+                self.clear()
+
+    def keys(self) -> list[Any]:
+        return list(self._map().keys())
+
+    def values(self) -> list[Any]:
+        return list(self._map().values())
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return list(self._map().items())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys())
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+
+class HeapKeyedStateBackend:
+    """Keyed state of one task: the key groups in ``key_group_range``."""
+
+    def __init__(self, max_parallelism: int, key_group_range: range,
+                 serializer: StateSerializer) -> None:
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
+        self.serializer = serializer
+        self.current_key: Any = None
+        self._tables: dict[str, dict[Any, Any]] = {}
+        self._kinds: dict[str, str] = {}
+        self._restored_kinds: dict[str, str] = {}
+        self._handles: dict[str, _State] = {}
+        self._assigner = KeyGroupAssigner(max_parallelism)
+
+    def get_state(self, descriptor: Descriptor) -> Any:
+        name, kind = descriptor.name, descriptor.kind
+        known = self._kinds.get(name) or self._restored_kinds.get(name)
+        if known is not None and known != kind:
+            raise StateTypeError(
+                f"state {name!r} was a {known} state and is now asked for as a {kind} state; "
+                "use a new state name for the new type"
+            )
+        if name in self._handles:
+            return self._handles[name]
+        table = self._tables.setdefault(name, {})
+        self._kinds[name] = kind
+        handle: _State
+        if kind == "value":
+            handle = ValueState(self, table, descriptor.default)  # type: ignore[union-attr]
+        elif kind == "list":
+            handle = ListState(self, table)
+        else:
+            handle = MapState(self, table)
+        self._handles[name] = handle
+        return handle
+
+    def raw(self, name: str) -> dict[Any, Any]:
+        """The live dict of a registered state (fast path for built-in operators)."""
+        return self._tables[name]
+
+    def num_keys(self) -> int:
+        keys: set[Any] = set()
+        for t in self._tables.values():
+            keys.update(t)
+        return len(keys)
+
+    def state_kinds(self) -> dict[str, str]:
+        return {**self._restored_kinds, **self._kinds}
+
+    def snapshot(self) -> KeyedStateSnapshot:
+        tables: dict[str, dict[Any, Any]] = {}
+        kinds = self.state_kinds()
+        for name, table in self._tables.items():
+            kind = kinds[name]
+            if kind == "list":
+                tables[name] = {k: list(v) for k, v in table.items()}
+            elif kind == "map":
+                tables[name] = {k: dict(v) for k, v in table.items()}
+            else:
+                tables[name] = dict(table)
+        return KeyedStateSnapshot(tables, kinds, self._assigner, self.serializer)
+
+    def restore_block(self, data: bytes, states: dict[str, str]) -> None:
+        """Merge one key-group block written by ``KeyedStateSnapshot.write``."""
+        for name, kind in states.items():
+            known = self._kinds.get(name)
+            if known is not None and known != kind:
+                raise StateTypeError(
+                    f"state {name!r} was a {kind} state in the checkpoint and is now "
+                    f"registered as a {known} state; use a new state name for the new type"
+                )
+            self._restored_kinds[name] = kind
+        block = self.serializer.loads(data)
+        kg, content = block
+        if kg not in self.key_group_range:
+            raise LockgateError(
+                f"state block of key group {kg} given to a task owning key groups "
+                f"{self.key_group_range.start}..{self.key_group_range.stop - 1}: "
+                "the checkpoint is corrupt or misassigned"
+            )
+        for name, entries in content.items():
+            table = self._tables.setdefault(name, {})
+            for key, value in entries:
+                table[key] = value
+
+
+class KeyedStateSnapshot:
+    """A consistent copy of keyed state; ``write`` runs on a background thread."""
+
+    def __init__(self, tables: dict[str, dict[Any, Any]], kinds: dict[str, str],
+                 assigner: KeyGroupAssigner, serializer: StateSerializer) -> None:
+        self.tables = tables
+        self.kinds = kinds
+        self.assigner = assigner
+        self.serializer = serializer
+
+    def write(self, out: BinaryIO) -> dict[str, Any]:
+        """Write one block per non-empty key group, ascending; return offsets
+        relative to the first byte written here and the state kinds."""
+        groups: dict[int, dict[str, list[list[Any]]]] = defaultdict(dict)
+        kg_of = self.assigner.key_group
+        for name, table in self.tables.items():
+            for key, value in table.items():
+                groups[kg_of(key)].setdefault(name, []).append([key, value])
+        offsets: dict[int, list[int]] = {}
+        pos = 0
+        dumps = StateSerializer(self.serializer.allow_pickle).dumps
+        for kg in sorted(groups):
+            blob = dumps([kg, groups[kg]])
+            out.write(blob)
+            offsets[kg] = [pos, len(blob)]
+            pos += len(blob)
+        return {"key_groups": offsets, "states": dict(self.kinds)}

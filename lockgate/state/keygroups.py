@@ -1,0 +1,89 @@
+"""Key groups (Flink's unit of keyed state and of rescaling).
+
+``key -> stable hash of its canonical bytes -> key group in [0, max_parallelism)``;
+task ``i`` of ``p`` owns key groups ``[ceil(i*m/p), ceil((i+1)*m/p))``. Python's
+``hash()`` is never used: it differs between processes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from lockgate.state.serde import key_bytes
+
+DEFAULT_MAX_PARALLELISM = 128
+_CACHE_LIMIT = 1_000_000
+
+
+def _fmix32(h: int) -> int:
+    """MurmurHash3's finalizer: spreads CRC-32's bits over the whole word."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h
+
+
+def key_group_for_key(key: Any, max_parallelism: int) -> int:
+    """The key group of ``key``: stable across processes, machines and versions."""
+    return _fmix32(zlib.crc32(key_bytes(key))) % max_parallelism
+
+
+def check_parallelism(parallelism: int, max_parallelism: int) -> None:
+    if parallelism < 1 or parallelism > max_parallelism:
+        raise ValueError(
+            f"parallelism {parallelism} must be in 1..max_parallelism ({max_parallelism}); "
+            "max_parallelism fixes the number of key groups and so the highest parallelism"
+        )
+
+
+def key_group_range(task_index: int, parallelism: int, max_parallelism: int) -> range:
+    """Key groups owned by task ``task_index`` of ``parallelism``."""
+    check_parallelism(parallelism, max_parallelism)
+    m, p, i = max_parallelism, parallelism, task_index
+    return range((i * m + p - 1) // p, ((i + 1) * m + p - 1) // p)
+
+
+def task_for_key_group(key_group: int, parallelism: int, max_parallelism: int) -> int:
+    """The task that owns ``key_group`` (agrees with ``key_group_range``)."""
+    return key_group * parallelism // max_parallelism
+
+
+class KeyGroupAssigner:
+    """Computes key groups with a cache for int and str keys (the common case)."""
+
+    def __init__(self, max_parallelism: int) -> None:
+        self.max_parallelism = max_parallelism
+        self._ints: dict[int, int] = {}
+        self._strs: dict[str, int] = {}
+
+    def key_group(self, key: Any) -> int:
+        t = type(key)
+        if t is int:
+            cache: dict[Any, int] = self._ints
+        elif t is str:
+            cache = self._strs
+        else:
+            return key_group_for_key(key, self.max_parallelism)
+        kg = cache.get(key)
+        if kg is None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            kg = cache[key] = key_group_for_key(key, self.max_parallelism)
+        return kg
+
+    def route(self, keys: list[Any], parallelism: int) -> list[int]:
+        """Target task of each key."""
+        m = self.max_parallelism
+        ints, strs, kg_of = self._ints, self._strs, self.key_group
+        out = []
+        append = out.append
+        for k in keys:
+            t = type(k)
+            kg = ints.get(k) if t is int else strs.get(k) if t is str else None
+            if kg is None:
+                kg = kg_of(k)
+            append(kg * parallelism // m)
+        return out
