@@ -91,7 +91,7 @@ class JobMaster:
             graph.max_parallelism, self._send)
         self.attempt = 0
         self.launcher: Any = None
-        self.records = {"in": {}, "out": {}}
+        self.records: dict[str, dict[int, int]] = {"read": {}, "written": {}}
         self.failures: list[str] = []
 
     # ------------------------------------------------------------------ api
@@ -132,8 +132,8 @@ class JobMaster:
             restarts=len(self.failures), failures=list(self.failures),
             checkpoints=list(self.coordinator.history),
             latest_checkpoint=str(latest.path) if latest else None,
-            records_in=sum(self.records["in"].values()),
-            records_out=sum(self.records["out"].values()),
+            records_in=sum(self.records["read"].values()),
+            records_out=sum(self.records["written"].values()),
             duration=time.monotonic() - started,
         )
 
@@ -227,9 +227,11 @@ class JobMaster:
                                 msg.get("error_type"))
 
     def _count(self, task: int, msg: dict[str, Any]) -> None:
-        if "in" in msg:
-            self.records["in"][task] = msg["in"]
-            self.records["out"][task] = msg["out"]
+        """Progress: records read by sources and written by sinks (this attempt;
+        after a restart, counts restart from the restored positions)."""
+        if "read" in msg:
+            self.records["read"][task] = msg["read"]
+            self.records["written"][task] = msg["written"]
 
     def _end_attempt(self) -> None:
         self.coordinator.on_attempt_failed()

@@ -18,11 +18,14 @@ A folder must not be shared by two running jobs that use the same sink uid.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import IO, Any
+
+import orjson
 
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
@@ -297,11 +300,17 @@ class JsonlFormat(RecordFormat):
     streaming = True
 
     def __init__(self) -> None:
-        """Precompile the encoder (this is the hot path)."""
+        """Precompile the encoders (this is the hot path)."""
         self._encode = json.JSONEncoder(separators=(",", ":")).encode
 
     def encode_batch(self, batch: list[Any]) -> bytes:
-        """``batch`` as newline-terminated JSON lines."""
+        """``batch`` as newline-terminated JSON lines: orjson (a C encoder, about
+        ten times faster than ``json``; NaN and infinities become ``null``),
+        falling back to ``json`` for what orjson refuses (integers beyond 64 bits)."""
+        try:
+            return _encode_flat(batch) or b"\n".join(map(_orjson_dumps, batch)) + b"\n"
+        except (TypeError, ValueError):
+            pass
         try:
             text = "\n".join(map(self._encode, batch))
         except (TypeError, ValueError) as e:
@@ -310,6 +319,29 @@ class JsonlFormat(RecordFormat):
                 "to dicts/lists of str, int, float, bool and None before the sink"
             ) from e
         return (text + "\n").encode("utf-8")
+
+
+_orjson_dumps = functools.partial(orjson.dumps, option=orjson.OPT_NON_STR_KEYS)
+
+
+def _encode_flat(batch: list[Any]) -> bytes | None:
+    """JSON lines of a batch of numbers, booleans and nulls, or of flat rows
+    (tuples/lists) of them, with ONE encoder call for the whole batch. The
+    encoded array is split into lines only when it provably has that shape:
+    no string or object anywhere, and either no bracket inside (scalars) or
+    exactly one ``[`` per record and ``],[`` between records (flat rows).
+    ``None`` when the batch has another shape."""
+    if not batch:
+        return None
+    inner = orjson.dumps(batch)[1:-1]
+    if b'"' in inner or b"{" in inner:
+        return None
+    if b"[" not in inner:
+        return inner.replace(b",", b"\n") + b"\n"
+    n = len(batch)
+    if inner.count(b"[") == n and inner.count(b"],[") == n - 1:
+        return inner.replace(b"],[", b"]\n[") + b"\n"
+    return None
 
 
 class ParquetFormat(RecordFormat):

@@ -213,9 +213,12 @@ class SinkOperator(StreamOperator):
     def restore_operator_state(self, entries: list[Any]) -> None:
         self.writer.restore(entries)
 
+    written = 0
+
     def process(self, batch: list[Any]) -> list[Any]:
         if batch:
             self.writer.write_batch(batch)
+            self.written += len(batch)
         return []
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:

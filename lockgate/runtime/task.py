@@ -121,7 +121,7 @@ class Task:
             # Step 5. End: tell downstream and the coordinator.
             for out in self.outputs:
                 out.broadcast(Frame.END_OF_PARTITION, b"", ignore_errors=True)
-            self._send({"t": "finished", "in": self.records_in, "out": self.records_out})
+            self._send({"t": "finished", **self._counts()})
         except BaseException as e:  # report every failure, then die
             self._report_failure(e)
             raise
@@ -356,7 +356,7 @@ class Task:
         for out in self.outputs:
             out.broadcast(Frame.END_OF_DATA, msgpack.packb(True))
         self.reached_end = True
-        self._send({"t": "end_of_data", "in": self.records_in, "out": self.records_out})
+        self._send({"t": "end_of_data", **self._counts()})
         self.faults.hit("end_of_data")
 
     def _flush_all(self) -> None:
@@ -385,6 +385,11 @@ class Task:
     def _send(self, msg: dict[str, Any]) -> None:
         assert self.control is not None
         self.control.send(msg)
+
+    def _counts(self) -> dict[str, int]:
+        """Records this task read from its source and wrote to its sinks."""
+        return {"read": self.records_in if self.source is not None else 0,
+                "written": sum(getattr(op, "written", 0) for op in self.ops)}
 
     # ------------------------------------ barrier handler's controller role
     def block(self, channel: int) -> None:
@@ -417,7 +422,7 @@ class Task:
             chk.mkdir(parents=True, exist_ok=True)
             handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
             self._send({"t": "ack", "cp": checkpoint_id, "handles": handles,
-                        "in": self.records_in, "out": self.records_out})
+                        **self._counts()})
             self.faults.hit("acked")
         except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
             log.exception("snapshot %d failed", checkpoint_id)
