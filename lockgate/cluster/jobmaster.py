@@ -39,6 +39,14 @@ log = logging.getLogger("lockgate.driver")
 
 TICK = 0.02  # seconds between coordinator ticks
 DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
+FATAL_ERRORS = frozenset({
+    # deterministic: a restart would fail the same way
+    "CheckpointCorruptError", "StateSerializationError", "StateTypeError",
+    "PipelineDefinitionError",
+})
+"""Errors that fail the job at once. Falling back to an older checkpoint is
+not done on purpose: its two-phase-commit sinks may already have committed
+newer output, which replaying would duplicate."""
 
 
 class AttemptFailed(Exception):
@@ -111,6 +119,11 @@ class JobMaster:
                     self._end_attempt()
                     reason = e.reason if isinstance(e, AttemptFailed) else str(e)
                     self.failures.append(reason)
+                    if isinstance(e, AttemptFailed) and e.error_type in FATAL_ERRORS:
+                        raise JobFailedError(
+                            f"job {self.job_id} failed: {reason}. Restarting cannot help; "
+                            "nothing committed was lost"
+                        ) from None
                     delay = self.restart.delay(len(self.failures))
                     if delay is None:
                         raise JobFailedError(
@@ -214,6 +227,9 @@ class JobMaster:
             self._count(task, msg)
             self.coordinator.on_ack(task, msg["cp"], msg["handles"])
         elif t == "decline":
+            if msg.get("error_type") in FATAL_ERRORS:
+                raise AttemptFailed(f"task {self._task_name(task)} cannot checkpoint: "
+                                    f"{msg['reason']}", task, msg["error_type"])
             self.coordinator.on_decline(task, msg["cp"], msg["reason"])
         elif t == "end_of_data":
             self._count(task, msg)

@@ -428,7 +428,8 @@ class Task:
             log.exception("snapshot %d failed", checkpoint_id)
             try:
                 self._send({"t": "decline", "cp": checkpoint_id,
-                            "reason": f"writing the snapshot failed: {e!r}"})
+                            "reason": f"writing the snapshot failed: {type(e).__name__}: {e}",
+                            "error_type": type(e).__name__})
             except OSError:
                 pass
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -421,12 +422,20 @@ def test_unwritable_folder_fails_at_restore(tmp_path: Path) -> None:
 
 
 def test_writable_check_catches_readonly_existing_folder(tmp_path: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root can write into read-only folders")
+    """Root may write into a 0o500 folder, so as root the folder is made
+    immutable (chattr +i), which stops root too."""
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    with pytest.raises(LockgateError, match="not writable"):
-        _writer(ro).restore([])
+    immutable = os.geteuid() == 0
+    if immutable:
+        subprocess.run(["chattr", "+i", str(ro)], check=True)
+    try:
+        with pytest.raises(LockgateError, match="not writable") as e:
+            _writer(ro).restore([])
+        assert str(ro) in str(e.value)
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(ro)], check=True)
 
 
 # ------------------------------------------------------------ CollectSink
