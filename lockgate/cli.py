@@ -9,6 +9,7 @@ import runpy
 import sys
 
 from lockgate.checkpoint import storage
+from lockgate.cluster.result import Progress
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -34,7 +35,14 @@ def _run(args: argparse.Namespace) -> int:
         pipeline.parallelism = args.parallelism
         for node in pipeline.nodes:
             node.parallelism = args.parallelism
-    result = pipeline.run(launcher=args.launcher, from_checkpoint=args.from_checkpoint)
+    def progress(p: Progress) -> None:
+        ms = f"{p.last_checkpoint_duration * 1000:.0f} ms" if p.last_checkpoint_duration else "-"
+        print(f"[{p.elapsed:7.1f} s] checkpoint {p.last_checkpoint_id} ({ms}): "
+              f"{p.records_read:,} records read, {p.records_written:,} written, "
+              f"{p.restarts} restarts", file=sys.stderr, flush=True)
+
+    result = pipeline.run(launcher=args.launcher, from_checkpoint=args.from_checkpoint,
+                          on_progress=None if args.quiet else progress)
     done = len(result.completed_checkpoints)
     print(f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
           f"{result.records_in} records in, {result.records_out} out, "
@@ -63,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--launcher", default="local", choices=["local"])
     run.add_argument("--parallelism", type=int)
     run.add_argument("--from-checkpoint")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     run.set_defaults(func=_run)
     ins = sub.add_parser("inspect", help="print a checkpoint's operators and sizes")
     ins.add_argument("path")

@@ -28,7 +28,7 @@ from lockgate.errors import PipelineDefinitionError
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
-    from lockgate.cluster.result import JobResult
+    from lockgate.cluster.result import JobResult, Progress
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -134,7 +134,8 @@ class Pipeline:
     # -- running ----------------------------------------------------------
     def run(self, *, launcher: str = "local", from_checkpoint: str | None = None,
             allow_non_replayable: bool = False, fault_injection: list[dict] | None = None,
-            job_id: str | None = None) -> JobResult:
+            job_id: str | None = None,
+            on_progress: Callable[[Progress], None] | None = None) -> JobResult:
         """Run the job and block until it ends (bounded input done, or failed).
 
         Args:
@@ -143,12 +144,16 @@ class Pipeline:
             allow_non_replayable: run with a non-replayable source under
                 exactly-once by downgrading the guarantee (the job reports it).
             fault_injection: test-only: kill tasks at named protocol points.
+            job_id: the job's id (default: the name and a random suffix); its
+                checkpoints go to ``<storage>/<job_id>/``.
+            on_progress: called in the driver after every completed checkpoint.
         """
         from lockgate.cluster.jobmaster import run_pipeline
 
         return run_pipeline(self, launcher=launcher, from_checkpoint=from_checkpoint,
                             allow_non_replayable=allow_non_replayable,
-                            fault_injection=fault_injection or [], job_id=job_id)
+                            fault_injection=fault_injection or [], job_id=job_id,
+                            on_progress=on_progress)
 
 
 class DataStream(Generic[T]):

@@ -96,6 +96,7 @@ class CheckpointCoordinator:
         self.end_of_data: set[int] = set()
         self.finished = False
         """The final checkpoint completed: the job may end."""
+        self.completed_count = 0
 
     # ------------------------------------------------------------ attempts
     def start_attempt(self, plan: AttemptPlan) -> None:
@@ -195,6 +196,7 @@ class CheckpointCoordinator:
         self.last_completion = now
         self.consecutive_failures = 0
         self.completed.append(CompletedCheckpoint(p.checkpoint_id, chk, metadata))
+        self.completed_count += 1
         record = self._record(p.checkpoint_id)
         record.status = "completed"
         record.duration = now - p.started

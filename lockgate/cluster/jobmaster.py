@@ -14,6 +14,7 @@ import os
 import queue
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from lockgate.checkpoint.coordinator import (
     CheckpointFailureError,
     CompletedCheckpoint,
 )
-from lockgate.cluster.result import JobResult, end_to_end_guarantee
+from lockgate.cluster.result import JobResult, Progress, end_to_end_guarantee
 from lockgate.cluster.server import ControlServer, Event
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
 from lockgate.errors import CheckpointCorruptError, JobFailedError, PipelineDefinitionError
@@ -64,6 +65,7 @@ class RunOptions:
     allow_non_replayable: bool = False
     fault_injection: list[dict[str, Any]] | None = None
     job_id: str | None = None
+    on_progress: Callable[[Progress], None] | None = None
 
 
 def make_launcher(name: str, events: queue.Queue[Event]) -> Any:
@@ -101,10 +103,12 @@ class JobMaster:
         self.launcher: Any = None
         self.records: dict[str, dict[int, int]] = {"read": {}, "written": {}}
         self.failures: list[str] = []
+        self._reported = 0
+        self._started = time.monotonic()
 
     # ------------------------------------------------------------------ api
     def run(self, guarantee: str) -> JobResult:
-        started = time.monotonic()
+        started = self._started = time.monotonic()
         if self.options.from_checkpoint:
             self.coordinator.restored_from(load_checkpoint(self.options.from_checkpoint,
                                                            self.graph))
@@ -208,6 +212,8 @@ class JobMaster:
                     raise AttemptFailed(f"task {self._task_name(ev.task)} {what}", ev.task)
             if running:
                 self.coordinator.tick()
+            if self.coordinator.completed_count != self._reported:
+                self._report_progress()
 
     def _start_tasks(self, registered: dict[int, list[Any]]) -> None:
         peers = {str(t): addr for t, addr in registered.items()}
@@ -241,6 +247,24 @@ class JobMaster:
             log.error("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
             raise AttemptFailed(f"task {self._task_name(task)} failed: {msg['error']}", task,
                                 msg.get("error_type"))
+
+    def _report_progress(self) -> None:
+        self._reported = self.coordinator.completed_count
+        if self.options.on_progress is None:
+            return
+        latest = self.coordinator.latest
+        record = next((r for r in reversed(self.coordinator.history)
+                       if r.status == "completed"), None)
+        self.options.on_progress(Progress(
+            job_id=self.job_id,
+            records_read=sum(self.records["read"].values()),
+            records_written=sum(self.records["written"].values()),
+            checkpoints_completed=self._reported,
+            last_checkpoint_id=latest.checkpoint_id if latest else None,
+            last_checkpoint_duration=record.duration if record else None,
+            restarts=len(self.failures),
+            elapsed=time.monotonic() - self._started,
+        ))
 
     def _count(self, task: int, msg: dict[str, Any]) -> None:
         """Progress: records read by sources and written by sinks (this attempt;
@@ -291,7 +315,8 @@ def load_checkpoint(path: str, graph: JobGraph) -> CompletedCheckpoint:
 def run_pipeline(pipeline: Pipeline, *, launcher: str = "local",
                  from_checkpoint: str | None = None, allow_non_replayable: bool = False,
                  fault_injection: list[dict[str, Any]] | None = None,
-                 job_id: str | None = None) -> JobResult:
+                 job_id: str | None = None,
+                 on_progress: Callable[[Progress], None] | None = None) -> JobResult:
     graph = build_job_graph(pipeline)
     sources = [op for op in graph.operators() if op.kind == "source"]
     sinks = [op for op in graph.operators() if op.kind == "sink"]
@@ -308,5 +333,6 @@ def run_pipeline(pipeline: Pipeline, *, launcher: str = "local",
     if guarantee != "exactly_once":
         log.warning("job %s runs with end-to-end guarantee %s", pipeline.name,
                     guarantee.replace("_", "-").upper())
-    options = RunOptions(launcher, from_checkpoint, allow_non_replayable, fault_injection, job_id)
+    options = RunOptions(launcher, from_checkpoint, allow_non_replayable, fault_injection, job_id,
+                         on_progress)
     return JobMaster(pipeline, graph, options).run(guarantee)

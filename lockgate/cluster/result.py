@@ -34,3 +34,18 @@ class JobResult:
     @property
     def completed_checkpoints(self) -> list[CheckpointRecord]:
         return [c for c in self.checkpoints if c.status == "completed"]
+
+
+@dataclass
+class Progress:
+    """A snapshot of a running job's progress, reported after every completed
+    checkpoint (counts are those of the current attempt, as of its checkpoint)."""
+
+    job_id: str
+    records_read: int
+    records_written: int
+    checkpoints_completed: int
+    last_checkpoint_id: int | None
+    last_checkpoint_duration: float | None
+    restarts: int
+    elapsed: float
