@@ -97,6 +97,8 @@ class CheckpointCoordinator:
         self.finished = False
         """The final checkpoint completed: the job may end."""
         self.completed_count = 0
+        self.baseline = (0, 0)
+        """Records read and written before this attempt (from the restored checkpoint)."""
 
     # ------------------------------------------------------------ attempts
     def start_attempt(self, plan: AttemptPlan) -> None:
@@ -105,6 +107,8 @@ class CheckpointCoordinator:
         self.plan = plan
         self.end_of_data = set()
         self.last_trigger = self.clock()
+        progress = self.latest.metadata.get("progress") if self.latest else None
+        self.baseline = (progress["read"], progress["written"]) if progress else (0, 0)
 
     def restored_from(self, completed: CompletedCheckpoint) -> None:
         """Start numbering after a checkpoint the job was started from."""
@@ -159,11 +163,12 @@ class CheckpointCoordinator:
         if self._all_ended() and self.pending is None and not self.finished:
             self.trigger(final=True)
 
-    def on_ack(self, task: int, checkpoint_id: int, handles: dict[str, Any]) -> AckResult:
+    def on_ack(self, task: int, checkpoint_id: int, handles: dict[str, Any],
+               counts: tuple[int, int] = (0, 0)) -> AckResult:
         p = self.pending
         if p is None or p.checkpoint_id != checkpoint_id:
             return AckResult.DISCARDED
-        result = p.acknowledge(task, handles, self.clock())
+        result = p.acknowledge(task, handles, self.clock(), counts)
         if result is AckResult.SUCCESS and p.fully_acknowledged:
             self._complete(p)
         return result
@@ -187,7 +192,7 @@ class CheckpointCoordinator:
         chk = storage.checkpoint_dir(self.job_dir, p.checkpoint_id)
         metadata = build_metadata(self.job_id, p, self.plan.task_operators,
                                   self.operator_parallelism, self.operator_modes,
-                                  self.max_parallelism)
+                                  self.max_parallelism, self.baseline)
         # Step 1.
         chk.mkdir(parents=True, exist_ok=True)
         storage.write_metadata(chk, metadata)

@@ -36,9 +36,12 @@ class PendingCheckpoint:
     is_final: bool = False
     acks: dict[int, dict[str, Any]] = field(default_factory=dict)
     ack_times: dict[int, float] = field(default_factory=dict)
+    counts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Per task: records read from sources and written to sinks up to the barrier."""
     aborted: CheckpointAbortReason | None = None
 
-    def acknowledge(self, task: int, handles: dict[str, Any], now: float) -> AckResult:
+    def acknowledge(self, task: int, handles: dict[str, Any], now: float,
+                    counts: tuple[int, int] = (0, 0)) -> AckResult:
         if self.aborted is not None:
             return AckResult.DISCARDED
         if task not in self.tasks_to_ack:
@@ -46,6 +49,7 @@ class PendingCheckpoint:
         if task in self.acks:
             return AckResult.DUPLICATE
         self.acks[task] = handles
+        self.counts[task] = counts
         self.ack_times[task] = now - self.started
         return AckResult.SUCCESS
 
@@ -73,11 +77,13 @@ def build_metadata(
     operator_parallelism: dict[str, int],
     operator_modes: dict[str, str],
     max_parallelism: int,
+    baseline: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """The content of ``_metadata`` for a fully acknowledged checkpoint.
 
     ``task_operators`` maps a global task number to ``(vertex, subtask index,
     operator uids)``. Every acknowledgement maps an operator uid to its handle.
+    ``baseline`` is the progress recorded in the checkpoint this attempt restored.
     """
     operators: dict[str, dict[str, Any]] = {
         uid: {"parallelism": p, "operator_state_mode": operator_modes[uid], "subtasks": [None] * p}
@@ -96,4 +102,8 @@ def build_metadata(
         "final": pending.is_final,
         "max_parallelism": max_parallelism,
         "operators": operators,
+        "progress": {
+            "read": baseline[0] + sum(c[0] for c in pending.counts.values()),
+            "written": baseline[1] + sum(c[1] for c in pending.counts.values()),
+        },
     }

@@ -149,8 +149,8 @@ class JobMaster:
             restarts=len(self.failures), failures=list(self.failures),
             checkpoints=list(self.coordinator.history),
             latest_checkpoint=str(latest.path) if latest else None,
-            records_in=sum(self.records["read"].values()),
-            records_out=sum(self.records["written"].values()),
+            records_in=self._total("read"),
+            records_out=self._total("written"),
             duration=time.monotonic() - started,
         )
 
@@ -182,6 +182,7 @@ class JobMaster:
 
     def _run_attempt(self) -> None:
         n = self.graph.num_tasks
+        self.records = {"read": {}, "written": {}}
         self.launcher = make_launcher(self.options.launcher, self.events)
         self.launcher.start(self._specs(), self.server.address, self.secret)
         registered: dict[int, list[Any]] = {}
@@ -231,7 +232,8 @@ class JobMaster:
             registered[task] = [msg["host"], msg["port"]]
         elif t == "ack":
             self._count(task, msg)
-            self.coordinator.on_ack(task, msg["cp"], msg["handles"])
+            self.coordinator.on_ack(task, msg["cp"], msg["handles"],
+                                    (msg.get("read", 0), msg.get("written", 0)))
         elif t == "decline":
             if msg.get("error_type") in FATAL_ERRORS:
                 raise AttemptFailed(f"task {self._task_name(task)} cannot checkpoint: "
@@ -257,14 +259,20 @@ class JobMaster:
                        if r.status == "completed"), None)
         self.options.on_progress(Progress(
             job_id=self.job_id,
-            records_read=sum(self.records["read"].values()),
-            records_written=sum(self.records["written"].values()),
+            records_read=self._total("read"),
+            records_written=self._total("written"),
             checkpoints_completed=self._reported,
             last_checkpoint_id=latest.checkpoint_id if latest else None,
             last_checkpoint_duration=record.duration if record else None,
             restarts=len(self.failures),
             elapsed=time.monotonic() - self._started,
         ))
+
+    def _total(self, what: str) -> int:
+        """Records since the job started: the restored checkpoint's count plus
+        what this attempt's tasks last reported."""
+        base = self.coordinator.baseline[0 if what == "read" else 1]
+        return base + sum(self.records[what].values())
 
     def _count(self, task: int, msg: dict[str, Any]) -> None:
         """Progress: records read by sources and written by sinks (this attempt;

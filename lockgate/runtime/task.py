@@ -412,17 +412,17 @@ class Task:
         payload = msgpack.packb([checkpoint_id, "checkpoint", time.time()])
         for out in self.outputs:
             out.broadcast(Frame.BARRIER, payload)
-        self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps)
+        self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps, self._counts())
         self.faults.hit("final_snapshot" if self.reached_end else "snapshot")
 
     def _write_snapshot(self, checkpoint_id: int,
-                        snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:
+                        snaps: list[tuple[StreamOperator, OperatorSnapshot]],
+                        counts: dict[str, int]) -> None:
         try:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
             chk.mkdir(parents=True, exist_ok=True)
             handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
-            self._send({"t": "ack", "cp": checkpoint_id, "handles": handles,
-                        **self._counts()})
+            self._send({"t": "ack", "cp": checkpoint_id, "handles": handles, **counts})
             self.faults.hit("acked")
         except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
             log.exception("snapshot %d failed", checkpoint_id)

@@ -19,6 +19,8 @@ def _check(tmp_path, result, n=N, keys=2):
     check_running_sums(committed_lines(out), n, keys)
     assert hidden_files(out) == [], "in-progress or pending files were left behind"
     assert result["status"] == "finished"
+    # progress counts survive restarts: restored checkpoint's count + this attempt's
+    assert result["records_in"] == n and result["records_out"] == n, result
 
 
 @pytest.mark.parametrize("parallelism", [2, 3])
@@ -28,7 +30,7 @@ def test_targeted_kills_at_protocol_points(tmp_path, parallelism):
     keyed = p  # global number of the first keyed task (sources are 0..p-1)
     faults = [
         {"point": "batch", "task": 0, "attempt": 0, "count": 20},
-        {"point": "alignment", "task": keyed, "attempt": 1, "count": 2},
+        {"point": "alignment", "task": keyed, "attempt": 1, "count": 3},
         {"point": "snapshot", "task": 1, "attempt": 2, "count": 2},
         {"point": "acked", "task": keyed + 1, "attempt": 3, "count": 1},
         {"point": "commit", "task": keyed, "attempt": 4, "count": 2},
