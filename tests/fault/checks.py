@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -104,13 +103,14 @@ class RandomKiller(threading.Thread):
 
 def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list | None = None,
             kills: int = 0, seed: int = 0, interval: float = 0.2, timeout: float = 300,
-            extra: list[str] | None = None) -> tuple[dict, int]:
+            extra: list[str] | None = None,
+            kill_delays: tuple[float, float] = (0.2, 1.0)) -> tuple[dict, int]:
     out, chk = tmp / "out", tmp / "chk"
     cmd = [sys.executable, str(HERE / "sums_job.py"), "--n", str(n), "--parallelism",
            str(parallelism), "--keys", str(keys), "--out", str(out), "--storage", str(chk),
            "--interval", str(interval), "--faults", json.dumps(faults or [])] + (extra or [])
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killer = RandomKiller(driver, kills, parallelism * 2, seed)
+    killer = RandomKiller(driver, kills, parallelism * 2, seed, *kill_delays)
     if kills:
         killer.start()
     try:
@@ -122,11 +122,3 @@ def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list 
     assert driver.returncode == 0, f"driver failed ({driver.returncode}):\n{stderr[-4000:]}"
     result = json.loads(stdout.strip().splitlines()[-1])
     return result, killer.kills
-
-
-def wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.01)
