@@ -105,6 +105,10 @@ class JobMaster:
         self.failures: list[str] = []
         self._reported = 0
         self._started = time.monotonic()
+        self._running: set[int] = set()
+        self._failed_at: float | None = None
+        self.recovery_times: list[float] = []
+        """Seconds from detecting a failure until every task of the next attempt runs."""
 
     # ------------------------------------------------------------------ api
     def run(self, guarantee: str) -> JobResult:
@@ -120,6 +124,7 @@ class JobMaster:
                     self._run_attempt()
                     break
                 except (AttemptFailed, CheckpointFailureError) as e:
+                    self._failed_at = time.monotonic()
                     self._end_attempt()
                     reason = e.reason if isinstance(e, AttemptFailed) else str(e)
                     self.failures.append(reason)
@@ -152,6 +157,7 @@ class JobMaster:
             records_in=self._total("read"),
             records_out=self._total("written"),
             duration=time.monotonic() - started,
+            recovery_times=list(self.recovery_times),
         )
 
     # ------------------------------------------------------------ attempts
@@ -183,6 +189,7 @@ class JobMaster:
     def _run_attempt(self) -> None:
         n = self.graph.num_tasks
         self.records = {"read": {}, "written": {}}
+        self._running = set()
         self.launcher = make_launcher(self.options.launcher, self.events)
         self.launcher.start(self._specs(), self.server.address, self.secret)
         registered: dict[int, list[Any]] = {}
@@ -230,6 +237,11 @@ class JobMaster:
         t = msg["t"]
         if t == "register":
             registered[task] = [msg["host"], msg["port"]]
+        elif t == "running":
+            self._running.add(task)
+            if len(self._running) == self.graph.num_tasks and self._failed_at is not None:
+                self.recovery_times.append(time.monotonic() - self._failed_at)
+                self._failed_at = None
         elif t == "ack":
             self._count(task, msg)
             self.coordinator.on_ack(task, msg["cp"], msg["handles"],
@@ -246,7 +258,10 @@ class JobMaster:
             self._count(task, msg)
             finished.add(task)
         elif t == "failed":
-            log.error("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
+            if msg.get("error_type") == "ConnectionError":  # most often a peer's death
+                log.warning("task %s: %s", self._task_name(task), msg["error"])
+            else:
+                log.error("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
             raise AttemptFailed(f"task {self._task_name(task)} failed: {msg['error']}", task,
                                 msg.get("error_type"))
 

@@ -30,6 +30,9 @@ class JobResult:
     records_in: int = 0
     records_out: int = 0
     duration: float = 0.0
+    recovery_times: list[float] = field(default_factory=list)
+    """Per restart: seconds from detecting the failure until every task of the
+    next attempt was running again (records flowing)."""
 
     @property
     def completed_checkpoints(self) -> list[CheckpointRecord]:

@@ -117,6 +117,7 @@ class Task:
                 self._await_inputs()
             # Step 4. Process until finished.
             self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned)
+            self._send({"t": "running"})
             self._loop()
             # Step 5. End: tell downstream and the coordinator.
             for out in self.outputs:
