@@ -1,0 +1,130 @@
+"""The checkpoint coordinator driven by events and a fake clock (no processes,
+no sleeps): triggering, completion, timeouts, declines, the final checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lockgate.checkpoint import storage
+from lockgate.checkpoint.coordinator import (
+    AttemptPlan,
+    CheckpointCoordinator,
+    CheckpointFailureError,
+)
+from lockgate.config import CheckpointConfig
+
+TASK_OPERATORS = {0: (0, 0, ["src"]), 1: (1, 0, ["sum"]), 2: (1, 1, ["sum"])}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def env(tmp_path):
+    clock = Clock()
+    sent: list[tuple[int, int, dict]] = []
+    config = CheckpointConfig(interval=1.0, storage=str(tmp_path), timeout=5.0, retained=2,
+                              tolerable_failed_checkpoints=1)
+    c = CheckpointCoordinator("job", tmp_path / "job", config, {"src": 1, "sum": 2},
+                              {"src": "split", "sum": "split"}, 128,
+                              lambda a, t, m: sent.append((a, t, m)), clock)
+    c.start_attempt(AttemptPlan(0, [0], [0, 1, 2], TASK_OPERATORS))
+    return c, clock, sent
+
+
+def ack_all(c, n, tasks=(0, 1, 2)):
+    for t in tasks:
+        c.on_ack(t, n, {"src" if t == 0 else "sum": None}, (10 * t, t))
+
+
+def test_triggers_on_interval_and_completes_on_last_ack(env, tmp_path):
+    c, clock, sent = env
+    c.tick()
+    assert sent == []
+    clock.now += 1.0
+    c.tick()
+    assert sent == [(0, 0, {"t": "trigger", "cp": 1})]
+    c.tick()  # one checkpoint at a time
+    assert len(sent) == 1
+    c.on_ack(0, 1, {"src": None})
+    c.on_ack(1, 1, {"sum": None})
+    assert not (tmp_path / "job" / "chk-1" / "_metadata").exists()
+    c.on_ack(2, 1, {"sum": None})
+    meta = json.loads((tmp_path / "job" / "chk-1" / "_metadata").read_text())
+    assert meta["checkpoint_id"] == 1
+    assert [m for _, _, m in sent[1:]] == [{"t": "complete", "cp": 1}] * 3
+    assert c.history[-1].status == "completed"
+
+
+def test_retention_deletes_old_checkpoints(env, tmp_path):
+    c, clock, sent = env
+    for n in range(1, 5):
+        clock.now += 1.0
+        c.tick()
+        ack_all(c, n)
+    assert storage.completed_checkpoints(tmp_path / "job") == [3, 4]
+    assert [x.checkpoint_id for x in c.completed] == [3, 4]
+
+
+def test_timeout_aborts_and_too_many_failures_fail_the_job(env):
+    c, clock, sent = env
+    clock.now += 1.0
+    c.tick()
+    clock.now += 5.1
+    c.tick()
+    assert {"t": "abort", "cp": 1} in [m for _, _, m in sent]
+    assert c.history[-1].status == "failed" and "expired" in c.history[-1].failure
+    clock.now += 1.0
+    c.tick()  # checkpoint 2
+    with pytest.raises(CheckpointFailureError, match="2 checkpoints failed in a row"):
+        c.on_decline(1, 2, "disk full")
+
+
+def test_late_and_duplicate_acks_are_ignored(env):
+    c, clock, sent = env
+    clock.now += 1.0
+    c.tick()
+    c.on_decline(2, 1, "busy")
+    assert c.on_ack(0, 1, {"src": None}).name == "DISCARDED"
+    clock.now += 1.0
+    c.tick()
+    assert c.on_ack(0, 2, {"src": None}).name == "SUCCESS"
+    assert c.on_ack(0, 2, {"src": None}).name == "DUPLICATE"
+    assert c.on_ack(7, 2, {}).name == "UNKNOWN"
+
+
+def test_final_checkpoint_after_every_task_reached_end_of_data(env):
+    c, clock, sent = env
+    clock.now += 1.0
+    c.tick()  # a periodic checkpoint is in flight
+    for t in (0, 1, 2):
+        c.on_end_of_data(t)
+    assert sent[-1] == (0, 0, {"t": "trigger", "cp": 1})  # final waits for it
+    ack_all(c, 1)
+    c.tick()
+    assert sent[-1] == (0, 0, {"t": "trigger", "cp": 2})
+    assert c.pending is not None and c.pending.is_final
+    ack_all(c, 2)
+    assert c.finished
+    assert [m for _, _, m in sent[-3:]] == [{"t": "finish"}] * 3
+
+
+def test_progress_adds_the_restored_baseline(env, tmp_path):
+    c, clock, sent = env
+    clock.now += 1.0
+    c.tick()
+    ack_all(c, 1)  # read 0+10+20, written 0+1+2
+    assert c.latest.metadata["progress"] == {"read": 30, "written": 3}
+    c.on_attempt_failed()
+    c.start_attempt(AttemptPlan(1, [0], [0, 1, 2], TASK_OPERATORS))
+    clock.now += 1.0
+    c.tick()
+    ack_all(c, 2)
+    assert c.latest.metadata["progress"] == {"read": 60, "written": 6}
