@@ -19,3 +19,11 @@ class JobFailedError(LockgateError):
 
 class AuthenticationError(LockgateError):
     """A peer failed the HMAC challenge on the job secret."""
+
+
+class ConfigurationError(LockgateError):
+    """A setting cannot work (an unwritable folder, ...): restarting cannot help."""
+
+
+class OutputLostError(LockgateError):
+    """Output a completed checkpoint committed is gone (deleted outside Lockgate)."""

@@ -43,7 +43,7 @@ DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
 FATAL_ERRORS = frozenset({
     # deterministic: a restart would fail the same way
     "CheckpointCorruptError", "StateSerializationError", "StateTypeError",
-    "PipelineDefinitionError",
+    "PipelineDefinitionError", "ConfigurationError", "OutputLostError",
 })
 """Errors that fail the job at once. Falling back to an older checkpoint is
 not done on purpose: its two-phase-commit sinks may already have committed
@@ -344,6 +344,8 @@ def run_pipeline(pipeline: Pipeline, *, launcher: str = "local",
     sources = [op for op in graph.operators() if op.kind == "source"]
     sinks = [op for op in graph.operators() if op.kind == "sink"]
     mode = pipeline.checkpoint.mode
+    for op in sources + sinks:
+        op.fn.validate()
     not_replayable = [op.uid for op in sources if not op.fn.replayable]
     if not_replayable and mode == CheckpointingMode.EXACTLY_ONCE and not allow_non_replayable:
         raise PipelineDefinitionError(

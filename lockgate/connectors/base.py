@@ -62,6 +62,10 @@ class Source(ABC, Generic[T]):
     replayable: bool = True
     bounded: bool = True
     operator_state_mode: str = "split"
+
+    def validate(self) -> None:  # noqa: B027 - optional hook
+        """Called in the driver before the job starts: raise a LockgateError
+        naming the problem and the fix if the source cannot work (fail fast)."""
     """How state entries are redistributed on restore: ``"split"`` (each task
     gets its own entries back; round-robin when parallelism changed) or
     ``"union"`` (every task gets every entry and keeps those it owns)."""
@@ -107,6 +111,10 @@ class Sink(ABC, Generic[T]):
     """A pipeline sink. ``exactly_once`` sinks are transactional or idempotent."""
 
     exactly_once: bool = False
+
+    def validate(self) -> None:  # noqa: B027 - optional hook
+        """Called in the driver before the job starts: raise a LockgateError
+        naming the problem and the fix if the sink cannot work (fail fast)."""
 
     @abstractmethod
     def create_writer(self, info: TaskInfo) -> SinkWriter[T]: ...

@@ -29,7 +29,7 @@ import orjson
 
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
-from lockgate.errors import LockgateError
+from lockgate.errors import ConfigurationError, LockgateError, OutputLostError
 
 __all__ = [
     "FileSink",
@@ -217,16 +217,18 @@ def _fs_ensure_writable_dir(folder: str, probe_name: str) -> None:
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
-        raise LockgateError(f"file sink folder {folder!r} cannot be created ({e}); {fix}") from e
+        raise ConfigurationError(
+            f"file sink folder {folder!r} cannot be created ({e}); {fix}") from e
     if not os.path.isdir(folder):
-        raise LockgateError(f"file sink folder {folder!r} is not a directory; {fix}")
+        raise ConfigurationError(f"file sink folder {folder!r} is not a directory; {fix}")
     probe = _fs_join(folder, probe_name)
     try:
         with open(probe, "wb") as f:
             f.write(b"")
         os.remove(probe)
     except OSError as e:
-        raise LockgateError(f"file sink folder {folder!r} is not writable ({e}); {fix}") from e
+        raise ConfigurationError(
+            f"file sink folder {folder!r} is not writable ({e}); {fix}") from e
 
 
 def _fs_list(folder: str) -> list[str]:
@@ -496,7 +498,7 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         if _fs_exists(final_path):
             return
         # Step 3. Lost.
-        raise LockgateError(
+        raise OutputLostError(
             f"file sink {self.info.uid!r}: committed output was lost: neither {pending!r} nor "
             f"{final!r} exists in {self.folder!r} (deleted or moved outside Lockgate); restore "
             "the file, or restart the job without this checkpoint's state"
@@ -535,6 +537,10 @@ class FileSink(Sink[Any]):
             )
         self.path = os.fspath(path)
         self.format = format
+
+    def validate(self) -> None:
+        """The folder must be creatable and writable before the job starts."""
+        _fs_ensure_writable_dir(self.path, ".lockgate-probe-driver")
 
     def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
         """A :class:`FileSinkWriter` for task ``info``."""
