@@ -27,3 +27,8 @@ class ConfigurationError(LockgateError):
 
 class OutputLostError(LockgateError):
     """Output a completed checkpoint committed is gone (deleted outside Lockgate)."""
+
+
+class UserFunctionError(LockgateError):
+    """A user function raised; the message names the operator. The job restarts
+    under its restart strategy (the failure may be transient)."""

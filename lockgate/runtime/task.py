@@ -31,7 +31,7 @@ import msgpack
 from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
 from lockgate.checkpoint.storage import ChecksumWriter, checkpoint_dir, read_state_file
 from lockgate.connectors.base import TaskInfo
-from lockgate.errors import LockgateError
+from lockgate.errors import LockgateError, UserFunctionError
 from lockgate.graph.jobgraph import JobVertex
 from lockgate.runtime import wire
 from lockgate.runtime.barriers import AbortReason, BarrierHandler
@@ -336,7 +336,13 @@ class Task:
 
     def _run_chain(self, batch: list[Any], ops: list[StreamOperator]) -> None:
         for op in ops:
-            batch = op.process(batch)
+            try:
+                batch = op.process(batch)
+            except LockgateError:
+                raise
+            except Exception as e:
+                raise UserFunctionError(
+                    f"operator {op.uid!r} raised {type(e).__name__}: {e}") from e
             if not batch:
                 return
         self.faults.hit("batch")
