@@ -38,9 +38,11 @@ class SourceReader(ABC, Generic[T]):
     """Reads one task's share of a source. All methods run on the task thread."""
 
     @abstractmethod
-    def restore(self, state: list[Any]) -> None:
+    def restore(self, state: list[Any] | None) -> None:
         """Called once before the first ``poll``: ``state`` holds the entries this
-        task received from the restored checkpoint, or is empty on a fresh start."""
+        task received from the restored checkpoint (possibly none, e.g. when
+        parallelism grew beyond the number of splits), or is ``None`` on a fresh
+        start (no checkpoint, or one that does not know this source)."""
 
     @abstractmethod
     def poll(self, max_records: int) -> list[T] | None:

@@ -249,8 +249,8 @@ class FileSourceReader(SourceReader[Any]):
             self._queue.append(rel)
             self._queued.add(rel)
 
-    def restore(self, state: list[Any]) -> None:
-        """Resume from ``state``.
+    def restore(self, state: list[Any] | None) -> None:
+        """Resume from ``state`` (``None``: a fresh start).
 
         Step 1. Keep the entries of the files hashed to this task; validate them.
         Step 2. Check every such file still exists (else raise naming it).
@@ -258,7 +258,7 @@ class FileSourceReader(SourceReader[Any]):
                 folder for the files not started yet.
         """
         # Step 1. Entries of this task.
-        for entry in state:
+        for entry in state or []:
             if not (
                 isinstance(entry, dict)
                 and isinstance(entry.get("file"), str)

@@ -61,11 +61,11 @@ class SequenceReader(SourceReader[int]):
         self.started = time.monotonic()
         self.emitted = 0
 
-    def restore(self, state: list[Any]) -> None:
-        if state:
-            self.splits = [dict(s) for s in state]
-        else:
+    def restore(self, state: list[Any] | None) -> None:
+        if state is None:
             self.splits = [self.source.splits(self.info.parallelism)[self.info.task_index]]
+        else:
+            self.splits = [dict(s) for s in state]
 
     def poll(self, max_records: int) -> list[int] | None:
         if self.rate is not None:

@@ -50,8 +50,9 @@ class StreamOperator:
     def open(self, serializer: StateSerializer) -> None:
         pass
 
-    def restore_operator_state(self, entries: list[Any]) -> None:
-        pass
+    def restore_operator_state(self, entries: list[Any] | None) -> None:
+        """``entries`` this task received from the checkpoint; ``None`` on a
+        fresh start."""
 
     def process(self, batch: list[Any]) -> list[Any]:
         raise NotImplementedError
@@ -210,8 +211,8 @@ class SinkOperator(StreamOperator):
         super().__init__(spec, info)
         self.writer: SinkWriter = spec.fn.create_writer(info)
 
-    def restore_operator_state(self, entries: list[Any]) -> None:
-        self.writer.restore(entries)
+    def restore_operator_state(self, entries: list[Any] | None) -> None:
+        self.writer.restore(entries or [])
 
     written = 0
 
@@ -256,7 +257,7 @@ class SourceOperator(StreamOperator):
         super().__init__(spec, info)
         self.reader = spec.fn.create_reader(info)
 
-    def restore_operator_state(self, entries: list[Any]) -> None:
+    def restore_operator_state(self, entries: list[Any] | None) -> None:
         self.reader.restore(entries)
 
     def poll(self, max_records: int) -> list[Any] | None:

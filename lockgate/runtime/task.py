@@ -183,7 +183,7 @@ class Task:
         for op in self.ops:
             op_meta = meta["operators"].get(op.uid) if meta else None
             if op_meta is None:
-                op.restore_operator_state([])
+                op.restore_operator_state(None)
                 continue
             p = spec.vertex.parallelism
             if op.keyed and op.backend is not None:

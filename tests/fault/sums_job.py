@@ -44,11 +44,18 @@ def main() -> None:
     ap.add_argument("--mode", default="exactly_once")
     ap.add_argument("--rate", type=float)
     ap.add_argument("--faults", default="[]")
+    ap.add_argument("--from-checkpoint")
+    ap.add_argument("--progress", action="store_true",
+                    help="print a JSON line after every completed checkpoint")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     p = build(args.n, args.parallelism, args.keys, args.out, args.storage, args.interval,
               args.mode, args.rate)
-    result = p.run(fault_injection=json.loads(args.faults))
+    def progress(pr) -> None:
+        print(json.dumps({"progress": dataclasses.asdict(pr)}), flush=True)
+
+    result = p.run(fault_injection=json.loads(args.faults), from_checkpoint=args.from_checkpoint,
+                   on_progress=progress if args.progress else None)
     print(json.dumps(dataclasses.asdict(result)), flush=True)
 
 
