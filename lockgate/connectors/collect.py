@@ -10,6 +10,7 @@ a 4-byte big-endian length, then the serialized record).
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import tempfile
 from typing import Any
@@ -18,6 +19,7 @@ from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.filesink import (
     FileSinkWriter,
     RecordFormat,
+    _fs_ensure_writable_dir,
     parse_part_name,
     part_sort_key,
 )
@@ -80,19 +82,31 @@ class CollectSink(Sink[Any]):
     exactly_once = True
 
     def __init__(self, path: str | None = None) -> None:
-        """``path``: the folder of the committed files (created if missing)."""
-        self.path = (
-            os.fspath(path) if path is not None else tempfile.mkdtemp(prefix="lockgate-collect-")
-        )
+        """``path``: the folder of the committed files (created if missing);
+        ``None``: a temporary folder, made when the job starts."""
+        self.path: str | None = os.fspath(path) if path is not None else None
+
+    def validate(self) -> None:
+        """Called in the driver before the job starts: fix the folder."""
+        if self.path is None:
+            self.path = tempfile.mkdtemp(prefix="lockgate-collect-")
+        _fs_ensure_writable_dir(self.path, ".lockgate-probe-driver")
 
     def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
         """A two-phase-commit file writer of ``lgrec`` files for task ``info``."""
+        if self.path is None:
+            raise LockgateError("CollectSink has no folder yet: run the pipeline first")
         return FileSinkWriter(info, self.path, LgrecFormat())
+
+    def discard(self) -> None:
+        """Delete the folder and everything collected in it."""
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def results(self) -> list[Any]:
         """Every committed record, file by file in name order (numeric parts
         compared as numbers), each record once. Hidden files are never read."""
-        if not os.path.isdir(self.path):
+        if self.path is None or not os.path.isdir(self.path):
             return []
         names = []
         for name in os.listdir(self.path):

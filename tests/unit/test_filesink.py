@@ -498,7 +498,9 @@ def test_collect_sink_temp_dir_and_numeric_order(serde: None) -> None:
     from lockgate.connectors.collect import CollectSink
 
     sink = CollectSink()
-    assert os.path.isdir(sink.path)
+    assert sink.path is None and sink.results() == []  # no folder before the job starts
+    sink.validate()
+    assert sink.path is not None and os.path.isdir(sink.path)
     assert sink.results() == []
     w = sink.create_writer(_info())
     w.restore([])
@@ -507,3 +509,5 @@ def test_collect_sink_temp_dir_and_numeric_order(serde: None) -> None:
         w.snapshot_state(cid)
     w.notify_checkpoint_complete(12)
     assert sink.results() == list(range(1, 13))  # seq 10 sorts after seq 9
+    sink.discard()
+    assert not os.path.exists(sink.path)
