@@ -39,6 +39,8 @@ class CheckpointConfig:
         retained: how many completed checkpoints to keep.
         tolerable_failed_checkpoints: consecutive failed checkpoints the job
             tolerates before it fails (and restarts).
+        savepoint_dir: default folder of savepoints (``savepoint``/``stop``
+            without a folder); a local path or a URL.
         min_pause: minimum seconds between the end of one checkpoint and the
             start of the next.
     """
@@ -50,6 +52,7 @@ class CheckpointConfig:
     retained: int = 3
     tolerable_failed_checkpoints: int = 3
     min_pause: float = 0.0
+    savepoint_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", CheckpointingMode(self.mode))

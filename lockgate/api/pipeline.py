@@ -28,6 +28,7 @@ from lockgate.errors import PipelineDefinitionError
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
+    from lockgate.cluster.client import JobClient
     from lockgate.cluster.result import JobResult, Progress
 
 T = TypeVar("T")
@@ -132,28 +133,54 @@ class Pipeline:
         return node
 
     # -- running ----------------------------------------------------------
-    def run(self, *, launcher: str = "local", from_checkpoint: str | None = None,
+    def run(self, *, launcher: str = "spark", from_checkpoint: str | None = None,
+            from_savepoint: str | None = None, allow_non_restored_state: bool = False,
             allow_non_replayable: bool = False, fault_injection: list[dict] | None = None,
             job_id: str | None = None,
-            on_progress: Callable[[Progress], None] | None = None) -> JobResult:
-        """Run the job and block until it ends (bounded input done, or failed).
+            on_progress: Callable[[Progress], None] | None = None,
+            spark: Any = None, master: str | None = None) -> JobResult:
+        """Run the job and block until it ends (bounded input done, stopped,
+        cancelled, or failed).
 
         Args:
-            launcher: ``"local"`` (one subprocess per task).
+            launcher: ``"spark"`` (the default: every task is one task of a
+                single Spark barrier stage, on ``spark`` or a local session) or
+                ``"local"`` (one subprocess per task, no Spark).
             from_checkpoint: start from this completed checkpoint (a ``chk-N`` folder).
+            from_savepoint: start from this savepoint (any parallelism; operators
+                are matched by uid, added ones start empty).
+            allow_non_restored_state: drop the state of operator uids the job no
+                longer has, instead of refusing the checkpoint or savepoint.
             allow_non_replayable: run with a non-replayable source under
                 exactly-once by downgrading the guarantee (the job reports it).
             fault_injection: test-only: kill tasks at named protocol points.
             job_id: the job's id (default: the name and a random suffix); its
                 checkpoints go to ``<storage>/<job_id>/``.
             on_progress: called in the driver after every completed checkpoint.
+            spark: with ``launcher="spark"``: the SparkSession to run on (default:
+                the running one, or a new one on ``master``).
+            master: with ``launcher="spark"`` and no session: the Spark master of
+                the session Lockgate creates (default ``local[N]``, N = the job's
+                number of tasks).
         """
+        args = self._run_args(locals())
         from lockgate.cluster.jobmaster import run_pipeline
 
-        return run_pipeline(self, launcher=launcher, from_checkpoint=from_checkpoint,
-                            allow_non_replayable=allow_non_replayable,
-                            fault_injection=fault_injection or [], job_id=job_id,
-                            on_progress=on_progress)
+        return run_pipeline(self, **args)
+
+    def start(self, **kwargs: Any) -> JobClient:
+        """Start the job in a background thread and return a :class:`JobClient`
+        (``savepoint()``, ``stop(drain=...)``, ``cancel()``, ``result()``).
+        Takes the arguments of :meth:`run`."""
+        from lockgate.cluster.jobmaster import start_pipeline
+
+        return start_pipeline(self, **self._run_args({"self": self, **kwargs}))
+
+    @staticmethod
+    def _run_args(args: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in args.items() if k != "self"}
+        out["fault_injection"] = out.get("fault_injection") or []
+        return out
 
 
 class DataStream(Generic[T]):

@@ -10,12 +10,13 @@ injected ``clock``, so tests drive it without processes or sleeps.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.pending import (
     AckResult,
@@ -51,7 +52,8 @@ class CheckpointRecord:
 @dataclass
 class CompletedCheckpoint:
     checkpoint_id: int
-    path: Path
+    path: str
+    """The ``chk-<n>`` folder: a local path or a URL."""
     metadata: dict[str, Any]
 
 
@@ -69,7 +71,7 @@ class CheckpointCoordinator:
     def __init__(
         self,
         job_id: str,
-        job_dir: Path,
+        job_dir: str | os.PathLike[str],
         config: CheckpointConfig,
         operator_parallelism: dict[str, int],
         operator_modes: dict[str, str],
@@ -78,7 +80,8 @@ class CheckpointCoordinator:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.job_id = job_id
-        self.job_dir = job_dir
+        self.job_dir = os.fspath(job_dir)
+        """The job's checkpoint folder: a local path or a URL (:mod:`lockgate.fs`)."""
         self.config = config
         self.operator_parallelism = operator_parallelism
         self.operator_modes = operator_modes
@@ -96,6 +99,9 @@ class CheckpointCoordinator:
         self.end_of_data: set[int] = set()
         self.finished = False
         """The final checkpoint completed: the job may end."""
+        self.savepoint_results: dict[int, str | BaseException] = {}
+        """Per savepoint id: its folder once completed, or why it failed."""
+        self._final_savepoint_dir: str | None = None
         self.completed_count = 0
         self.baseline = (0, 0)
         """Records read and written before this attempt (from the restored checkpoint)."""
@@ -141,21 +147,31 @@ class CheckpointCoordinator:
     def _all_ended(self) -> bool:
         return self.plan is not None and self.end_of_data >= set(self.plan.all_tasks)
 
-    def trigger(self, final: bool = False) -> int | None:
-        """Start a checkpoint: ``trigger(n)`` to every source task."""
+    def trigger(self, final: bool = False, savepoint_dir: str | None = None) -> int | None:
+        """Start a checkpoint: ``trigger(n)`` to every source task. With
+        ``savepoint_dir`` it is a savepoint: on completion its state goes to a
+        self-contained folder there, and tasks are not told (an intermediate
+        savepoint commits nothing; the next checkpoint commits its sinks' work)."""
         if self.pending is not None or self.plan is None:
             return None
+        if final and self._final_savepoint_dir is not None:
+            savepoint_dir = self._final_savepoint_dir
         n = self.next_id
         self.next_id += 1
         now = self.clock()
         self.last_trigger = now
         self.pending = PendingCheckpoint(n, time.time(), now, frozenset(self.plan.all_tasks),
-                                         is_final=final)
-        self.history.append(CheckpointRecord(n, "final" if final else "checkpoint",
+                                         is_final=final, savepoint_dir=savepoint_dir)
+        kind = "savepoint" if savepoint_dir is not None else "checkpoint"
+        self.history.append(CheckpointRecord(n, "final " + kind if final else kind,
                                              "in_progress", time.time()))
         for task in self.plan.source_tasks:
             self.send(self.plan.attempt, task, {"t": "trigger", "cp": n})
         return n
+
+    def final_checkpoint_is_savepoint(self, savepoint_dir: str) -> None:
+        """Stop with a drain: the final checkpoint is a savepoint in ``savepoint_dir``."""
+        self._final_savepoint_dir = savepoint_dir
 
     # -------------------------------------------------------------- events
     def on_end_of_data(self, task: int) -> None:
@@ -194,15 +210,36 @@ class CheckpointCoordinator:
                                   self.operator_parallelism, self.operator_modes,
                                   self.max_parallelism, self.baseline)
         # Step 1.
-        chk.mkdir(parents=True, exist_ok=True)
-        storage.write_metadata(chk, metadata)
+        if p.savepoint_dir is not None:
+            try:
+                target = storage.write_savepoint(chk, p.savepoint_dir, self.job_id,
+                                                 p.checkpoint_id, metadata)
+            except OSError as e:
+                self._abort(CheckpointAbortReason.DECLINED,
+                            detail=f"the savepoint could not be written: {e}")
+                return
+            self.savepoint_results[p.checkpoint_id] = target
+            log.info("savepoint %d completed: %s", p.checkpoint_id, fs.redact(target))
+        else:
+            fs.makedirs(chk)
+            storage.write_metadata(chk, metadata)
         self.pending = None
         now = self.clock()
         self.last_completion = now
         self.consecutive_failures = 0
-        self.completed.append(CompletedCheckpoint(p.checkpoint_id, chk, metadata))
-        self.completed_count += 1
         record = self._record(p.checkpoint_id)
+        if p.savepoint_dir is not None and not p.is_final:
+            # Step 2 (savepoint). Nobody is told: sinks keep their pending
+            # transactions for the next checkpoint, and failover never goes
+            # back to a savepoint (a later failure rolls back past it).
+            record.status = "completed"
+            record.duration = now - p.started
+            record.ack_times = dict(p.ack_times)
+            record.size = sum(h["size"] for acks in p.acks.values() for h in acks.values() if h)
+            return
+        if p.savepoint_dir is None:  # a final savepoint lives elsewhere; the job ends
+            self.completed.append(CompletedCheckpoint(p.checkpoint_id, chk, metadata))
+        self.completed_count += 1
         record.status = "completed"
         record.duration = now - p.started
         record.ack_times = dict(p.ack_times)
@@ -218,7 +255,8 @@ class CheckpointCoordinator:
             for task in self.plan.all_tasks:
                 self.send(self.plan.attempt, task, {"t": "finish"})
         # Step 3.
-        self._retain()
+        if self.completed:
+            self._retain()
 
     def _retain(self) -> None:
         keep = checkpoints_to_discard([c.checkpoint_id for c in self.completed],
@@ -229,15 +267,9 @@ class CheckpointCoordinator:
             storage.discard(storage.checkpoint_dir(self.job_dir, n))
         # folders of failed checkpoints older than the newest completed one
         latest = self.completed[-1].checkpoint_id
-        if self.job_dir.is_dir():
-            for entry in self.job_dir.iterdir():
-                if entry.name.startswith("chk-") and not (entry / storage.METADATA).exists():
-                    try:
-                        n = int(entry.name[4:])
-                    except ValueError:
-                        continue
-                    if n < latest:
-                        storage.discard(entry)
+        for n, completed in storage.checkpoint_folders(self.job_dir).items():
+            if not completed and n < latest:
+                storage.discard(storage.checkpoint_dir(self.job_dir, n))
 
     def _abort(self, reason: CheckpointAbortReason, detail: str | None = None,
                notify: bool = True) -> None:
@@ -249,6 +281,9 @@ class CheckpointCoordinator:
         record = self._record(p.checkpoint_id)
         record.status = "failed"
         record.failure = f"{reason.value}: {detail}" if detail else reason.value
+        if p.savepoint_dir is not None:
+            self.savepoint_results[p.checkpoint_id] = LockgateError(
+                f"savepoint {p.checkpoint_id} failed: {record.failure}")
         if notify and self.plan is not None:
             for task in self.plan.all_tasks:
                 self.send(self.plan.attempt, task, {"t": "abort", "cp": p.checkpoint_id})

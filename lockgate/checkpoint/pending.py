@@ -34,6 +34,8 @@ class PendingCheckpoint:
     """Monotonic clock at trigger time."""
     tasks_to_ack: frozenset[int]
     is_final: bool = False
+    savepoint_dir: str | None = None
+    """A savepoint: the folder its self-contained copy goes to (else None)."""
     acks: dict[int, dict[str, Any]] = field(default_factory=dict)
     ack_times: dict[int, float] = field(default_factory=dict)
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -97,7 +99,7 @@ def build_metadata(
         "format": 1,
         "job_id": job_id,
         "checkpoint_id": pending.checkpoint_id,
-        "kind": "checkpoint",
+        "kind": "savepoint" if pending.savepoint_dir is not None else "checkpoint",
         "timestamp": pending.timestamp,
         "final": pending.is_final,
         "max_parallelism": max_parallelism,

@@ -6,6 +6,12 @@ Layout (see docs/architecture.md)::
     <storage>/<job-id>/chk-<n>/<uid>-<task>.state
 
 A checkpoint folder without a valid ``_metadata`` does not exist.
+
+``<storage>`` is a local path or a URL (``file://``, ``s3://``, ``hdfs://``;
+see :mod:`lockgate.fs`); locations are strings, so they travel to the tasks
+inside their pickled specs. ``_metadata`` is atomic everywhere: a temp file
+renamed (local, HDFS), or ONE object write on an object store (an object is
+visible only complete; there is no rename to use).
 """
 
 from __future__ import annotations
@@ -13,16 +19,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import zlib
-from pathlib import Path
 from typing import Any, BinaryIO
 
-from lockgate.errors import CheckpointCorruptError
+from lockgate import fs
+from lockgate.errors import CheckpointCorruptError, ConfigurationError
 
 METADATA = "_metadata"
 FORMAT_VERSION = 1
 _CHK_RE = re.compile(r"^chk-(\d+)$")
+
+Location = str | os.PathLike[str]
 
 
 class ChecksumWriter:
@@ -51,77 +58,113 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def checkpoint_dir(job_dir: str | Path, checkpoint_id: int) -> Path:
-    return Path(job_dir) / f"chk-{checkpoint_id}"
-
-
-def write_metadata(chk_dir: Path, metadata: dict[str, Any]) -> None:
-    """Write ``_metadata`` atomically: temp file, fsync, rename, fsync the folder."""
-    tmp = chk_dir / f".{METADATA}.tmp"
-    data = json.dumps(metadata, sort_keys=True).encode()
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, chk_dir / METADATA)
-    fsync_dir(chk_dir)
-
-
-def read_metadata(chk_dir: str | Path) -> dict[str, Any]:
-    """Load and validate a checkpoint's ``_metadata``; clear errors otherwise."""
-    chk = Path(chk_dir)
-    if not chk.is_dir():
-        raise CheckpointCorruptError(f"checkpoint folder {chk} does not exist")
-    path = chk / METADATA
-    if not path.exists():
-        latest = latest_completed(chk.parent)
-        hint = f"; the latest completed checkpoint there is {latest}" if latest else ""
-        raise CheckpointCorruptError(
-            f"{chk} has no {METADATA}: that checkpoint never completed, so it cannot be "
-            f"restored{hint}"
-        )
+def prepare_job_dir(storage: Location, job_id: str) -> str:
+    """The job's checkpoint folder ``<storage>/<job_id>``, proven writable (a
+    probe file is written and deleted): a wrong bucket, endpoint or permission
+    fails the job before it starts, with the fix in the message."""
+    job_dir = fs.join(fs.absolute(storage), job_id)
+    probe = fs.join(job_dir, ".lockgate-probe-driver")
     try:
-        meta = json.loads(path.read_bytes())
+        fs.makedirs(job_dir)
+        fs.write_atomic(probe, b"")
+        fs.remove(probe)
+    except (OSError, ValueError) as e:
+        raise ConfigurationError(
+            f"checkpoint storage {fs.explain(e, job_dir)}"
+        ) from e
+    return job_dir
+
+
+def checkpoint_dir(job_dir: Location, checkpoint_id: int) -> str:
+    return fs.join(job_dir, f"chk-{checkpoint_id}")
+
+
+def write_metadata(chk_dir: Location, metadata: dict[str, Any]) -> None:
+    """Write ``_metadata`` atomically (see :func:`lockgate.fs.write_atomic`):
+    temp file, fsync, rename, fsync the folder; one object write on S3."""
+    fs.write_atomic(fs.join(chk_dir, METADATA), json.dumps(metadata, sort_keys=True).encode())
+
+
+def read_metadata(chk_dir: Location) -> dict[str, Any]:
+    """Load and validate a checkpoint's ``_metadata``; clear errors otherwise."""
+    chk = fs.absolute(chk_dir)
+    shown = fs.redact(chk)
+    path = fs.join(chk, METADATA)
+    try:
+        raw = fs.read_bytes(path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        if not fs.is_dir(chk):
+            raise CheckpointCorruptError(f"checkpoint folder {shown} does not exist") from None
+        latest = latest_completed(fs.parent(chk))
+        hint = (f"; the latest completed checkpoint there is {fs.redact(latest)}"
+                if latest else "")
+        raise CheckpointCorruptError(
+            f"{shown} has no {METADATA}: that checkpoint never completed, so it cannot be "
+            f"restored{hint}"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ConfigurationError(f"cannot read checkpoint {fs.explain(e, chk)}") from e
+    shown = fs.redact(path)
+    try:
+        meta = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointCorruptError(
-            f"{path} is corrupt ({e}); restore from an earlier checkpoint instead"
+            f"{shown} is corrupt ({e}); restore from an earlier checkpoint instead"
         ) from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         raise CheckpointCorruptError(
-            f"{path} is not a Lockgate checkpoint of format {FORMAT_VERSION}"
+            f"{shown} is not a Lockgate checkpoint of format {FORMAT_VERSION}"
         )
     for key in ("checkpoint_id", "operators", "max_parallelism"):
         if key not in meta:
-            raise CheckpointCorruptError(f"{path} lacks the field {key!r}: it is corrupt")
+            raise CheckpointCorruptError(f"{shown} lacks the field {key!r}: it is corrupt")
     return meta
 
 
-def verify_files(chk_dir: str | Path, metadata: dict[str, Any]) -> None:
-    """Check that every state file named in the metadata exists with its size."""
-    chk = Path(chk_dir)
+def verify_files(chk_dir: Location, metadata: dict[str, Any]) -> None:
+    """Check that every state file named in the metadata exists with its size
+    (one listing of the folder)."""
+    sizes = fs.list_sizes(chk_dir)
     for uid, op in metadata["operators"].items():
         for handle in op["subtasks"]:
             if not handle:
                 continue
-            p = chk / handle["file"]
-            if not p.exists():
+            p = fs.redact(fs.join(chk_dir, handle["file"]))
+            size = sizes.get(handle["file"])
+            if size is None:
                 raise CheckpointCorruptError(
                     f"state file {p} of operator {uid!r} is missing: the checkpoint is damaged; "
                     "restore from an earlier checkpoint"
                 )
-            if p.stat().st_size != handle["size"]:
+            if size != handle["size"]:
                 raise CheckpointCorruptError(
-                    f"state file {p} of operator {uid!r} has {p.stat().st_size} bytes, "
+                    f"state file {p} of operator {uid!r} has {size} bytes, "
                     f"the checkpoint recorded {handle['size']}: it is truncated or damaged; "
                     "restore from an earlier checkpoint"
                 )
 
 
-def read_state_file(chk_dir: str | Path, handle: dict[str, Any]) -> bytes:
-    """Read a whole state file, checking its size and CRC-32."""
-    p = Path(chk_dir) / handle["file"]
+def write_state_file(chk_dir: Location, name: str, write: Any) -> tuple[int, int]:
+    """Write the state file ``name`` durably: ``write(out)`` writes its bytes
+    into a :class:`ChecksumWriter`; returns ``(size, crc32)``. Local: fsynced.
+    Object store: one object, visible only once complete."""
+    f = fs.open_write(fs.join(chk_dir, name))
     try:
-        data = p.read_bytes()
+        out = ChecksumWriter(f)  # type: ignore[arg-type]
+        write(out)
+    except BaseException:
+        f.close()
+        raise
+    fs.finish_write(f)
+    return out.size, out.crc
+
+
+def read_state_file(chk_dir: Location, handle: dict[str, Any]) -> bytes:
+    """Read a whole state file, checking its size and CRC-32."""
+    location = fs.join(chk_dir, handle["file"])
+    p = fs.redact(location)
+    try:
+        data = fs.read_bytes(location)
     except FileNotFoundError:
         raise CheckpointCorruptError(
             f"state file {p} is missing: the checkpoint is damaged"
@@ -134,29 +177,70 @@ def read_state_file(chk_dir: str | Path, handle: dict[str, Any]) -> bytes:
     return data
 
 
-def completed_checkpoints(job_dir: str | Path) -> list[int]:
+def checkpoint_folders(job_dir: Location) -> dict[int, bool]:
+    """Every ``chk-<n>`` folder under ``job_dir``: ``n`` -> whether it has
+    ``_metadata`` (completed). One recursive listing on an object store."""
+    out: dict[int, bool] = {}
+    if fs.is_local(job_dir):
+        for name in fs.listdir(job_dir):
+            m = _CHK_RE.match(name)
+            if m:
+                out[int(m.group(1))] = fs.exists(fs.join(job_dir, name, METADATA))
+        return out
+    for rel in fs.walk_files(job_dir):
+        folder, _, name = rel.partition("/")
+        m = _CHK_RE.match(folder)
+        if m:
+            n = int(m.group(1))
+            out[n] = out.get(n, False) or name == METADATA
+    return out
+
+
+def completed_checkpoints(job_dir: Location) -> list[int]:
     """Ids of the checkpoints under ``job_dir`` that have ``_metadata``, ascending."""
-    d = Path(job_dir)
-    if not d.is_dir():
-        return []
-    ids = []
-    for entry in d.iterdir():
-        m = _CHK_RE.match(entry.name)
-        if m and (entry / METADATA).exists():
-            ids.append(int(m.group(1)))
-    return sorted(ids)
+    return sorted(n for n, done in checkpoint_folders(job_dir).items() if done)
 
 
-def latest_completed(job_dir: str | Path) -> Path | None:
+def latest_completed(job_dir: Location) -> str | None:
     ids = completed_checkpoints(job_dir)
     return checkpoint_dir(job_dir, ids[-1]) if ids else None
 
 
-def discard(chk_dir: str | Path) -> None:
+def discard(chk_dir: Location) -> None:
     """Delete a checkpoint: ``_metadata`` first, so a half-deleted one never looks valid."""
-    chk = Path(chk_dir)
-    try:
-        (chk / METADATA).unlink()
-    except FileNotFoundError:
-        pass
-    shutil.rmtree(chk, ignore_errors=True)
+    fs.remove(fs.join(chk_dir, METADATA))
+    fs.rmtree(chk_dir)
+
+
+def savepoint_name(job_id: str, checkpoint_id: int) -> str:
+    return f"savepoint-{job_id}-{checkpoint_id}"
+
+
+def write_savepoint(chk_dir: Location, savepoint_dir: Location, job_id: str,
+                    checkpoint_id: int, metadata: dict[str, Any]) -> str:
+    """Turn a fully acknowledged checkpoint's files into a savepoint folder.
+
+    Step 1. Make ``<savepoint_dir>/savepoint-<job>-<n>`` (it must not exist).
+    Step 2. Move every state file there (a rename on a local filesystem).
+    Step 3. Write ``_metadata`` there, atomically: now the savepoint exists.
+    Step 4. Remove the checkpoint folder the tasks wrote into.
+
+    The result is self-contained and relocatable: ``_metadata`` names files
+    relative to its folder, and holds no task, host or process identity.
+    Lockgate never deletes it.
+    """
+    target = fs.join(savepoint_dir, savepoint_name(job_id, checkpoint_id))
+    # Step 1.
+    if fs.exists(target):
+        raise FileExistsError(f"{fs.redact(target)} already exists")
+    fs.makedirs(target)
+    # Step 2.
+    for op in metadata["operators"].values():
+        for handle in op["subtasks"]:
+            if handle:
+                fs.move(fs.join(chk_dir, handle["file"]), fs.join(target, handle["file"]))
+    # Step 3.
+    write_metadata(target, metadata)
+    # Step 4.
+    fs.rmtree(chk_dir)
+    return target

@@ -15,10 +15,11 @@ import queue
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.coordinator import (
     AttemptPlan,
@@ -29,16 +30,24 @@ from lockgate.checkpoint.coordinator import (
 from lockgate.cluster.result import JobResult, Progress, end_to_end_guarantee
 from lockgate.cluster.server import ControlServer, Event
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
-from lockgate.errors import CheckpointCorruptError, JobFailedError, PipelineDefinitionError
+from lockgate.errors import (
+    CheckpointCorruptError,
+    JobFailedError,
+    LockgateError,
+    PipelineDefinitionError,
+)
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
 from lockgate.runtime.task import TaskSpec
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Pipeline
+    from lockgate.cluster.client import JobClient
 
 log = logging.getLogger("lockgate.driver")
 
 TICK = 0.02  # seconds between coordinator ticks
+ROOT_CAUSE_WAIT = 1.0
+"""Seconds a failure seen as a broken channel waits for the failure that broke it."""
 DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
 FATAL_ERRORS = frozenset({
     # deterministic: a restart would fail the same way
@@ -58,14 +67,34 @@ class AttemptFailed(Exception):
         self.error_type = error_type
 
 
+class JobEnds(Exception):
+    """The job ends on request (stop with a savepoint, cancel), not by failure."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+@dataclass
+class Command:
+    """A request from outside the event loop (REST API, JobClient)."""
+
+    kind: str  # savepoint | stop | cancel
+    args: dict[str, Any] = field(default_factory=dict)
+    future: Future[dict[str, Any]] = field(default_factory=Future)
+
+
 @dataclass
 class RunOptions:
-    launcher: str = "local"
+    launcher: str = "spark"
     from_checkpoint: str | None = None
     allow_non_replayable: bool = False
     fault_injection: list[dict[str, Any]] | None = None
     job_id: str | None = None
     on_progress: Callable[[Progress], None] | None = None
+    allow_non_restored_state: bool = False
+    bind_host: str = "127.0.0.1"
+    """The host the control server binds: tasks on other machines must reach it."""
 
 
 def make_launcher(name: str, events: queue.Queue[Event]) -> Any:
@@ -73,7 +102,11 @@ def make_launcher(name: str, events: queue.Queue[Event]) -> Any:
         from lockgate.cluster.local import LocalLauncher
 
         return LocalLauncher(events)
-    raise PipelineDefinitionError(f"unknown launcher {name!r}; use 'local'")
+    if name == "spark":
+        from lockgate.cluster.spark import SparkLauncher
+
+        return SparkLauncher(events)
+    raise PipelineDefinitionError(f"unknown launcher {name!r}; use 'local' or 'spark'")
 
 
 class JobMaster:
@@ -83,7 +116,7 @@ class JobMaster:
         self.options = options
         self.config = pipeline.checkpoint
         self.job_id = options.job_id or f"{_slug(pipeline.name)}-{uuid.uuid4().hex[:8]}"
-        self.job_dir = Path(self.config.storage).absolute() / self.job_id
+        self.job_dir = storage.prepare_job_dir(self.config.storage, self.job_id)
         self.secret = os.urandom(32)
         self.events: queue.Queue[Event] = queue.Queue()
         self.restart: RestartStrategy = pipeline.restart or DEFAULT_RESTART
@@ -95,7 +128,8 @@ class JobMaster:
         modes = {op.uid: ("union" if op.kind == "sink"
                           else getattr(op.fn, "operator_state_mode", "split"))
                  for op in graph.operators()}
-        self.server = ControlServer(self.secret, self.job_id, self.events)
+        self.server = ControlServer(self.secret, self.job_id, self.events,
+                                    host=options.bind_host)
         self.coordinator = CheckpointCoordinator(
             self.job_id, self.job_dir, self.config, graph.operator_parallelism(), modes,
             graph.max_parallelism, self._send)
@@ -105,27 +139,77 @@ class JobMaster:
         self.failures: list[str] = []
         self._reported = 0
         self._started = time.monotonic()
+        self._started_wall = time.time()
         self._running: set[int] = set()
         self._failed_at: float | None = None
+        self._finished: set[int] = set()
         self.recovery_times: list[float] = []
         """Seconds from detecting a failure until every task of the next attempt runs."""
+        self.commands: queue.Queue[Command] = queue.Queue()
+        self.state = "created"
+        self._deferred: list[Command] = []
+        self._savepoint_waiters: dict[int, Future[dict[str, Any]]] = {}
+        self._stop_id: int | None = None
+        """The savepoint a stop without drain waits for."""
+        self._drain: Command | None = None
+        self._end_futures: list[tuple[Future[dict[str, Any]], dict[str, Any]]] = []
+        self.savepoint_path: str | None = None
+
+    # --------------------------------------------------- control (any thread)
+    def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
+        """Ask the running job for a ``savepoint`` (``dir``), a ``stop`` (``dir``,
+        ``drain``) or a ``cancel``; the future resolves when it is done (a
+        stop or a cancel: when the job has ended)."""
+        if kind not in ("savepoint", "stop", "cancel"):
+            raise ValueError(f"unknown command {kind!r}")
+        cmd = Command(kind, args)
+        if self.state not in ("created", "running"):
+            cmd.future.set_exception(LockgateError(f"job {self.job_id} is {self.state}"))
+        else:
+            self.commands.put(cmd)
+        return cmd.future
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id, "name": self.pipeline.name, "status": self.state,
+            "attempt": self.attempt, "restarts": len(self.failures),
+            "records_read": self._total("read"), "records_written": self._total("written"),
+            "started_at": self._started_wall, "launcher": self.options.launcher,
+            "parallelism": self.pipeline.parallelism,
+        }
+
+    def checkpoint_history(self) -> list[dict[str, Any]]:
+        return [{
+            "id": r.checkpoint_id, "kind": r.kind, "status": r.status,
+            "trigger_time": r.trigger_time, "duration": r.duration, "size": r.size,
+            "alignment": None, "failure": r.failure,
+            "ack_times": {str(t): v for t, v in sorted(r.ack_times.items())},
+        } for r in list(self.coordinator.history)]
 
     # ------------------------------------------------------------------ api
     def run(self, guarantee: str) -> JobResult:
         started = self._started = time.monotonic()
+        self.state = "running"
+        status = "finished"
         if self.options.from_checkpoint:
-            self.coordinator.restored_from(load_checkpoint(self.options.from_checkpoint,
-                                                           self.graph))
+            self.coordinator.restored_from(load_checkpoint(
+                self.options.from_checkpoint, self.graph, self.options.allow_non_restored_state))
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
-                 self.job_id, self.graph.num_tasks, guarantee, self.job_dir)
+                 self.job_id, self.graph.num_tasks, guarantee, fs.redact(self.job_dir))
         try:
             while True:
                 try:
                     self._run_attempt()
                     break
+                except JobEnds as e:
+                    status = e.status
+                    break
                 except (AttemptFailed, CheckpointFailureError) as e:
+                    if isinstance(e, AttemptFailed):
+                        e = self._root_cause(e)
                     self._failed_at = time.monotonic()
                     self._end_attempt()
+                    self._fail_commands_on_failure()
                     reason = e.reason if isinstance(e, AttemptFailed) else str(e)
                     self.failures.append(reason)
                     if isinstance(e, AttemptFailed) and e.error_type in FATAL_ERRORS:
@@ -141,16 +225,31 @@ class JobMaster:
                         ) from None
                     log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
                                 self.attempt, reason, delay,
-                                self.coordinator.latest.path if self.coordinator.latest
+                                fs.redact(self.coordinator.latest.path) if self.coordinator.latest
                                 else "the beginning")
                     time.sleep(delay)
                     self.attempt += 1
             self._end_attempt()
+            if self._drain is not None:  # the final checkpoint was the savepoint
+                final = [r for r in self.coordinator.savepoint_results.values()
+                         if isinstance(r, str)]
+                self.savepoint_path = final[-1] if final else None
+                self._end_futures.append((self._drain.future, {"path": self.savepoint_path}))
+            self.state = status
+        except BaseException as e:
+            self.state = "failed"
+            for cmd in self._pending_commands():
+                cmd.future.set_exception(LockgateError(f"the job failed: {e}"))
+            raise
         finally:
             self.server.close()
+            for future, value in self._end_futures:
+                future.set_result(value)
         latest = self.coordinator.latest
+        for cmd in self._pending_commands():  # asked for while the job was ending
+            cmd.future.set_exception(LockgateError(f"job {self.job_id} has ended ({status})"))
         return JobResult(
-            job_id=self.job_id, status="finished", guarantee=guarantee,
+            job_id=self.job_id, status=status, guarantee=guarantee, savepoint=self.savepoint_path,
             restarts=len(self.failures), failures=list(self.failures),
             checkpoints=list(self.coordinator.history),
             latest_checkpoint=str(latest.path) if latest else None,
@@ -194,6 +293,7 @@ class JobMaster:
         self.launcher.start(self._specs(), self.server.address, self.secret)
         registered: dict[int, list[Any]] = {}
         finished: set[int] = set()
+        self._finished = finished
         self.exit_codes: dict[int, int | None] = {}
         running = False
         while len(finished) < n:
@@ -220,8 +320,112 @@ class JobMaster:
                     raise AttemptFailed(f"task {self._task_name(ev.task)} {what}", ev.task)
             if running:
                 self.coordinator.tick()
+                self._serve_commands()
             if self.coordinator.completed_count != self._reported:
                 self._report_progress()
+
+    def _root_cause(self, failure: AttemptFailed) -> AttemptFailed:
+        """A task that lost a channel most often only saw a peer die: the peer's
+        own report (a user function's exception, ...) may be on its way through
+        another connection. Wait for it a moment, and name it if it comes."""
+        if failure.error_type != "ConnectionError":
+            return failure
+        deadline = time.monotonic() + ROOT_CAUSE_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                ev = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            if ev.attempt != self.attempt:
+                continue
+            msg = ev.message
+            if ev.kind == "message" and msg is not None:
+                if msg.get("t") == "failed" and msg.get("error_type") != "ConnectionError":
+                    try:
+                        self._on_message(ev.task, msg, {}, set())
+                    except AttemptFailed as cause:
+                        return cause
+            elif ev.kind == "disconnected" and ev.task not in self._finished:
+                # a task's report would have come before its disconnection: it died
+                return AttemptFailed(
+                    f"task {self._task_name(ev.task)} lost its connection to the coordinator "
+                    f"(and {failure.reason})", ev.task)
+        return failure
+
+    # ------------------------------------------------- commands (event loop)
+    def _pending_commands(self) -> list[Command]:
+        cmds, self._deferred = self._deferred, []
+        while True:
+            try:
+                cmds.append(self.commands.get_nowait())
+            except queue.Empty:
+                return cmds
+
+    def _serve_commands(self) -> None:
+        """Step 1. Resolve completed or failed savepoints (a stop's savepoint ends the job).
+        Step 2. Start what was asked for: a savepoint waits for a pending checkpoint;
+                a drain tells the sources to end their input, and the final
+                checkpoint becomes the savepoint; a cancel ends the job now."""
+        # Step 1.
+        for n, future in list(self._savepoint_waiters.items()):
+            res = self.coordinator.savepoint_results.get(n)
+            if res is None:
+                continue
+            del self._savepoint_waiters[n]
+            if isinstance(res, BaseException):
+                future.set_exception(res)
+                if n == self._stop_id:
+                    self._stop_id = None  # the job goes on
+            elif n == self._stop_id:
+                self.savepoint_path = res
+                self._end_futures.append((future, {"checkpoint_id": n, "path": res}))
+                raise JobEnds("stopped")
+            else:
+                future.set_result({"checkpoint_id": n, "path": res})
+        # Step 2.
+        for cmd in self._pending_commands():
+            if cmd.kind == "cancel":
+                self._end_futures.append((cmd.future, {"status": "cancelled"}))
+                raise JobEnds("cancelled")
+            if self._stop_id is not None or self._drain is not None:
+                cmd.future.set_exception(LockgateError(f"job {self.job_id} is stopping"))
+                continue
+            target = cmd.args.get("dir") or self.config.savepoint_dir
+            if not target:
+                cmd.future.set_exception(LockgateError(
+                    "no savepoint folder: pass one (--dir D) or set "
+                    "CheckpointConfig(savepoint_dir=...)"))
+                continue
+            target = fs.absolute(target)
+            if cmd.kind == "stop" and cmd.args.get("drain"):
+                self._drain = cmd
+                self.coordinator.final_checkpoint_is_savepoint(target)
+                for v in self.graph.vertices:
+                    if v.is_source:
+                        for i in range(v.parallelism):
+                            self._send(self.attempt, self.offsets[v.id] + i, {"t": "drain"})
+                continue
+            n = self.coordinator.trigger(savepoint_dir=target)
+            if n is None:  # a checkpoint is in progress: after it
+                self._deferred.append(cmd)
+                continue
+            self._savepoint_waiters[n] = cmd.future
+            if cmd.kind == "stop":
+                self._stop_id = n
+
+    def _fail_commands_on_failure(self) -> None:
+        """A failed attempt aborts savepoints in progress and a drain."""
+        for n, future in list(self._savepoint_waiters.items()):
+            res = self.coordinator.savepoint_results.get(n)
+            future.set_exception(res if isinstance(res, BaseException) else LockgateError(
+                f"savepoint {n} failed: the attempt failed; the job restarts, ask again"))
+        self._savepoint_waiters.clear()
+        self._stop_id = None
+        if self._drain is not None:
+            self._drain.future.set_exception(LockgateError(
+                "the job failed while it was draining; it restarts: ask to stop again"))
+            self._drain = None
+            self.coordinator._final_savepoint_dir = None
 
     def _start_tasks(self, registered: dict[int, list[Any]]) -> None:
         peers = {str(t): addr for t, addr in registered.items()}
@@ -315,18 +519,34 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name).strip("-") or "job"
 
 
-def load_checkpoint(path: str, graph: JobGraph) -> CompletedCheckpoint:
-    """Read a checkpoint a job starts from and check it fits the job."""
-    chk = Path(path).absolute()
+def load_checkpoint(path: str, graph: JobGraph,
+                    allow_non_restored_state: bool = False) -> CompletedCheckpoint:
+    """Read a checkpoint or savepoint a job starts from and check it fits the job.
+
+    State of an operator uid the job no longer has is refused, unless
+    ``allow_non_restored_state`` (then it is dropped, with a warning).
+    Operators the job added start empty."""
+    chk = fs.absolute(path)
     meta = storage.read_metadata(chk)
     storage.verify_files(chk, meta)
     known = {op.uid for op in graph.operators()}
     unknown = sorted(set(meta["operators"]) - known)
-    if unknown:
+    kind = meta.get("kind", "checkpoint")
+    if unknown and not allow_non_restored_state:
         raise CheckpointCorruptError(
-            f"checkpoint {chk} holds state of operator uid(s) {unknown} that the job does not "
-            f"have (its uids: {sorted(known)}); give the operators their old uids"
+            f"{kind} {fs.redact(chk)} holds state of operator uid(s) {unknown} that the job "
+            f"does not have (its uids: {sorted(known)}); give the operators their old uids, or "
+            "drop that state with allow_non_restored_state=True (--allow-non-restored-state)"
         )
+    if unknown:
+        log.warning("dropping the state of operator uid(s) %s from %s: the job has no such "
+                    "operator (allow_non_restored_state)", unknown, fs.redact(chk))
+        meta = {**meta, "operators": {u: o for u, o in meta["operators"].items()
+                                      if u not in unknown}}
+    added = sorted(known - set(meta["operators"]))
+    if added:
+        log.info("operator uid(s) %s have no state in %s: they start empty", added,
+                 fs.redact(chk))
     if meta["max_parallelism"] != graph.max_parallelism:
         raise CheckpointCorruptError(
             f"checkpoint {chk} was taken with max_parallelism {meta['max_parallelism']}, the "
@@ -335,11 +555,30 @@ def load_checkpoint(path: str, graph: JobGraph) -> CompletedCheckpoint:
     return CompletedCheckpoint(int(meta["checkpoint_id"]), chk, meta)
 
 
-def run_pipeline(pipeline: Pipeline, *, launcher: str = "local",
-                 from_checkpoint: str | None = None, allow_non_replayable: bool = False,
-                 fault_injection: list[dict[str, Any]] | None = None,
-                 job_id: str | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> JobResult:
+def run_pipeline(pipeline: Pipeline, **kwargs: Any) -> JobResult:
+    """Run a job to its end in this thread (``Pipeline.run``)."""
+    master, guarantee = prepare_job(pipeline, **kwargs)
+    return master.run(guarantee)
+
+
+def start_pipeline(pipeline: Pipeline, **kwargs: Any) -> JobClient:
+    """Start a job in a background thread of the driver (``Pipeline.start``)."""
+    from lockgate.cluster.client import JobClient
+
+    master, guarantee = prepare_job(pipeline, **kwargs)
+    return JobClient(master, guarantee)
+
+
+def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
+                from_checkpoint: str | None = None, from_savepoint: str | None = None,
+                allow_non_restored_state: bool = False, allow_non_replayable: bool = False,
+                fault_injection: list[dict[str, Any]] | None = None,
+                job_id: str | None = None,
+                on_progress: Callable[[Progress], None] | None = None,
+                spark: Any = None, master: str | None = None) -> tuple[JobMaster, str]:
+    """Check a pipeline and make its job master (nothing runs yet)."""
+    if from_checkpoint and from_savepoint:
+        raise PipelineDefinitionError("give from_checkpoint or from_savepoint, not both")
     graph = build_job_graph(pipeline)
     sources = [op for op in graph.operators() if op.kind == "source"]
     sinks = [op for op in graph.operators() if op.kind == "sink"]
@@ -358,6 +597,15 @@ def run_pipeline(pipeline: Pipeline, *, launcher: str = "local",
     if guarantee != "exactly_once":
         log.warning("job %s runs with end-to-end guarantee %s", pipeline.name,
                     guarantee.replace("_", "-").upper())
-    options = RunOptions(launcher, from_checkpoint, allow_non_replayable, fault_injection, job_id,
-                         on_progress)
-    return JobMaster(pipeline, graph, options).run(guarantee)
+    options = RunOptions(launcher, from_checkpoint or from_savepoint, allow_non_replayable,
+                         fault_injection, job_id, on_progress)
+    options.allow_non_restored_state = allow_non_restored_state
+    if launcher != "spark" and (spark is not None or master is not None):
+        raise PipelineDefinitionError(
+            f"a Spark session or master was given with launcher={launcher!r}; "
+            "use launcher='spark' (the default) or drop them")
+    if launcher == "spark":  # a SparkContext that can run every task at once, before anything
+        from lockgate.cluster.spark import prepare_spark
+
+        options.bind_host = prepare_spark(spark, master, graph.num_tasks)
+    return JobMaster(pipeline, graph, options), guarantee

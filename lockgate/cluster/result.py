@@ -22,6 +22,8 @@ def end_to_end_guarantee(sources_replayable: list[bool], sinks_exactly_once: lis
 class JobResult:
     job_id: str
     status: str
+    """``finished`` (input done, or stopped with a drain), ``stopped`` (stop with a
+    savepoint, no drain) or ``cancelled``."""
     guarantee: str
     restarts: int
     failures: list[str]
@@ -30,6 +32,8 @@ class JobResult:
     records_in: int = 0
     records_out: int = 0
     duration: float = 0.0
+    savepoint: str | None = None
+    """The savepoint a stop (``stop --savepoint``) ended the job with."""
     recovery_times: list[float] = field(default_factory=list)
     """Per restart: seconds from detecting the failure until every task of the
     next attempt was running again (records flowing)."""

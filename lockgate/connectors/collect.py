@@ -10,11 +10,11 @@ a 4-byte big-endian length, then the serialized record).
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import tempfile
 from typing import Any
 
+from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.filesink import (
     FileSinkWriter,
@@ -82,8 +82,9 @@ class CollectSink(Sink[Any]):
     exactly_once = True
 
     def __init__(self, path: str | None = None) -> None:
-        """``path``: the folder of the committed files (created if missing);
-        ``None``: a temporary folder, made when the job starts."""
+        """``path``: the folder of the committed files (created if missing), a
+        local path or a URL (see :mod:`lockgate.fs`); ``None``: a temporary
+        local folder, made when the job starts."""
         self.path: str | None = os.fspath(path) if path is not None else None
 
     def validate(self) -> None:
@@ -101,23 +102,22 @@ class CollectSink(Sink[Any]):
     def discard(self) -> None:
         """Delete the folder and everything collected in it."""
         if self.path is not None:
-            shutil.rmtree(self.path, ignore_errors=True)
+            fs.rmtree(self.path)
 
     def results(self) -> list[Any]:
         """Every committed record, file by file in name order (numeric parts
         compared as numbers), each record once. Hidden files are never read."""
-        if self.path is None or not os.path.isdir(self.path):
+        if self.path is None:
             return []
         names = []
-        for name in os.listdir(self.path):
+        for name in fs.listdir(self.path):
             p = parse_part_name(name)
             if p is not None and p.kind == "final" and p.ext == LgrecFormat.ext:
                 names.append(name)
         loads = _serializer().loads
         out: list[Any] = []
         for name in sorted(names, key=part_sort_key):
-            with open(os.path.join(self.path, name), "rb") as f:
-                out.extend(read_lgrec(f.read(), loads))
+            out.extend(read_lgrec(fs.read_bytes(fs.join(self.path, name)), loads))
         return out
 
     def __repr__(self) -> str:

@@ -11,8 +11,15 @@ Names starting with ``.`` are skipped by Spark, Hadoop and pyarrow dataset
 readers, so only committed output is ever read. Recovery is decided by the pure
 function :func:`plan_file_sink_recovery`; the writer only executes the plan.
 
-The folder is a local path for now; every filesystem call goes through the
-small ``_fs_*`` helpers below so that a ``pyarrow.fs`` backend can replace them.
+The folder is a local path or a URL (``file://``, ``s3://``, ``hdfs://``; see
+:mod:`lockgate.fs`); every filesystem call goes through the small ``_fs_*``
+helpers below. Local folders use plain Python I/O with fsync. On an object store
+(S3) there is no rename and no folder: the in-progress stage is the upload
+itself (an object is invisible until its upload completes), so a streaming
+part is written straight under its hidden pending name and completed at
+pre-commit; commit is a server-side copy pending -> final, then the delete of
+the pending object; a retried commit finds either the pending object (copy
+again, same bytes) or only the final one (already committed).
 A folder must not be shared by two running jobs that use the same sink uid.
 """
 
@@ -27,6 +34,7 @@ from typing import IO, Any
 
 import orjson
 
+from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
 from lockgate.errors import ConfigurationError, LockgateError, OutputLostError
@@ -203,76 +211,79 @@ def plan_file_sink_recovery(
 
 
 # ------------------------------------------------------- filesystem helpers
-# Local paths only for now; swap these for pyarrow.fs to support URLs.
+# A folder is a local path or a URL (lockgate.fs): local folders keep plain
+# Python I/O with fsync; other filesystems go through pyarrow.fs.
 
 
 def _fs_join(folder: str, name: str) -> str:
-    return os.path.join(folder, name)
+    return fs.join(folder, name)
 
 
 def _fs_ensure_writable_dir(folder: str, probe_name: str) -> None:
     """Create ``folder`` if needed and prove it is writable (a probe file is
-    created and removed; ``os.access`` lies for root)."""
-    fix = "choose a folder this process can create and write, or fix its permissions"
+    created and removed; ``os.access`` lies for root). An object store has no
+    folders: the probe proves the bucket exists and may be written."""
+    local = fs.local_path(folder)
+    if local is not None:
+        fix = "choose a folder this process can create and write, or fix its permissions"
+        try:
+            os.makedirs(local, exist_ok=True)
+        except OSError as e:
+            raise ConfigurationError(
+                f"file sink folder {folder!r} cannot be created ({e}); {fix}") from e
+        if not os.path.isdir(local):
+            raise ConfigurationError(f"file sink folder {folder!r} is not a directory; {fix}")
+        probe = os.path.join(local, probe_name)
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"")
+            os.remove(probe)
+        except OSError as e:
+            raise ConfigurationError(
+                f"file sink folder {folder!r} is not writable ({e}); {fix}") from e
+        return
     try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
+        fs.makedirs(folder)
+        probe = fs.join(folder, probe_name)
+        fs.finish_write(fs.open_write(probe))
+        fs.remove(probe)
+    except (OSError, ValueError) as e:
         raise ConfigurationError(
-            f"file sink folder {folder!r} cannot be created ({e}); {fix}") from e
-    if not os.path.isdir(folder):
-        raise ConfigurationError(f"file sink folder {folder!r} is not a directory; {fix}")
-    probe = _fs_join(folder, probe_name)
-    try:
-        with open(probe, "wb") as f:
-            f.write(b"")
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigurationError(
-            f"file sink folder {folder!r} is not writable ({e}); {fix}") from e
+            f"file sink folder {fs.explain(e, folder)}") from e
 
 
 def _fs_list(folder: str) -> list[str]:
-    return os.listdir(folder)
+    local = fs.local_path(folder)
+    return os.listdir(local) if local is not None else fs.listdir(folder)
 
 
 def _fs_exists(path: str) -> bool:
-    return os.path.exists(path)
+    return fs.exists(path)
 
 
 def _fs_open_write(path: str) -> IO[bytes]:
-    return open(path, "wb")  # noqa: SIM115 - the transaction owns the handle
+    return fs.open_write(path)
 
 
 def _fs_sync_close(f: IO[bytes]) -> None:
-    f.flush()
-    os.fsync(f.fileno())
-    f.close()
+    """Flush, fsync and close a local file; complete an object's upload."""
+    fs.finish_write(f)
 
 
 def _fs_rename(src: str, dst: str) -> None:
-    os.replace(src, dst)
+    """Rename (local, HDFS: atomic) or, on an object store, server-side copy
+    then delete the source: see :func:`lockgate.fs.move`."""
+    fs.move(src, dst)
 
 
 def _fs_remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
+    fs.remove(path)
 
 
 def _fs_sync_dir(folder: str) -> None:
-    """Make renames in ``folder`` durable (no-op where directories cannot be
-    opened, e.g. Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """Make renames in a local ``folder`` durable (no-op where directories cannot
+    be opened, e.g. Windows, and on object stores and HDFS)."""
+    fs.sync_dir(folder)
 
 
 # ---------------------------------------------------------------- formats
@@ -383,6 +394,8 @@ class FileTxn:
 
     final: str
     inprogress_path: str
+    """Where the records are written: the hidden in-progress name, or on an
+    object store the pending name (nothing is visible before pre-commit)."""
     file: IO[bytes] | None = None
     records: list[Any] = field(default_factory=list)
     count: int = 0
@@ -398,11 +411,14 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         self.fmt = fmt
         self._seq = 0
         self._ready = False
+        self._direct = False
+        """Write parts under their pending name (object stores: no rename)."""
 
     def _ensure_ready(self) -> None:
         if not self._ready:
             probe = f".lockgate-probe-{self.info.uid}-{self.info.task_index}-{self.info.attempt}"
             _fs_ensure_writable_dir(self.folder, probe)
+            self._direct = fs.is_object_store(self.folder)
             self._ready = True
 
     # -- 2PC hooks
@@ -443,7 +459,8 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         info = self.info
         final = final_name(info.uid, info.task_index, info.attempt, self._seq, self.fmt.ext)
         self._seq += 1
-        txn = FileTxn(final=final, inprogress_path=_fs_join(self.folder, inprogress_name(final)))
+        hidden = pending_name(final) if self._direct else inprogress_name(final)
+        txn = FileTxn(final=final, inprogress_path=_fs_join(self.folder, hidden))
         if self.fmt.streaming:
             txn.file = _fs_open_write(txn.inprogress_path)
         return txn
@@ -460,7 +477,8 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         """Make the part file durable under its pending name.
 
         Step 1. Write the buffered records (buffered formats).
-        Step 2. Flush, fsync and close the in-progress file.
+        Step 2. Flush, fsync and close the in-progress file (object store:
+                complete the upload, straight under the pending name).
         Step 3. Rename it to the pending name and fsync the folder.
         Step 4. Return the handle ``{"pending", "final", "records"}``.
         """
@@ -474,17 +492,21 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         txn.file = None
         # Step 3. Pending (still hidden).
         pending = pending_name(txn.final)
-        _fs_rename(txn.inprogress_path, _fs_join(self.folder, pending))
-        _fs_sync_dir(self.folder)
+        if not self._direct:
+            _fs_rename(txn.inprogress_path, _fs_join(self.folder, pending))
+            _fs_sync_dir(self.folder)
         # Step 4. Handle.
         return {"pending": pending, "final": txn.final, "records": txn.count}
 
     def commit(self, handle: dict[str, Any]) -> None:
-        """Rename pending -> final (idempotent)."""
+        """Rename pending -> final (object store: copy, then delete the pending
+        object); idempotent."""
         self._commit_names(str(handle["pending"]), str(handle["final"]))
 
     def _commit_names(self, pending: str, final: str) -> None:
-        """Step 1. Pending present: rename it to final, fsync the folder.
+        """Step 1. Pending present: rename it to final, fsync the folder (object
+                store: copy it to final, then delete it; if that stopped
+                half-way, both exist and doing it again finishes it).
         Step 2. Else final present: already committed, nothing to do.
         Step 3. Else the committed output was lost: raise."""
         pending_path = _fs_join(self.folder, pending)
@@ -500,8 +522,8 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         # Step 3. Lost.
         raise OutputLostError(
             f"file sink {self.info.uid!r}: committed output was lost: neither {pending!r} nor "
-            f"{final!r} exists in {self.folder!r} (deleted or moved outside Lockgate); restore "
-            "the file, or restart the job without this checkpoint's state"
+            f"{final!r} exists in {fs.redact(self.folder)!r} (deleted or moved outside "
+            "Lockgate); restore the file, or restart the job without this checkpoint's state"
         )
 
     def abort(self, handle_or_txn: Any) -> None:
@@ -529,8 +551,9 @@ class FileSink(Sink[Any]):
     exactly_once = True
 
     def __init__(self, path: str, format: str = "jsonl") -> None:
-        """``path``: the output folder (created if missing); ``format``:
-        ``"jsonl"`` or ``"parquet"``."""
+        """``path``: the output folder (created if missing), a local path or a
+        URL every task can reach (``file://``, ``s3://``, ``hdfs://``, see
+        :mod:`lockgate.fs`); ``format``: ``"jsonl"`` or ``"parquet"``."""
         if format not in _SINK_FORMATS:
             raise LockgateError(
                 f"FileSink: unknown format {format!r}; use one of {sorted(_SINK_FORMATS)}"

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import IO, Any
 
+from lockgate import fs
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.errors import LockgateError
 
@@ -48,7 +49,11 @@ def _hidden(name: str) -> bool:
 
 def list_files(folder: str) -> list[str]:
     """Sorted relative names (``/``-separated) of the visible files under
-    ``folder``; hidden files and folders are skipped."""
+    ``folder`` (a local path or a URL); hidden files and folders are skipped."""
+    if not fs.is_local(folder):
+        return sorted(rel for rel in fs.walk_files(folder)
+                      if not any(_hidden(part) for part in rel.split("/")))
+    folder = fs.local_path(folder) or folder
     out: list[str] = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not _hidden(d)]
@@ -87,7 +92,7 @@ class _SplitReader(ABC):
 class _JsonlReader(_SplitReader):
     def __init__(self, path: str, rel: str, offset: int) -> None:
         super().__init__(path, rel, offset)
-        self._f: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._f: IO[bytes] = fs.open_read(path)  # closed in close()
         self._f.seek(offset)
 
     def read(self, n: int) -> list[Any]:
@@ -116,7 +121,7 @@ class _JsonlReader(_SplitReader):
 class _CsvReader(_SplitReader):
     def __init__(self, path: str, rel: str, offset: int) -> None:
         super().__init__(path, rel, offset)
-        self._f: IO[bytes] = open(path, "rb")  # noqa: SIM115 - closed in close()
+        self._f: IO[bytes] = fs.open_read(path)  # closed in close()
         header = self._f.readline()
         fields = next(csv.reader([header.decode("utf-8-sig")]), [])
         if self.offset < len(header):
@@ -165,7 +170,12 @@ class _ParquetReader(_SplitReader):
         import pyarrow.parquet as pq
 
         super().__init__(path, rel, offset)
-        self._pf = pq.ParquetFile(path)
+        local = fs.local_path(path)
+        self._raw: Any = None
+        if local is None:
+            filesystem, p = fs.resolve(path)
+            self._raw = filesystem.open_input_file(p)
+        self._pf = pq.ParquetFile(local if local is not None else self._raw)
         md = self._pf.metadata
         self._starts: list[int] = []
         total = 0
@@ -201,6 +211,8 @@ class _ParquetReader(_SplitReader):
 
     def close(self) -> None:
         self._pf.close()
+        if self._raw is not None:
+            self._raw.close()
 
 
 _READERS: dict[str, type[_SplitReader]] = {
@@ -231,12 +243,12 @@ class FileSourceReader(SourceReader[Any]):
         return assign_file(rel, self.info.parallelism) == self.info.task_index
 
     def _path(self, rel: str) -> str:
-        return os.path.join(self.source.path, *rel.split("/"))
+        return fs.join(self.source.path, *rel.split("/"))
 
     def _scan(self) -> None:
         """Queue the new files of this task (sorted)."""
         self._last_scan = time.monotonic()
-        if not os.path.isdir(self.source.path):
+        if not fs.is_dir(self.source.path):
             if self.source.watch:
                 return
             raise LockgateError(
@@ -272,7 +284,7 @@ class FileSourceReader(SourceReader[Any]):
             if not self._mine(rel):
                 continue
             # Step 2. Still there?
-            if not os.path.isfile(self._path(rel)):
+            if not fs.is_file(self._path(rel)):
                 raise LockgateError(
                     f"file source: file {rel!r} named in the restored checkpoint no longer "
                     f"exists in {self.source.path!r}; put it back, or start without state"
@@ -339,7 +351,8 @@ class FileSourceReader(SourceReader[Any]):
 
 
 class FileSource(Source[Any]):
-    """Records of the files in folder ``path``: JSONL (one ``json.loads`` per
+    """Records of the files in folder ``path`` (a local path or a URL, see
+    :mod:`lockgate.fs`): JSONL (one ``json.loads`` per
     line), CSV (a dict per row; a header line is required) or Parquet (a dict per
     row). Bounded unless ``watch=True`` (then new files are picked up every
     ``poll_interval`` seconds)."""

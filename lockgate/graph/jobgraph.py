@@ -41,6 +41,8 @@ class OutputEdge:
     downstream_parallelism: int
     partitioning: str
     key_selector: Any = None
+    downstream_uid: str = ""
+    """The uid of the operator the edge leads to (whose key selector it applies)."""
 
 
 @dataclass
@@ -149,6 +151,6 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
             part = n.partitioning
             if part == "forward" and uv.parallelism != v.parallelism:
                 part = "rebalance"
-            uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector))
+            uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector, spec.uid))
             v.inputs.append(InputEdge(uv.id, uv.parallelism, part))
     return JobGraph(pipeline.name, pipeline.max_parallelism, vertices)

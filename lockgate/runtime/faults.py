@@ -2,9 +2,10 @@
 itself with SIGKILL (a real, unannounced death, as from the OOM killer).
 
 A fault is a dict ``{"point": str, "task": int | None, "attempt": int | None,
-"count": int}``: the task with global number ``task`` (any if None), in job
+"count": int, "signal": str}``: the task with global number ``task`` (any if None), in job
 attempt ``attempt`` (any if None), dies the ``count``-th time it reaches
-``point``. Points:
+``point``. ``"signal": "SIGSTOP"`` freezes it there instead (a zombie-to-be:
+a task the driver can no longer reach, resumed later by a test). Points:
 
 - ``batch``: in the middle of a batch (after the chain ran, before its output is sent)
 - ``alignment``: a channel was blocked while other barriers are still awaited
@@ -34,6 +35,7 @@ class FaultInjector:
         for f in self._faults:
             if f["point"] not in POINTS:
                 raise ValueError(f"unknown fault point {f['point']!r}; known: {POINTS}")
+        self._signals = {id(f): signal.Signals[f.get("signal", "SIGKILL")] for f in self._faults}
         self._hits: Counter[str] = Counter()
         self.active = bool(self._faults)
 
@@ -43,4 +45,4 @@ class FaultInjector:
         self._hits[point] += 1
         for f in self._faults:
             if f["point"] == point and self._hits[point] == f.get("count", 1):
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), self._signals[id(f)])

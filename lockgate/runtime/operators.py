@@ -6,12 +6,14 @@ the per-record cost is the user's function plus a list comprehension step.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
 from lockgate.connectors.base import SinkWriter, TaskInfo
-from lockgate.errors import PipelineDefinitionError
+from lockgate.errors import LockgateError, PipelineDefinitionError, UserFunctionError
 from lockgate.graph.jobgraph import OperatorSpec
 from lockgate.state.backend import (
     HeapKeyedStateBackend,
@@ -169,6 +171,19 @@ class _Context(RuntimeContext):
         return self._op.backend.get_state(descriptor)
 
 
+@contextmanager
+def _user_hook(uid: str, hook: str) -> Iterator[None]:
+    """Report an exception of a user function's hook as ``UserFunctionError``
+    naming the operator (``process`` is wrapped by the task's chain loop)."""
+    try:
+        yield
+    except LockgateError:
+        raise
+    except Exception as e:
+        raise UserFunctionError(
+            f"operator {uid!r} raised {type(e).__name__} in {hook}(): {e}") from e
+
+
 class ProcessOperator(_KeyedOperator):
     """Runs a user ``KeyedProcessFunction``."""
 
@@ -176,7 +191,8 @@ class ProcessOperator(_KeyedOperator):
         super().open(serializer)
         self.fn: KeyedProcessFunction = self.spec.fn
         self.ctx = _Context(self)
-        self.fn.open(self.ctx)
+        with _user_hook(self.uid, "open"):
+            self.fn.open(self.ctx)
 
     def process(self, batch: list[Any]) -> list[Any]:
         backend, key_of, fn, ctx = self.backend, self.spec.key_selector, self.fn, self.ctx
@@ -192,10 +208,12 @@ class ProcessOperator(_KeyedOperator):
         return out
 
     def end_input(self) -> list[Any]:
-        return list(self.fn.end_input(self.ctx) or [])
+        with _user_hook(self.uid, "end_input"):
+            return list(self.fn.end_input(self.ctx) or [])
 
     def finish(self) -> list[Any]:
-        return list(self.fn.finish(self.ctx) or [])
+        with _user_hook(self.uid, "finish"):
+            return list(self.fn.finish(self.ctx) or [])
 
     def close(self) -> None:
         self.fn.close()

@@ -13,6 +13,7 @@ from itertools import compress, repeat
 from operator import eq
 from typing import Any
 
+from lockgate.errors import UserFunctionError
 from lockgate.graph.jobgraph import OutputEdge
 from lockgate.runtime import wire
 from lockgate.runtime.wire import Frame
@@ -39,7 +40,13 @@ class OutputEdgeWriter:
     def add(self, batch: list[Any]) -> None:
         bufs = self.buffers
         if self.partitioning == "hash":
-            targets = self.assigner.route(list(map(self.key_of, batch)), len(bufs))
+            try:
+                keys = list(map(self.key_of, batch))
+            except Exception as e:
+                raise UserFunctionError(
+                    f"the key selector of operator {self.edge.downstream_uid!r} raised "
+                    f"{type(e).__name__}: {e}") from e
+            targets = self.assigner.route(keys, len(bufs))
             if len(bufs) <= SPLIT_BY_MASK:
                 for i, b in enumerate(bufs):  # one C-speed pass per target
                     b.extend(compress(batch, map(eq, targets, repeat(i))))

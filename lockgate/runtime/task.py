@@ -15,21 +15,28 @@ secret; it can start in a subprocess or in a Spark executor alike.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgpack
 
+from lockgate import fs
 from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
-from lockgate.checkpoint.storage import ChecksumWriter, checkpoint_dir, read_state_file
+from lockgate.checkpoint.storage import (
+    ChecksumWriter,
+    checkpoint_dir,
+    read_state_file,
+    write_state_file,
+)
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import LockgateError, UserFunctionError
 from lockgate.graph.jobgraph import JobVertex
@@ -60,6 +67,8 @@ class TaskSpec:
     attempt: int
     aligned: bool
     job_dir: str
+    """The job's checkpoint folder: a local path or a URL every task can reach
+    (:mod:`lockgate.fs`); with ``restore_dir``, all a task needs to find state."""
     inputs: list[list[int]]
     """Per input edge, the global numbers of the upstream tasks feeding this task."""
     outputs: list[list[int]]
@@ -160,6 +169,8 @@ class Task:
 
     def _open_operators(self) -> None:
         spec = self.spec
+        if not fs.is_local(spec.job_dir):
+            fs.resolve(spec.job_dir)  # load pyarrow.fs and the client now, not at the 1st snapshot
         for op_spec in spec.vertex.operators:
             info = TaskInfo(spec.job_id, op_spec.uid, spec.task_index, spec.vertex.parallelism,
                             spec.max_parallelism, spec.attempt)
@@ -384,6 +395,12 @@ class Task:
                 op.notify_aborted(msg["cp"])
         elif t == "finish":
             self.done = True
+        elif t == "drain":
+            # stop --drain: this source ends its input now, as if exhausted
+            # (its position stays in state: a job resumed from the final
+            # savepoint reads on from there)
+            if self.source is not None and not self.reached_end:
+                self._end_of_input()
         elif t == "cancel":
             raise LockgateError("cancelled by the driver")
         elif t == "lost":
@@ -427,7 +444,7 @@ class Task:
                         counts: dict[str, int]) -> None:
         try:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
-            chk.mkdir(parents=True, exist_ok=True)
+            fs.makedirs(chk)
             handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
             self._send({"t": "ack", "cp": checkpoint_id, "handles": handles, **counts})
             self.faults.hit("acked")
@@ -440,23 +457,24 @@ class Task:
             except OSError:
                 pass
 
-    def _write_state_file(self, chk: Path, uid: str,
+    def _write_state_file(self, chk: str, uid: str,
                           snap: OperatorSnapshot) -> dict[str, Any] | None:
+        """Write one operator's state file (durable: fsynced locally, one
+        completed object on an object store) and return its handle."""
         if snap.keyed is None and not snap.operator_state:
             return None
         name = f"{uid}-{self.spec.task_index}.state"
-        with open(chk / name, "wb") as raw:
-            out = ChecksumWriter(raw)
-            handle: dict[str, Any] = {"file": name, "keyed_offset": 0}
+        handle: dict[str, Any] = {"file": name, "keyed_offset": 0}
+
+        def write(out: ChecksumWriter) -> None:
             if snap.keyed is not None:
                 handle.update(snap.keyed.write(out))  # type: ignore[arg-type]
             if snap.operator_state:
                 blob = self.serializer.dumps(snap.operator_state)
                 handle["op_state"] = [out.tell(), len(blob)]
                 out.write(blob)
-            raw.flush()
-            os.fsync(raw.fileno())
-        handle["size"], handle["crc32"] = out.size, out.crc
+
+        handle["size"], handle["crc32"] = write_state_file(chk, name, write)
         if "key_groups" in handle:
             handle["key_groups"] = {str(k): v for k, v in handle["key_groups"].items()}
         return handle
@@ -490,4 +508,37 @@ class Task:
 
 def run_task(spec: TaskSpec, coordinator: tuple[str, int], secret: bytes) -> None:
     """The task entry point of every launcher."""
-    Task(spec, coordinator, secret).run()
+    with process_name(task_process_name(spec)):
+        Task(spec, coordinator, secret).run()
+
+
+TASK_PROCESS_PREFIX = "lgtask-"
+
+
+def task_process_name(spec: TaskSpec) -> str:
+    """What ``ps -o comm``/``top`` show for a running task: ``lgtask-<attempt>-<task>``
+    (Linux keeps 15 characters)."""
+    return f"{TASK_PROCESS_PREFIX}{spec.attempt}-{spec.task_id}"[:15]
+
+
+@contextlib.contextmanager
+def process_name(name: str) -> Iterator[None]:
+    """Name this process ``name`` while the block runs (Linux ``/proc/self/comm``;
+    elsewhere nothing), and give it its old name back after: a Spark Python
+    worker runs other tasks afterwards."""
+    try:
+        with open("/proc/self/comm") as f:
+            old = f.read().strip()
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            with open("/proc/self/comm", "w") as f:
+                f.write(old)
+        except OSError:
+            pass

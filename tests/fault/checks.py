@@ -12,22 +12,26 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
+from lockgate import fs
+from lockgate.runtime.task import TASK_PROCESS_PREFIX
+
 HERE = Path(__file__).parent
 
 
-def committed_lines(out: Path) -> list[list]:
-    """Every record of every committed (visible) JSONL file."""
+def committed_lines(out: Path | str) -> list[list]:
+    """Every record of every committed (visible) JSONL file of the folder
+    ``out`` (a path, or a URL such as ``s3://...``)."""
     records = []
-    for f in sorted(out.iterdir()):
-        if f.name.startswith((".", "_")):
+    for name in sorted(fs.listdir(out)):
+        if name.startswith((".", "_")):
             continue
-        with open(f) as fh:
-            records += [json.loads(line) for line in fh]
+        records += [json.loads(line) for line in fs.read_bytes(fs.join(out, name)).splitlines()]
     return records
 
 
-def hidden_files(out: Path) -> list[str]:
-    return sorted(f.name for f in out.iterdir() if f.name.startswith((".", "_")))
+def hidden_files(out: Path | str) -> list[str]:
+    """The hidden (in-progress or pending) files of the folder ``out`` (a path or a URL)."""
+    return sorted(name for name in fs.listdir(out) if name.startswith((".", "_")))
 
 
 def check_running_sums(records: list[list], n: int, keys: int) -> None:
@@ -51,16 +55,49 @@ def check_running_sums(records: list[list], n: int, keys: int) -> None:
         assert sorted(diffs) == inputs, f"key {k}: committed sums do not match the inputs"
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, grandchildren, ...)."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = {int(p) for p in f.read().split()}
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            todo.extend(children - found)
+            found |= children
+    return found
+
+
+def task_processes(driver_pid: int) -> dict[int, tuple[int, int]]:
+    """The running Lockgate tasks below the driver, with either launcher, as
+    ``{pid: (attempt, task)}``: the processes named ``lgtask-<attempt>-<task>``
+    (a local launcher's subprocess, or the Spark Python worker running a task;
+    idle Spark workers are left alone)."""
+    found: dict[int, tuple[int, int]] = {}
+    for pid in descendants(driver_pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if name.startswith(TASK_PROCESS_PREFIX):
+            attempt, _, task = name[len(TASK_PROCESS_PREFIX):].partition("-")
+            if attempt.isdigit() and task.isdigit():
+                found[pid] = (int(attempt), int(task))
+    return found
+
+
 def task_pids(driver_pid: int) -> set[int]:
-    """The task processes: children of the driver."""
-    pids: set[int] = set()
-    try:
-        for tid in os.listdir(f"/proc/{driver_pid}/task"):
-            with open(f"/proc/{driver_pid}/task/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return pids
+    """The pids of :func:`task_processes`."""
+    return set(task_processes(driver_pid))
 
 
 class RandomKiller(threading.Thread):
@@ -79,17 +116,21 @@ class RandomKiller(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        previous: set[int] = set()
+        last_attempt = -1
         while self.kills < self.kills_planned and not self.stop.is_set():
-            pids = task_pids(self.driver.pid)
-            if len(pids) < self.n_tasks or pids & previous:
+            # Wait for every task of an attempt after the last victim's.
+            tasks = task_processes(self.driver.pid)
+            newest = max((a for a, _ in tasks.values()), default=-1)
+            running = [pid for pid, (a, _) in tasks.items() if a == newest]
+            if newest <= last_attempt or len(running) < self.n_tasks:
                 if self.driver.poll() is not None:
                     return
                 self.stop.wait(0.01)  # polling /proc: no event to await here
                 continue
             if self.stop.wait(self.rng.uniform(*self.delays)):
                 return
-            alive = sorted(task_pids(self.driver.pid) - previous)
+            alive = sorted(pid for pid, (a, _) in task_processes(self.driver.pid).items()
+                           if a == newest)
             if not alive:
                 continue
             victim = self.rng.choice(alive)
@@ -98,17 +139,19 @@ class RandomKiller(threading.Thread):
             except ProcessLookupError:
                 continue
             self.kills += 1
-            previous = pids | {victim}
+            last_attempt = newest
 
 
 def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list | None = None,
             kills: int = 0, seed: int = 0, interval: float = 0.2, timeout: float = 300,
             extra: list[str] | None = None,
-            kill_delays: tuple[float, float] = (0.2, 1.0)) -> tuple[dict, int]:
+            kill_delays: tuple[float, float] = (0.2, 1.0),
+            launcher: str = "local") -> tuple[dict, int]:
     out, chk = tmp / "out", tmp / "chk"
     cmd = [sys.executable, str(HERE / "sums_job.py"), "--n", str(n), "--parallelism",
            str(parallelism), "--keys", str(keys), "--out", str(out), "--storage", str(chk),
-           "--interval", str(interval), "--faults", json.dumps(faults or [])] + (extra or [])
+           "--interval", str(interval), "--faults", json.dumps(faults or []),
+           "--launcher", launcher] + (extra or [])
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killer = RandomKiller(driver, kills, parallelism * 2, seed, *kill_delays)
     if kills:

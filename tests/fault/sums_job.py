@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float)
     ap.add_argument("--faults", default="[]")
     ap.add_argument("--from-checkpoint")
+    ap.add_argument("--launcher", default="local", choices=["local", "spark"])
     ap.add_argument("--progress", action="store_true",
                     help="print a JSON line after every completed checkpoint")
     args = ap.parse_args()
@@ -55,7 +56,7 @@ def main() -> None:
         print(json.dumps({"progress": dataclasses.asdict(pr)}), flush=True)
 
     result = p.run(fault_injection=json.loads(args.faults), from_checkpoint=args.from_checkpoint,
-                   on_progress=progress if args.progress else None)
+                   on_progress=progress if args.progress else None, launcher=args.launcher)
     print(json.dumps(dataclasses.asdict(result)), flush=True)
 
 

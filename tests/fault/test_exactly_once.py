@@ -13,6 +13,10 @@ from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 
 N = 60_000
 
+LAUNCHERS = ["local", "spark"]
+"""Every fault test runs on both launchers: on Spark, the killed processes are
+the Spark Python workers that run the tasks."""
+
 
 def _check(tmp_path, result, n=N, keys=2):
     out = tmp_path / "out"
@@ -23,8 +27,9 @@ def _check(tmp_path, result, n=N, keys=2):
     assert result["records_in"] == n and result["records_out"] == n, result
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("parallelism", [2, 3])
-def test_targeted_kills_at_protocol_points(tmp_path, parallelism):
+def test_targeted_kills_at_protocol_points(tmp_path, parallelism, launcher):
     """One kill per attempt, each at another protocol point."""
     p = parallelism
     keyed = p  # global number of the first keyed task (sources are 0..p-1)
@@ -38,26 +43,28 @@ def test_targeted_kills_at_protocol_points(tmp_path, parallelism):
         {"point": "final_snapshot", "task": 0, "attempt": 6, "count": 1},
     ]
     result, _ = run_job(tmp_path, n=N, parallelism=p, faults=faults, interval=0.1,
-                        extra=["--rate", "40000"])
+                        extra=["--rate", "40000"], launcher=launcher)
     _check(tmp_path, result)
     assert result["restarts"] == len(faults), result["failures"]
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("parallelism,seed", [(2, 1), (3, 2)])
-def test_random_kills(tmp_path, parallelism, seed):
+def test_random_kills(tmp_path, parallelism, seed, launcher):
     """SIGKILL random tasks at random moments, from outside."""
     # 240,000 records at 50,000/s: at least 4.8 s of work, while 6 kills at most
     # 0.6 s apart leave at most 3.6 s of progress: every planned kill happens.
     result, kills = run_job(tmp_path, n=4 * N, parallelism=parallelism, kills=6, seed=seed,
                             interval=0.2, keys=7, extra=["--rate", "50000"],
-                            kill_delays=(0.1, 0.6))
+                            kill_delays=(0.1, 0.6), launcher=launcher)
     _check(tmp_path, result, n=4 * N, keys=7)
     assert kills == 6, f"only {kills} kills happened"
     assert result["restarts"] >= kills - 1
 
 
-def test_failure_free_run_is_exact(tmp_path):
-    result, _ = run_job(tmp_path, n=N, parallelism=2)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_failure_free_run_is_exact(tmp_path, launcher):
+    result, _ = run_job(tmp_path, n=N, parallelism=2, launcher=launcher)
     _check(tmp_path, result)
-    assert result["restarts"] == 0
+    assert result["restarts"] == 0, result["failures"]
     assert any(c["status"] == "completed" for c in result["checkpoints"])

@@ -1,0 +1,61 @@
+"""Control a job started with ``Pipeline.start``: savepoints, stop, cancel."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from lockgate.cluster.result import JobResult
+
+if TYPE_CHECKING:
+    from lockgate.cluster.jobmaster import JobMaster
+
+
+class JobClient:
+    """A job running in a background thread of this driver process.
+
+    ``savepoint()`` takes a savepoint and returns its folder; ``stop()`` takes a
+    savepoint and ends the job (with ``drain=True``: sources end their input,
+    operators ``finish()``, and the savepoint is the final checkpoint, so
+    sinks commit everything); ``cancel()`` ends it at once; ``result()``
+    waits for the end and returns the ``JobResult`` (or raises the job's error).
+    """
+
+    def __init__(self, master: JobMaster, guarantee: str) -> None:
+        self.master = master
+        self.job_id = master.job_id
+        self._result: Future[JobResult] = Future()
+        self._thread = threading.Thread(target=self._run, args=(guarantee,), daemon=True,
+                                        name=f"job-{self.job_id}")
+        self._thread.start()
+
+    def _run(self, guarantee: str) -> None:
+        try:
+            self._result.set_result(self.master.run(guarantee))
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._result.set_exception(e)
+
+    def savepoint(self, dir: str | None = None, timeout: float | None = 600) -> str:
+        """Take a savepoint now; return its folder."""
+        return str(self.master.submit("savepoint", dir=dir).result(timeout)["path"])
+
+    def stop(self, dir: str | None = None, drain: bool = False,
+             timeout: float | None = 600) -> JobResult:
+        """Stop with a savepoint (see the class); return the job's result."""
+        self.master.submit("stop", dir=dir, drain=drain).result(timeout)
+        return self.result(timeout)
+
+    def cancel(self, timeout: float | None = 600) -> JobResult:
+        """End the job now, without a savepoint."""
+        self.master.submit("cancel").result(timeout)
+        return self.result(timeout)
+
+    def result(self, timeout: float | None = None) -> JobResult:
+        return self._result.result(timeout)
+
+    def status(self) -> dict[str, Any]:
+        return self.master.status()
+
+    def checkpoints(self) -> list[dict[str, Any]]:
+        return self.master.checkpoint_history()

@@ -1,0 +1,116 @@
+"""Termination and savepoints under kills: two sources that finish at
+different times, and a task killed while a savepoint is in progress."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
+from lockgate.connectors import FileSink, SequenceSource
+from lockgate.errors import LockgateError
+from tests.fault.checks import (
+    check_running_sums,
+    committed_lines,
+    hidden_files,
+    task_processes,
+)
+from tests.fault.sums_job import build
+
+
+def _two_sources(tmp: Path, short: int, long: int) -> Pipeline:
+    """Two independent keyed running-sum pipelines in one job; ``a`` ends long before ``b``."""
+    p = Pipeline("two-sources", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")),
+                 restart=FixedDelayRestart(max_attempts=5, delay_s=0.0))
+    for name, n, rate in (("a", short, None), ("b", long, 20_000)):
+        (p.source(SequenceSource(1, n, rate=rate), uid=f"numbers-{name}")
+           .map(lambda x: (x % 3, x), uid=f"pairs-{name}")
+           .key_by(lambda kv: kv[0])
+           .reduce(lambda a, b: (a[0], a[1] + b[1]), uid=f"sums-{name}")
+           .sink(FileSink(str(tmp / f"out-{name}"), format="jsonl"), uid=f"out-{name}"))
+    return p
+
+
+def test_sources_finishing_at_different_times_with_a_kill_in_between(tmp_path: Path) -> None:
+    """Source ``a`` ends first; checkpoints complete while ``b`` runs on (``a``'s
+    whole output gets committed by them); then a task is SIGKILLed. After the
+    restart ``a`` reads nothing again and ``b`` continues: both outputs exact."""
+    short, long = 3_000, 100_000
+    p = _two_sources(tmp_path, short, long)
+    after_a = threading.Event()
+    seen = {"checkpoints_after_a": 0}
+
+    def on_progress(progress) -> None:
+        if progress.restarts:
+            return
+        if len(committed_lines(tmp_path / "out-a")) == short:
+            seen["checkpoints_after_a"] += 1
+            if seen["checkpoints_after_a"] >= 2:  # checkpoints went on after a finished
+                after_a.set()
+
+    killed: dict[str, int] = {}
+
+    def killer() -> None:
+        if not after_a.wait(120):
+            return
+        victims = sorted(pid for pid, (attempt, _) in task_processes(os.getpid()).items()
+                         if attempt == 0)
+        os.kill(victims[-1], signal.SIGKILL)
+        killed["pid"] = victims[-1]
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    result = p.run(launcher="local", on_progress=on_progress)
+    thread.join(10)
+    assert "pid" in killed, "source b ended before the kill (machine too slow?)"
+    assert result.restarts == 1, result.failures
+    check_running_sums(committed_lines(tmp_path / "out-a"), short, 3)
+    check_running_sums(committed_lines(tmp_path / "out-b"), long, 3)
+    assert hidden_files(tmp_path / "out-a") == [] and hidden_files(tmp_path / "out-b") == []
+    assert result.records_in == short + long
+
+
+@pytest.mark.parametrize("launcher", ["local"])
+def test_kill_during_a_savepoint(tmp_path: Path, launcher: str) -> None:
+    """A task freezes (SIGSTOP) so a savepoint cannot complete, then dies
+    (SIGKILL): the savepoint fails with a clear error, the job recovers, a
+    new savepoint and a stop succeed, and resuming at another parallelism is exact."""
+    n = 150_000
+    p = build(n, 2, 4, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2, rate=40_000)
+    checkpointed = threading.Event()
+    restarted = threading.Event()
+
+    def on_progress(progress) -> None:
+        checkpointed.set()
+        if progress.restarts:
+            restarted.set()
+
+    client = p.start(launcher=launcher, on_progress=on_progress)
+    assert checkpointed.wait(120)
+    tasks = task_processes(os.getpid())
+    victim = max(pid for pid, (attempt, task) in tasks.items() if attempt == 0)
+    os.kill(victim, signal.SIGSTOP)
+    os.waitid(os.P_PID, victim, os.WSTOPPED | os.WNOWAIT)
+    with ThreadPoolExecutor(1) as pool:
+        attempt = pool.submit(client.savepoint, str(tmp_path / "sp"))
+        # the savepoint is pending (the frozen task cannot acknowledge it)
+        while not any(h["kind"] == "savepoint" for h in client.checkpoints()):
+            threading.Event().wait(0.01)  # the request reaches the event loop within a tick
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(LockgateError, match="savepoint .* failed"):
+            attempt.result(120)
+    assert restarted.wait(120), "the job did not recover"
+    sp = client.savepoint(str(tmp_path / "sp"))
+    result = client.stop(str(tmp_path / "sp"))
+    assert result.status == "stopped" and result.savepoint not in (None, sp)
+    resumed = build(n, 3, 4, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)
+    final = resumed.run(launcher=launcher, from_savepoint=result.savepoint)
+    assert final.records_in == n
+    check_running_sums(committed_lines(tmp_path / "out"), n, 4)
+    assert hidden_files(tmp_path / "out") == []

@@ -1,0 +1,86 @@
+"""The same app file runs with ``lockgate run`` (the Spark launcher by default)
+and with ``spark-submit app.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+APP = """
+import sys
+from lockgate import CheckpointConfig, Pipeline
+from lockgate.connectors import FileSink, SequenceSource
+
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+pipeline = Pipeline("cli-sums", parallelism=2,
+                    checkpoint=CheckpointConfig(interval=0.2, storage="chk"))
+(pipeline.source(SequenceSource(1, n, rate=20_000), uid="numbers")
+    .key_by(lambda x: x % 3)
+    .reduce(lambda a, b: a + b, uid="sums")
+    .sink(FileSink("out", format="jsonl"), uid="out"))
+
+if __name__ == "__main__":
+    result = pipeline.run()
+    print(f"RESULT {result.status} {result.records_out}")
+"""
+
+
+def _final_sums(out: Path) -> list[int]:
+    sums = [int(json.loads(line)) for f in sorted(out.glob("part-*"))
+            for line in f.read_text().splitlines()]
+    return sorted(sums)
+
+
+def _expected(n: int) -> list[int]:
+    # the final running sum of every key: its total
+    return sorted(sum(x for x in range(1, n + 1) if x % 3 == k) for k in range(3))
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+
+
+def test_lockgate_run_uses_spark_and_prints_progress(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    n = 12_000
+    out = subprocess.run(
+        [sys.executable, "-m", "lockgate.cli", "run", "app.py:pipeline", "--master", "local[4]",
+         str(n)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    progress = [line for line in out.stderr.splitlines() if "] checkpoint " in line]
+    assert progress, out.stderr[-3000:]
+    assert f"{n:,} records read" in progress[-1]
+    assert f"{n} records in, {n} out" in out.stdout and "exactly_once" in out.stdout
+    sums = _final_sums(tmp_path / "out")
+    assert len(sums) == n and set(_expected(n)) <= set(sums)
+
+
+def test_too_few_slots_from_the_cli(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    out = subprocess.run(
+        [sys.executable, "-m", "lockgate.cli", "run", "app.py", "--master", "local[2]"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "needs 4 task slots" in out.stderr and "local[4]" in out.stderr
+
+
+def test_spark_submit_runs_the_same_app(tmp_path: Path) -> None:
+    submit = Path(sys.executable).parent / "spark-submit"
+    if not submit.exists():
+        submit = Path(shutil.which("spark-submit") or "spark-submit")
+    (tmp_path / "app.py").write_text(APP)
+    n = 5_000
+    env = _env()
+    env["PYSPARK_PYTHON"] = sys.executable  # spark-submit would start plain python3
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    out = subprocess.run(
+        [str(submit), "--master", "local[4]", "--conf", "spark.ui.enabled=false",
+         "app.py", str(n)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"RESULT finished {n}" in out.stdout
+    sums = _final_sums(tmp_path / "out")
+    assert len(sums) == n and set(_expected(n)) <= set(sums)

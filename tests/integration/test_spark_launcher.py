@@ -1,0 +1,129 @@
+"""The ``spark`` launcher on real Spark, in local mode: one SparkSession for
+the module (a cold session takes ~8 s, a job on a warm one ~0.2 s)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("Spark needs Java (17 or 21)", allow_module_level=True)
+
+from lockgate.cluster.spark import SparkLauncher  # noqa: E402
+from lockgate.errors import ConfigurationError  # noqa: E402
+from tests.fault.checks import check_running_sums, committed_lines, hidden_files  # noqa: E402
+from tests.fault.sums_job import build  # noqa: E402
+
+SLOTS = 4  # the sums job at parallelism 2 has 4 tasks
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if SparkContext._active_spark_context is not None:
+        # an earlier module's session (getOrCreate would reuse it, master and all)
+        SparkSession.builder.getOrCreate().stop()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master(f"local[{SLOTS}]").appName("lockgate-tests")
+               .config("spark.python.task.killTimeout", "100ms")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    assert session.sparkContext.master == f"local[{SLOTS}]"
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def launchers(monkeypatch):
+    """Every SparkLauncher the job master starts, in order (one per attempt)."""
+    started: list[SparkLauncher] = []
+    original = SparkLauncher.start
+
+    def start(self, specs, coordinator, secret):
+        started.append(self)
+        original(self, specs, coordinator, secret)
+
+    monkeypatch.setattr(SparkLauncher, "start", start)
+    return started
+
+
+def test_sums_exact_on_spark(spark, launchers, tmp_path: Path) -> None:
+    n = 20_000
+    p = build(n, 2, 2, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)
+    result = p.run(launcher="spark", spark=spark)
+    assert result.restarts == 0
+    assert (result.records_in, result.records_out) == (n, n)
+    check_running_sums(committed_lines(tmp_path / "out"), n, 2)
+    assert hidden_files(tmp_path / "out") == []
+    assert len(launchers) == 1
+    assert launchers[0].pids() == {}  # every task of the attempt is gone
+
+
+def _parent_cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{ppid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
+
+
+def test_sigkill_of_a_python_worker_restarts_from_the_checkpoint(
+        spark, launchers, tmp_path: Path) -> None:
+    n = 60_000
+    p = build(n, 2, 2, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2, rate=30_000)
+    checkpointed = threading.Event()
+    killed: dict[str, float] = {}
+
+    def on_progress(progress) -> None:
+        if progress.checkpoints_completed >= 2:
+            checkpointed.set()
+
+    def killer() -> None:
+        if not checkpointed.wait(60):
+            return
+        pids = launchers[0].pids()
+        victim = pids[min(pids)]  # the first source task: a Spark Python worker
+        killed["cmdline"] = _parent_cmdline(victim)
+        killed["at"] = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    result = p.run(launcher="spark", spark=spark, on_progress=on_progress)
+    thread.join()
+    assert "at" in killed, "the job ended before the kill"
+    assert "pyspark.daemon" in killed["cmdline"]  # the victim was forked by Spark's daemon
+    assert result.restarts >= 1
+    assert len(launchers) == result.restarts + 1
+    # restored from a completed checkpoint, and nothing read or written twice
+    assert (result.records_in, result.records_out) == (n, n)
+    check_running_sums(committed_lines(tmp_path / "out"), n, 2)
+    assert hidden_files(tmp_path / "out") == []
+    assert result.recovery_times and max(result.recovery_times) < 10
+    for launcher in launchers:
+        assert launcher.pids() == {}
+
+
+def test_too_few_slots_fails_fast_with_a_clear_message(spark, launchers,
+                                                       tmp_path: Path) -> None:
+    p = build(100, 3, 2, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)  # 6 tasks
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError) as info:
+        p.run(launcher="spark", spark=spark)
+    assert time.monotonic() - started < 5
+    message = str(info.value)
+    assert "needs 6 task slots" in message
+    assert f"has {SLOTS}" in message
+    assert "local[6]" in message and "executor" in message
+    assert launchers == []  # nothing was submitted
