@@ -180,11 +180,11 @@ class CheckpointCoordinator:
             self.trigger(final=True)
 
     def on_ack(self, task: int, checkpoint_id: int, handles: dict[str, Any],
-               counts: tuple[int, int] = (0, 0)) -> AckResult:
+               counts: tuple[int, int] = (0, 0), finished: bool = False) -> AckResult:
         p = self.pending
         if p is None or p.checkpoint_id != checkpoint_id:
             return AckResult.DISCARDED
-        result = p.acknowledge(task, handles, self.clock(), counts)
+        result = p.acknowledge(task, handles, self.clock(), counts, finished)
         if result is AckResult.SUCCESS and p.fully_acknowledged:
             self._complete(p)
         return result

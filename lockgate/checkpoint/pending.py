@@ -39,11 +39,14 @@ class PendingCheckpoint:
     acks: dict[int, dict[str, Any]] = field(default_factory=dict)
     ack_times: dict[int, float] = field(default_factory=dict)
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    finished_tasks: set[int] = field(default_factory=set)
     """Per task: records read from sources and written to sinks up to the barrier."""
     aborted: CheckpointAbortReason | None = None
 
     def acknowledge(self, task: int, handles: dict[str, Any], now: float,
-                    counts: tuple[int, int] = (0, 0)) -> AckResult:
+                    counts: tuple[int, int] = (0, 0), finished: bool = False) -> AckResult:
+        """``finished``: the task had ended its input (and run ``finish()``)
+        before this snapshot."""
         if self.aborted is not None:
             return AckResult.DISCARDED
         if task not in self.tasks_to_ack:
@@ -52,6 +55,8 @@ class PendingCheckpoint:
             return AckResult.DUPLICATE
         self.acks[task] = handles
         self.counts[task] = counts
+        if finished:
+            self.finished_tasks.add(task)
         self.ack_times[task] = now - self.started
         return AckResult.SUCCESS
 
@@ -91,10 +96,16 @@ def build_metadata(
         uid: {"parallelism": p, "operator_state_mode": operator_modes[uid], "subtasks": [None] * p}
         for uid, p in operator_parallelism.items()
     }
+    finished_subtasks: dict[str, int] = dict.fromkeys(operators, 0)
     for task, handles in pending.acks.items():
         _, index, uids = task_operators[task]
         for uid in uids:
             operators[uid]["subtasks"][index] = handles.get(uid)
+            finished_subtasks[uid] += task in pending.finished_tasks
+    for uid, op in operators.items():
+        # FLIP-147: every subtask had finished: on restore the operator is
+        # skipped (reads nothing, runs no end_input/finish again)
+        op["finished"] = finished_subtasks[uid] == op["parallelism"]
     return {
         "format": 1,
         "job_id": job_id,

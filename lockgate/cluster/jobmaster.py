@@ -449,7 +449,8 @@ class JobMaster:
         elif t == "ack":
             self._count(task, msg)
             self.coordinator.on_ack(task, msg["cp"], msg["handles"],
-                                    (msg.get("read", 0), msg.get("written", 0)))
+                                    (msg.get("read", 0), msg.get("written", 0)),
+                                    bool(msg.get("finished")))
         elif t == "decline":
             if msg.get("error_type") in FATAL_ERRORS:
                 raise AttemptFailed(f"task {self._task_name(task)} cannot checkpoint: "

@@ -101,6 +101,12 @@ class Task:
         self.control: wire.ControlChannel | None = None
         self.ended_channels: set[int] = set()
         self.reached_end = False
+        self.drained = False
+        """The input ended by ``stop --drain``, not exhausted: a job resumed from
+        the final savepoint reads on, so nothing is recorded as finished."""
+        self.skipped: set[str] = set()
+        """Operators restored as finished (FLIP-147): they read nothing, and
+        ``end_input``/``finish`` do not run again."""
         self.done = False
         self.records_in = 0
         self.records_out = 0
@@ -196,6 +202,8 @@ class Task:
             if op_meta is None:
                 op.restore_operator_state(None)
                 continue
+            if op_meta.get("finished"):
+                self.skipped.add(op.uid)
             p = spec.vertex.parallelism
             if op.keyed and op.backend is not None:
                 plan = plan_keyed_restore(op_meta, spec.task_index, p, spec.max_parallelism)
@@ -301,7 +309,8 @@ class Task:
                 if msg is not None:
                     self._on_control(msg)
                     continue
-                batch = self.source.poll(self.spec.batch_size)
+                batch = (None if self.source.uid in self.skipped
+                         else self.source.poll(self.spec.batch_size))
                 if batch is None:
                     self._end_of_input()
                 elif batch:
@@ -335,6 +344,8 @@ class Task:
         elif kind == Frame.CANCEL_BARRIER:
             self.barriers.cancel_received(ch, item[0])
         elif kind == Frame.END_OF_DATA:
+            if msgpack.unpackb(item):
+                self.drained = True  # ended by stop --drain upstream
             self.ended_channels.add(ch)
             if len(self.ended_channels) == len(self.channels):
                 self._end_of_input()
@@ -367,12 +378,14 @@ class Task:
         EndOfData downstream; the coordinator's final checkpoint follows."""
         ops = self.ops
         for i, op in enumerate(ops):
+            if op.uid in self.skipped:
+                continue  # it finished before the checkpoint this attempt restored
             tail = op.end_input() + op.finish()
             if tail:
                 self._run_chain(tail, ops[i + 1:])
         self._flush_all()
         for out in self.outputs:
-            out.broadcast(Frame.END_OF_DATA, msgpack.packb(True))
+            out.broadcast(Frame.END_OF_DATA, msgpack.packb(self.drained))
         self.reached_end = True
         self._send({"t": "end_of_data", **self._counts()})
         self.faults.hit("end_of_data")
@@ -400,6 +413,7 @@ class Task:
             # (its position stays in state: a job resumed from the final
             # savepoint reads on from there)
             if self.source is not None and not self.reached_end:
+                self.drained = True
                 self._end_of_input()
         elif t == "cancel":
             raise LockgateError("cancelled by the driver")
@@ -436,7 +450,9 @@ class Task:
         payload = msgpack.packb([checkpoint_id, "checkpoint", time.time()])
         for out in self.outputs:
             out.broadcast(Frame.BARRIER, payload)
-        self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps, self._counts())
+        self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps,
+                                  {**self._counts(),
+                                   "finished": self.reached_end and not self.drained})
         self.faults.hit("final_snapshot" if self.reached_end else "snapshot")
 
     def _write_snapshot(self, checkpoint_id: int,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
+from lockgate import CheckpointConfig, FixedDelayRestart, KeyedProcessFunction, Pipeline
+from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import LockgateError
 from tests.fault.checks import (
@@ -114,3 +115,83 @@ def test_kill_during_a_savepoint(tmp_path: Path, launcher: str) -> None:
     assert final.records_in == n
     check_running_sums(committed_lines(tmp_path / "out"), n, 4)
     assert hidden_files(tmp_path / "out") == []
+
+
+class _MarkAtFinish(KeyedProcessFunction):
+    """Forwards every number; ``finish()`` adds one marker per subtask."""
+
+    def process_element(self, value, ctx):
+        return [value]
+
+    def finish(self, ctx):
+        return ["finished"]
+
+
+def _finished_branch_job(tmp: Path, parallelism: int, short: int, long: int) -> Pipeline:
+    """Branch ``a`` (bounded, short) ends early, with finish() markers; branch
+    ``b`` runs on: the running sums of the other tests."""
+    p = Pipeline("finished-branch", parallelism=parallelism,
+                 checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")))
+    (p.source(SequenceSource(1, short), uid="numbers-a")
+       .key_by(lambda x: x % 3)
+       .process(_MarkAtFinish(), uid="mark-a")
+       .sink(FileSink(str(tmp / "out-a"), format="jsonl"), uid="out-a"))
+    (p.source(SequenceSource(1, long, rate=20_000), uid="numbers-b")
+       .map(lambda x: (x % 3, x), uid="pairs-b")
+       .key_by(lambda kv: kv[0])
+       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums-b")
+       .sink(FileSink(str(tmp / "out-b"), format="jsonl"), uid="out-b"))
+    return p
+
+
+@pytest.mark.parametrize("parallelism", [2])
+def test_finished_operators_are_recorded_and_skipped_on_restore(tmp_path: Path,
+                                                               parallelism: int) -> None:
+    """FLIP-147: once every task of branch ``a`` has finished, checkpoints
+    record its operators as finished; the job is stopped (no drain) and resumed
+    at another parallelism: ``a`` reads nothing and its ``finish()`` does not run
+    again (no second set of markers), while ``b`` continues exactly."""
+    short, long = 600, 60_000
+    a_done = threading.Event()
+
+    def on_progress(progress) -> None:
+        if len(committed_lines(tmp_path / "out-a")) == short + parallelism:
+            a_done.set()
+
+    client = _finished_branch_job(tmp_path, parallelism, short, long).start(
+        launcher="local", on_progress=on_progress)
+    assert a_done.wait(120), "branch a's output was not committed"
+    result = client.stop(str(tmp_path / "sp"))
+    assert result.status == "stopped", result
+    ops = storage.read_metadata(result.savepoint)["operators"]
+    assert {uid: op["finished"] for uid, op in ops.items()} == {
+        "numbers-a": True, "mark-a": True, "out-a": True,
+        "numbers-b": False, "pairs-b": False, "sums-b": False, "out-b": False}
+
+    resumed = _finished_branch_job(tmp_path, 3, short, long)
+    final = resumed.run(launcher="local", from_savepoint=result.savepoint)
+    assert final.status == "finished"
+    out_a = committed_lines(tmp_path / "out-a")
+    assert sorted(x for x in out_a if x != "finished") == list(range(1, short + 1))
+    assert out_a.count("finished") == parallelism  # finish() ran once per subtask, ever
+    check_running_sums(committed_lines(tmp_path / "out-b"), long, 3)
+    assert hidden_files(tmp_path / "out-a") == [] and hidden_files(tmp_path / "out-b") == []
+
+
+def test_drained_savepoint_records_nothing_as_finished(tmp_path: Path) -> None:
+    """stop --drain ends the input artificially: the final savepoint records no
+    operator as finished, so a job resumed from it reads on (and exactly)."""
+    n = 60_000
+    p = build(n, 2, 3, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1, rate=20_000)
+    checkpointed = threading.Event()
+    client = p.start(launcher="local", on_progress=lambda _: checkpointed.set())
+    assert checkpointed.wait(120)
+    result = client.stop(str(tmp_path / "sp"), drain=True)
+    assert result.status == "finished", result
+    meta = storage.read_metadata(result.savepoint)
+    assert not any(op["finished"] for op in meta["operators"].values()), meta["operators"]
+    assert 0 < meta["progress"]["read"] < n
+    resumed = build(n, 2, 3, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1)
+    final = resumed.run(launcher="local", from_savepoint=result.savepoint)
+    assert final.records_in == n  # it read on from the savepoint, to the end
+    check_running_sums(committed_lines(tmp_path / "out"), n, 3)

@@ -56,3 +56,14 @@ def test_metadata_places_handles_by_subtask():
     assert meta["operators"]["sum"]["subtasks"] == [{"file": "sum-0.state", "size": 5}, None]
     assert meta["operators"]["src"]["subtasks"][0]["file"] == "src-0.state"
     assert meta["checkpoint_id"] == 4 and meta["max_parallelism"] == 128
+
+
+def test_operator_is_finished_only_when_every_subtask_finished():
+    p = pending(tasks=(0, 1, 2))
+    p.acknowledge(0, {"src": None}, 11, finished=True)
+    p.acknowledge(1, {"sum": None}, 11, finished=True)
+    p.acknowledge(2, {"sum": None}, 11, finished=False)
+    meta = build_metadata("job", p, {0: (0, 0, ["src"]), 1: (1, 0, ["sum"]), 2: (1, 1, ["sum"])},
+                          {"src": 1, "sum": 2}, {"src": "split", "sum": "split"}, 128)
+    assert meta["operators"]["src"]["finished"] is True
+    assert meta["operators"]["sum"]["finished"] is False  # partly finished: keeps running
