@@ -169,3 +169,35 @@ def test_changed_state_type_is_refused_naming_both_types(tmp_path: Path) -> None
     assert "Restarting cannot help" in message  # fatal: no restart loop
     after = sorted(f.name for f in (tmp_path / "out").iterdir() if not f.name.startswith("."))
     assert after == before  # nothing committed was lost or added
+
+
+def _state_file_of(savepoint: Path, uid: str) -> Path:
+    """The operator's largest state file (a subtask may hold no key)."""
+    return max(savepoint.glob(f"{uid}-*.state"), key=lambda f: f.stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["metadata garbage", "keyed state truncated",
+                                    "sink state deleted"])
+def test_corrupt_savepoint_is_refused_and_committed_output_kept(tmp_path: Path,
+                                                                damage: str) -> None:
+    client, checkpointed = _start(tmp_path, 2, "local")
+    assert checkpointed.wait(120)
+    sp = Path(client.stop(dir=str(tmp_path / "sp")).savepoint)
+    output = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
+    if damage == "metadata garbage":
+        named = sp / "_metadata"
+        named.write_bytes(named.read_bytes()[:40] + b"\x00garbage")
+        words = "is corrupt"
+    elif damage == "keyed state truncated":
+        named = _state_file_of(sp, "sums")
+        named.write_bytes(named.read_bytes()[:-7])
+        words = "it is truncated or damaged"
+    else:
+        named = _state_file_of(sp, "out")
+        named.unlink()
+        words = "is missing"
+    p = build(N, 3, KEYS, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)
+    with pytest.raises(CheckpointCorruptError) as info:
+        p.run(launcher="local", from_savepoint=str(sp))
+    assert str(named) in str(info.value) and words in str(info.value), info.value
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == output
