@@ -609,4 +609,18 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
         from lockgate.cluster.spark import prepare_spark
 
         options.bind_host = prepare_spark(spark, master, graph.num_tasks)
+        if options.bind_host != "127.0.0.1":
+            _warn_unshared_paths(pipeline, sinks)
     return JobMaster(pipeline, graph, options), guarantee
+
+
+def _warn_unshared_paths(pipeline: Pipeline, sinks: list[Any]) -> None:
+    """On a cluster, a plain local path is most often a mistake: each executor
+    would see its own folder. ``file://`` says "a shared mount" explicitly."""
+    paths = [("checkpoint storage", pipeline.checkpoint.storage if pipeline.checkpoint else None)]
+    paths += [(f"sink {op.uid!r}", getattr(op.fn, "folder", None)) for op in sinks]
+    for what, path in paths:
+        if isinstance(path, str) and not fs.is_url(path):
+            log.warning("%s is the plain local path %s, but the job runs on a Spark cluster: "
+                        "every executor must reach the same folder. Use s3://, hdfs://, or "
+                        "file://%s if it is a shared mount", what, path, fs.absolute(path))

@@ -1,0 +1,163 @@
+"""A job on a real Spark standalone cluster: a Master and a Worker JVM on
+loopback (started from PySpark's own ``spark-class``), the job submitted by
+``lockgate run --master spark://...`` — the path a user takes on a cluster,
+where the driver's listeners bind ``spark.driver.host`` and tasks bind their
+executor's address. A Python worker is SIGKILLed mid-run; the output is exact."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("Spark needs Java (17 or 21)", allow_module_level=True)
+
+from tests.fault.checks import (  # noqa: E402
+    check_running_sums,
+    committed_lines,
+    hidden_files,
+    task_processes,
+)
+
+APP = """
+import sys
+from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
+from lockgate.connectors import FileSink, SequenceSource
+
+n, out, chk = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+pipeline = Pipeline("standalone-sums", parallelism=2,
+                    checkpoint=CheckpointConfig(interval=0.2, storage=chk),
+                    restart=FixedDelayRestart(max_attempts=5, delay_s=0.0))
+(pipeline.source(SequenceSource(1, n, rate=15_000), uid="numbers")
+    .map(lambda x: (x % 3, x), uid="pairs")
+    .key_by(lambda kv: kv[0])
+    .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
+    .sink(FileSink(out, format="jsonl"), uid="out"))
+"""
+STARTUP = 120.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _await_line(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a daemon to log ``pattern`` (its readiness: there is no other event)."""
+    deadline = time.monotonic() + STARTUP
+    while time.monotonic() < deadline:
+        if re.search(pattern, log.read_text(errors="replace")):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"Spark daemon not ready ({pattern!r}):\n{log.read_text()[-3000:]}")
+
+
+def _env() -> dict[str, str]:
+    import pyspark
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env.update(SPARK_HOME=os.path.dirname(pyspark.__file__), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_NO_DAEMONIZE="1")
+    if "JAVA_HOME" not in env:
+        from lockgate.cluster.java import ensure_java
+
+        ensure_java()
+        env["JAVA_HOME"] = os.environ.get("JAVA_HOME", "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """``spark://127.0.0.1:<port>`` of a Master with one Worker of 4 cores, and
+    the Worker's pid (its executors' Python workers run the tasks)."""
+    env = _env()
+    spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
+    logs = tmp_path_factory.mktemp("spark-daemons")
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(logs / "master.log", "wb") as log:
+            master = subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(port), "--webui-port", str(_free_port())],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        daemons.append(master)
+        _await_line(logs / "master.log", r"New state: ALIVE", master)
+        with open(logs / "worker.log", "wb") as log:
+            worker = subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host",
+                 "127.0.0.1", "--cores", "4", "--memory", "2g",
+                 "--webui-port", str(_free_port()), "--work-dir", str(logs / "work")],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        daemons.append(worker)
+        _await_line(logs / "worker.log", r"Successfully registered with master", worker)
+        yield url, worker.pid
+    finally:
+        for proc in reversed(daemons):
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
+        cluster: tuple[str, int], tmp_path: Path) -> None:
+    url, worker = cluster
+    (tmp_path / "app.py").write_text(APP)
+    n = 40_000
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "lockgate.cli", "run", "app.py:pipeline", "--master", url,
+         str(n), str(out), str(chk)],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []
+    checkpoints = threading.Semaphore(0)
+
+    def read_stderr() -> None:
+        assert driver.stderr is not None
+        for line in driver.stderr:
+            stderr.append(line)
+            if "] checkpoint " in line:
+                checkpoints.release()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        for _ in range(3):  # three checkpoints completed: records are flowing
+            assert checkpoints.acquire(timeout=240), "".join(stderr)[-3000:]
+        # the tasks are Python workers of the Worker's executor, not the driver's children
+        worker_pids = {pid for pid, (attempt, _) in task_processes(worker).items()
+                       if attempt == 0}
+        assert worker_pids, "no task process found"
+        os.kill(max(worker_pids), signal.SIGKILL)
+        stdout, _ = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    reader.join(10)
+    log = "".join(stderr)
+    assert driver.returncode == 0, log[-3000:]
+    assert f"{n} records in, {n} out" in stdout, stdout
+    assert "1 restarts" in stdout, stdout
+    # plain local paths on a cluster: the driver warns they must be shared
+    assert "plain local path" in log and "file://" in log, log[-3000:]
+    check_running_sums(committed_lines(out), n, 3)
+    assert hidden_files(out) == []
