@@ -108,6 +108,24 @@ class Pipeline:
         node = self._add("source", source, uid, parallelism, None)
         return DataStream(self, node)
 
+    def source_dataframe(self, df: Any, *, uid: str | None = None,
+                         parallelism: int | None = None,
+                         spark: Any = None) -> DataStream[dict[str, Any]]:
+        """Add a bounded, replayable source reading a Spark DataFrame (or the
+        table named ``df``, from ``spark`` or the active session): one ``dict``
+        per row, with exact types (ints stay ints).
+
+        At job start the driver materializes the DataFrame once, with Spark, as
+        Parquet under ``<storage>/<job-id>/inputs/<uid>/`` (a file per Spark
+        partition); the tasks read that copy in parallel, and every restart of
+        the job replays it. A new job restored from a savepoint materializes the
+        DataFrame again: it must then give the same rows per partition (like a
+        table snapshot). See :mod:`lockgate.connectors.dataframe`.
+        """
+        from lockgate.connectors.dataframe import DataFrameSource
+
+        return self.source(DataFrameSource(df, spark=spark), uid=uid, parallelism=parallelism)
+
     def _add(self, kind: str, fn: Any, uid: str | None, parallelism: int | None,
              upstream: Node | None, partitioning: str = "forward",
              key_selector: Callable[[Any], Any] | None = None) -> Node:

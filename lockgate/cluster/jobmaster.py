@@ -197,6 +197,9 @@ class JobMaster:
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
                  self.job_id, self.graph.num_tasks, guarantee, fs.redact(self.job_dir))
         try:
+            for op in self.graph.operators():  # once per job, never per attempt
+                if op.kind == "source":
+                    op.fn.prepare(str(self.job_dir), op.uid)
             while True:
                 try:
                     self._run_attempt()

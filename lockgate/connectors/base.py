@@ -72,6 +72,12 @@ class Source(ABC, Generic[T]):
     gets its own entries back; round-robin when parallelism changed) or
     ``"union"`` (every task gets every entry and keeps those it owns)."""
 
+    def prepare(self, job_dir: str, uid: str) -> None:  # noqa: B027 - optional hook
+        """Called once per job in the driver, after ``validate`` and before the
+        first attempt (never again on restarts): e.g. stage the input under
+        the job's checkpoint folder ``job_dir`` (a path or URL) for this source's
+        ``uid``. Whatever it sets on ``self`` reaches the tasks."""
+
     @abstractmethod
     def create_reader(self, info: TaskInfo) -> SourceReader[T]: ...
 
