@@ -1,0 +1,510 @@
+"""Keyed state as Spark DataFrames: read it from a checkpoint or savepoint,
+and bootstrap a savepoint from a DataFrame (Flink's State Processor API).
+
+Reading::
+
+    from lockgate.spark import read_state
+    df = read_state(spark, "chk/sums-1a2b3c4d/chk-12", uid="sums", state_name="reduce")
+    df.show()   # key | state | value
+
+Writing (a savepoint a job starts from, ``Pipeline.run(from_savepoint=path)``)::
+
+    from lockgate.spark import write_savepoint
+    write_savepoint(spark, balances, "savepoints/bootstrap", uid="sums",
+                    state_name="reduce", key="account", max_parallelism=128)
+
+State names: the built-in ``reduce`` keeps its running value in the value
+state ``"reduce"``; a ``KeyedProcessFunction``'s states are named by its state
+descriptors (``ValueStateDescriptor("count")`` -> ``"count"``). Sources and
+sinks hold operator state (read positions, pending transactions), not keyed
+state: ``read_state`` lists what an operator has.
+
+Nothing here unpickles: state is decoded with Lockgate's msgpack serializer
+(:class:`lockgate.state.serde.StateSerializer` without pickle), and a
+checkpoint of a job that opted in to pickle is refused where it holds pickled
+values.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import functools
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from lockgate import fs
+from lockgate.checkpoint import storage
+from lockgate.connectors.dataframe import materialize_dataframe
+from lockgate.errors import CheckpointCorruptError, LockgateError
+from lockgate.state.keygroups import (
+    DEFAULT_MAX_PARALLELISM,
+    check_parallelism,
+    key_group_for_key,
+    task_for_key_group,
+)
+from lockgate.state.serde import StateSerializationError, StateSerializer
+
+__all__ = [
+    "StateNotFoundError",
+    "read_state",
+    "write_savepoint",
+    "value_signature",
+    "merge_signatures",
+    "to_json_text",
+]
+
+BUILTIN_STATE_NAMES = {"reduce": "reduce"}
+"""Operator kind -> the name of its keyed state (built-in operators)."""
+_UID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_BOOTSTRAP_INPUT = ".bootstrap-input"
+
+
+class StateNotFoundError(LockgateError, LookupError):
+    """The checkpoint has no such operator uid or state name."""
+
+
+# ------------------------------------------------------------------ typing
+#
+# A signature describes the Spark type a Python value can take:
+#   "null" | "boolean" | "long" | "double" | "string" | "binary" | "date" |
+#   "timestamp" | "json" | ("array", elem) | ("struct", ((name, sig), ...)) |
+#   ("map", key_sig, value_sig)
+# "json" means: no Spark type fits; the whole column becomes JSON text.
+
+Sig = Any
+
+_SCALARS: dict[type, str] = {
+    bool: "boolean", float: "double", str: "string", bytes: "binary",
+    dt.datetime: "timestamp", dt.date: "date",
+}
+
+
+def value_signature(v: Any) -> Sig:
+    """The signature of one value (pure)."""
+    if v is None:
+        return "null"
+    t = type(v)
+    if t is int:
+        return "long" if -(1 << 63) <= v < (1 << 63) else "json"
+    if t in _SCALARS:
+        return _SCALARS[t]
+    if t is list:
+        elem: Sig = "null"
+        for x in v:
+            elem = merge_signatures(elem, value_signature(x))
+        return ("array", elem)
+    if t is dict:
+        if all(type(k) is str for k in v):
+            return ("struct", tuple(sorted((k, value_signature(x)) for k, x in v.items())))
+        ks: Sig = "null"
+        vs: Sig = "null"
+        for k, x in v.items():
+            ks = merge_signatures(ks, value_signature(k))
+            vs = merge_signatures(vs, value_signature(x))
+        return ("map", ks, vs)
+    return "json"  # tuple, set, Decimal, time, timedelta, big int, ...
+
+
+def _struct_as_map(sig: Sig) -> Sig:
+    vs: Sig = "null"
+    for _, s in sig[1]:
+        vs = merge_signatures(vs, s)
+    return ("map", "string", vs)
+
+
+def merge_signatures(a: Sig, b: Sig) -> Sig:
+    """The signature of a column holding values of signatures ``a`` and ``b`` (pure).
+
+    Equal ones stay; null merges with anything; arrays merge elementwise;
+    dicts with the same string keys stay a struct, with other keys become a
+    map of string to the merged value; anything else is ``"json"``."""
+    if a == b or b == "null":
+        return a
+    if a == "null":
+        return b
+    if a == "json" or b == "json":
+        return "json"
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        if a[0] == "array" and b[0] == "array":
+            return ("array", merge_signatures(a[1], b[1]))
+        if a[0] == "struct" and b[0] == "struct":
+            if [n for n, _ in a[1]] == [n for n, _ in b[1]]:
+                return ("struct", tuple((n, merge_signatures(s, t))
+                                        for (n, s), (_, t) in zip(a[1], b[1], strict=True)))
+            return merge_signatures(_struct_as_map(a), _struct_as_map(b))
+        if {a[0], b[0]} == {"struct", "map"}:
+            return merge_signatures(*(_struct_as_map(x) if x[0] == "struct" else x
+                                      for x in (a, b)))
+        if a[0] == "map" and b[0] == "map":
+            return ("map", merge_signatures(a[1], b[1]), merge_signatures(a[2], b[2]))
+    return "json"
+
+
+def _has_json(sig: Sig) -> bool:
+    if sig == "json":
+        return True
+    if isinstance(sig, tuple):
+        if sig[0] == "struct":
+            return any(_has_json(s) for _, s in sig[1])
+        if sig[0] == "map" and sig[1] == "null":  # Spark map keys cannot be null
+            return True
+        return any(_has_json(s) for s in sig[1:])
+    return False
+
+
+def _spark_type(sig: Sig) -> Any:
+    from pyspark.sql import types as T
+
+    scalars = {"null": T.StringType(), "boolean": T.BooleanType(), "long": T.LongType(),
+               "double": T.DoubleType(), "string": T.StringType(), "binary": T.BinaryType(),
+               "date": T.DateType(), "timestamp": T.TimestampType(), "json": T.StringType()}
+    if isinstance(sig, str):
+        return scalars[sig]
+    if sig[0] == "array":
+        return T.ArrayType(_spark_type(sig[1]), True)
+    if sig[0] == "struct":
+        return T.StructType([T.StructField(n, _spark_type(s), True) for n, s in sig[1]])
+    return T.MapType(_spark_type(sig[1]), _spark_type(sig[2]), True)
+
+
+def _jsonable(v: Any) -> Any:
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, set | frozenset):
+        items = [_jsonable(x) for x in v]
+        try:
+            return sorted(items)
+        except TypeError:
+            return sorted(items, key=repr)
+    if isinstance(v, dict):
+        if all(isinstance(k, str) for k in v):
+            return {k: _jsonable(x) for k, x in v.items()}
+        return [[_jsonable(k), _jsonable(x)] for k, x in v.items()]
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode("ascii")
+    if isinstance(v, dt.datetime | dt.date | dt.time):
+        return v.isoformat()
+    if isinstance(v, dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    return repr(v)  # a pickled object (never loaded here): cannot happen without pickle
+
+
+def to_json_text(v: Any) -> str | None:
+    """The JSON text of a state value for the fallback column type (pure):
+    tuples and sets become arrays (sets sorted), dicts with non-string keys
+    ``[[key, value], ...]``, bytes base64 text, dates and times ISO text,
+    timedeltas seconds, decimals text. ``None`` stays null."""
+    if v is None:
+        return None
+    return json.dumps(_jsonable(v), ensure_ascii=False)
+
+
+def _converter(sig: Sig) -> Callable[[Any], Any]:
+    return to_json_text if _has_json(sig) else _identity
+
+
+def _identity(v: Any) -> Any:
+    return v
+
+
+# ------------------------------------------------------------------ reading
+
+
+def _load_metadata(path: str) -> tuple[str, dict[str, Any]]:
+    chk = fs.absolute(path)
+    if not fs.exists(fs.join(chk, storage.METADATA)):
+        shown = fs.redact(chk)
+        if not fs.is_dir(chk):
+            raise CheckpointCorruptError(
+                f"{shown} does not exist; give a completed checkpoint folder (chk-N) or a "
+                "savepoint folder")
+        latest = storage.latest_completed(chk)
+        if latest is not None:
+            raise CheckpointCorruptError(
+                f"{shown} is a job's checkpoint folder, not a checkpoint (it has no "
+                f"{storage.METADATA}); read one of its completed checkpoints, e.g. "
+                f"{fs.redact(latest)}")
+        raise CheckpointCorruptError(
+            f"{shown} has no {storage.METADATA}: it is not a completed checkpoint or a "
+            "savepoint (a checkpoint without it never completed); give a chk-N folder that "
+            f"has {storage.METADATA}, or a savepoint folder")
+    return chk, storage.read_metadata(chk)
+
+
+def _state_names(op: dict[str, Any]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for handle in op["subtasks"]:
+        if handle:
+            names.update(handle.get("states", {}))
+    return names
+
+
+def _read_entries(chk: str, state_name: str,
+                  handles: Iterable[dict[str, Any]]) -> Iterator[list[Any]]:
+    """``(key, value)`` of ``state_name`` in the given state files (an executor
+    runs this): size and CRC-32 checked, decoded without pickle."""
+    serializer = StateSerializer(allow_pickle=False)
+    for handle in handles:
+        data = storage.read_state_file(chk, handle)
+        base = handle.get("keyed_offset", 0)
+        for offset, length in handle.get("key_groups", {}).values():
+            start = base + offset
+            try:
+                _, content = serializer.loads(data[start:start + length])
+            except StateSerializationError as e:
+                raise StateSerializationError(
+                    f"state file {handle['file']}: {e}. read_state never unpickles: read it "
+                    "in a job with Pipeline(allow_pickle=True) if you trust it") from None
+            yield from content.get(state_name, ())  # [key, value] pairs
+
+
+def _signatures(rows: Iterable[list[Any]]) -> Iterator[tuple[Sig, Sig]]:
+    ks: Sig = "null"
+    vs: Sig = "null"
+    for k, v in rows:
+        ks = merge_signatures(ks, value_signature(k))
+        vs = merge_signatures(vs, value_signature(v))
+    yield ks, vs
+
+
+def _to_row(state_name: str, key_conv: Callable[[Any], Any],
+            value_conv: Callable[[Any], Any], kv: list[Any]) -> tuple[Any, str, Any]:
+    return key_conv(kv[0]), state_name, value_conv(kv[1])
+
+
+def read_state(spark: Any, path: str, uid: str, state_name: str) -> Any:
+    """The keyed state ``state_name`` of operator ``uid`` in the completed
+    checkpoint or savepoint folder ``path``, as a DataFrame with the columns
+    ``key``, ``state`` (the state name) and ``value``.
+
+    A column is typed when all its values fit one Spark type: ``int`` ->
+    bigint, ``float`` -> double, ``str``, ``bytes``, ``bool``, ``date``,
+    ``datetime`` -> timestamp, lists -> arrays, dicts with the same string keys
+    -> structs (with varying keys -> maps), other dicts -> maps. Otherwise
+    (mixed types, tuples, sets, decimals, ints beyond 64 bits) the column is
+    JSON text (:func:`to_json_text`). List state gives a list per key, map
+    state a dict per key.
+
+    The state files are read by Spark tasks (one per state file), which must
+    reach ``path``; the DataFrame reads them whenever it is evaluated (twice:
+    once to find the types, once for the rows): ``cache()`` it if the
+    checkpoint may be deleted meanwhile by retention (savepoints never are).
+    """
+    chk, meta = _load_metadata(path)
+    operators = meta["operators"]
+    if uid not in operators:
+        raise StateNotFoundError(
+            f"{fs.redact(chk)} has no state of operator uid {uid!r}; its operator uids: "
+            f"{sorted(operators)}")
+    op = operators[uid]
+    names = _state_names(op)
+    if state_name not in names:
+        if not names:
+            raise StateNotFoundError(
+                f"operator {uid!r} has no keyed state in {fs.redact(chk)} (sources and sinks "
+                "hold operator state only: read positions, pending transactions); give the "
+                "uid of a reduce or process operator")
+        raise StateNotFoundError(
+            f"operator {uid!r} has no state named {state_name!r} in {fs.redact(chk)}; its "
+            f"states: {sorted(names)} (reduce keeps its value in 'reduce'; a "
+            "KeyedProcessFunction's states are named by its state descriptors)")
+    storage.verify_files(chk, {"operators": {uid: op}})
+    handles = [h for h in op["subtasks"] if h and h.get("key_groups")]
+    sc = spark.sparkContext
+    rdd = sc.parallelize(handles, max(1, len(handles))).mapPartitions(
+        functools.partial(_read_entries, chk, state_name))
+    ks: Sig = "null"
+    vs: Sig = "null"
+    for k_sig, v_sig in rdd.mapPartitions(_signatures).collect():
+        ks, vs = merge_signatures(ks, k_sig), merge_signatures(vs, v_sig)
+    from pyspark.sql import types as T
+
+    schema = T.StructType([
+        T.StructField("key", _spark_type(ks), True),
+        T.StructField("state", T.StringType(), False),
+        T.StructField("value", _spark_type(vs), True),
+    ])
+    rows = rdd.map(functools.partial(_to_row, state_name, _converter(ks), _converter(vs)))
+    return spark.createDataFrame(rows, schema)
+
+
+# ------------------------------------------------------------------ writing
+
+
+def _column(name: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda row: row[name]
+
+
+def _keyed_entries(folder: str, key_fn: Callable[[dict[str, Any]], Any],
+                   value_fn: Callable[[dict[str, Any]], Any], max_parallelism: int,
+                   parallelism: int, files: Iterable[str]
+                   ) -> Iterator[tuple[int, tuple[int, bytes, bytes]]]:
+    """``(subtask, (key group, key bytes, value bytes))`` of every row of the
+    materialized files (an executor runs this), hashed as the runtime does."""
+    import pyarrow.parquet as pq
+
+    dumps = StateSerializer(allow_pickle=False).dumps
+    for name in files:
+        location = fs.join(folder, name)
+        local = fs.local_path(location)
+        if local is not None:
+            table = pq.read_table(local)
+        else:
+            filesystem, p = fs.resolve(location)
+            table = pq.read_table(p, filesystem=filesystem)
+        for row in table.to_pylist():
+            value = value_fn(row)
+            if value is None:  # a ValueState of None is no state
+                continue
+            key = key_fn(row)
+            kg = key_group_for_key(key, max_parallelism)
+            try:
+                kb, vb = dumps(key), dumps(value)
+            except StateSerializationError as e:
+                raise LockgateError(f"write_savepoint: row {row!r}: {e}") from None
+            yield task_for_key_group(kg, parallelism, max_parallelism), (kg, kb, vb)
+
+
+def _write_subtask(path: str, uid: str, state_name: str, index: int,
+                   entries: Iterable[tuple[int, tuple[int, bytes, bytes]]]
+                   ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Write subtask ``index``'s state file as the runtime does (one block per
+    key group, ascending) and yield its handle (an executor runs this)."""
+    serializer = StateSerializer(allow_pickle=False)
+    groups: dict[int, dict[bytes, bytes]] = {}
+    for _, (kg, kb, vb) in entries:
+        group = groups.setdefault(kg, {})
+        if kb in group:
+            raise LockgateError(
+                f"write_savepoint: key {serializer.loads(kb)!r} occurs in more than one row, "
+                f"but a value state holds one value per key; aggregate the DataFrame by key "
+                "first (groupBy)")
+        group[kb] = vb
+    if not groups:
+        return
+    name = f"{uid}-{index}.state"
+    handle: dict[str, Any] = {"file": name, "keyed_offset": 0,
+                              "states": {state_name: "value"}}
+
+    def write(out: storage.ChecksumWriter) -> None:
+        offsets: dict[str, list[int]] = {}
+        pos = 0
+        for kg in sorted(groups):
+            entries = [[serializer.loads(kb), serializer.loads(vb)]
+                       for kb, vb in sorted(groups[kg].items())]
+            blob = serializer.dumps([kg, {state_name: entries}])
+            out.write(blob)
+            offsets[str(kg)] = [pos, len(blob)]
+            pos += len(blob)
+        handle["key_groups"] = offsets
+
+    handle["size"], handle["crc32"] = storage.write_state_file(path, name, write)
+    yield index, handle
+
+
+def _executor_error(e: Exception) -> str | None:
+    """The LockgateError message a Spark task failed with, if any."""
+    for line in str(e).splitlines():
+        line = line.strip()
+        for prefix in ("lockgate.errors.LockgateError: ", "LockgateError: ",
+                       "lockgate.state.serde.StateSerializationError: "):
+            if line.startswith(prefix):
+                return line[len(prefix):]
+    return None
+
+
+def write_savepoint(spark: Any, df: Any, path: str, uid: str, state_name: str, *,
+                    key: str | Callable[[dict[str, Any]], Any],
+                    value: str | Callable[[dict[str, Any]], Any] | None = None,
+                    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+                    parallelism: int = 1) -> str:
+    """Write a new savepoint folder ``path`` holding the value state
+    ``state_name`` of the keyed operator ``uid``: one entry per row of ``df``.
+
+    Args:
+        spark: the SparkSession (its tasks write the state files).
+        df: the rows; each is seen as the ``dict`` a
+            :meth:`~lockgate.Pipeline.source_dataframe` record would be.
+        path: the savepoint folder to create (must not exist, or be empty).
+        uid: the operator's uid in the job that will start from it.
+        state_name: the state's name (``"reduce"`` for a ``reduce``; a
+            ``ValueStateDescriptor``'s name for a ``KeyedProcessFunction``).
+        key: a column name, or a function of the row: the key, exactly as the
+            job's ``key_by`` selector returns it (same value and type: it is
+            hashed into a key group as the runtime does).
+        value: a column name, a function of the row, or ``None`` for the whole
+            row (a dict). Rows whose value is ``None`` are skipped. A key may
+            occur once.
+        max_parallelism: must equal the job's ``Pipeline(max_parallelism=...)``.
+        parallelism: the number of state files (the savepoint restores at any
+            parallelism).
+
+    Returns the savepoint folder, for ``Pipeline.run(from_savepoint=...)``.
+    The other operators of the job start empty (a source from its beginning).
+    """
+    if not _UID_RE.match(uid):
+        raise LockgateError(f"uid {uid!r} may only contain letters, digits, '_', '-' and '.'")
+    if not isinstance(state_name, str) or not state_name:
+        raise LockgateError("write_savepoint: state_name must be a non-empty string")
+    try:
+        check_parallelism(parallelism, max_parallelism)
+    except ValueError as e:
+        raise LockgateError(f"write_savepoint: {e}") from None
+    for what, spec in (("key", key), ("value", value)):
+        if isinstance(spec, str) and spec not in df.columns:
+            raise LockgateError(
+                f"write_savepoint: {what} column {spec!r} is not a column of the DataFrame "
+                f"(its columns: {df.columns})")
+    key_fn = _column(key) if isinstance(key, str) else key
+    value_fn = (_identity if value is None else _column(value) if isinstance(value, str)
+                else value)
+    target = fs.absolute(path)
+    if fs.exists(target) and (not fs.is_dir(target) or fs.listdir(target)):
+        raise LockgateError(
+            f"{fs.redact(target)} already exists; a savepoint is never overwritten: give a "
+            "new folder")
+    fs.makedirs(target)
+    # Step 1. The rows, as the DataFrame source would see them.
+    staging = fs.join(target, _BOOTSTRAP_INPUT)
+    files = materialize_dataframe(df, staging)
+    # Step 2. Hash, group by subtask, write one state file per subtask.
+    sc = spark.sparkContext
+    try:
+        handles = dict(
+            sc.parallelize(files, max(1, len(files)))
+            .mapPartitions(functools.partial(_keyed_entries, staging, key_fn, value_fn,
+                                             max_parallelism, parallelism))
+            .partitionBy(parallelism, _identity)
+            .mapPartitionsWithIndex(functools.partial(_write_subtask, target, uid, state_name))
+            .collect())
+    except Exception as e:  # noqa: BLE001 - Spark wraps the executor's error
+        message = _executor_error(e)
+        if message is None:
+            raise
+        raise LockgateError(message) from None
+    finally:
+        fs.rmtree(staging)
+    # Step 3. _metadata, last: now the savepoint exists.
+    metadata = {
+        "format": storage.FORMAT_VERSION,
+        "job_id": f"bootstrap-{uid}",
+        "checkpoint_id": 0,
+        "kind": "savepoint",
+        "timestamp": time.time(),
+        "final": False,
+        "max_parallelism": max_parallelism,
+        "operators": {uid: {"parallelism": parallelism, "operator_state_mode": "split",
+                            "subtasks": [handles.get(i) for i in range(parallelism)]}},
+        "progress": {"read": 0, "written": 0},
+    }
+    storage.write_metadata(target, metadata)
+    return target
