@@ -324,7 +324,14 @@ def read_state(spark: Any, path: str, uid: str, state_name: str) -> Any:
         functools.partial(_read_entries, chk, state_name))
     ks: Sig = "null"
     vs: Sig = "null"
-    for k_sig, v_sig in rdd.mapPartitions(_signatures).collect():
+    try:
+        signatures = rdd.mapPartitions(_signatures).collect()
+    except Exception as e:  # noqa: BLE001 - Spark wraps the executor's error
+        message = _executor_error(e)
+        if message is None:
+            raise
+        raise StateSerializationError(message) from None
+    for k_sig, v_sig in signatures:
         ks, vs = merge_signatures(ks, k_sig), merge_signatures(vs, v_sig)
     from pyspark.sql import types as T
 
@@ -414,12 +421,13 @@ def _write_subtask(path: str, uid: str, state_name: str, index: int,
 def _executor_error(e: Exception) -> str | None:
     """The LockgateError message a Spark task failed with, if any."""
     for line in str(e).splitlines():
-        line = line.strip()
-        for prefix in ("lockgate.errors.LockgateError: ", "LockgateError: ",
-                       "lockgate.state.serde.StateSerializationError: "):
-            if line.startswith(prefix):
-                return line[len(prefix):]
+        m = _EXECUTOR_ERROR_RE.match(line.strip())
+        if m:
+            return m.group(1)
     return None
+
+
+_EXECUTOR_ERROR_RE = re.compile(r"^lockgate\.[\w.]+Error: (.*)$")
 
 
 def write_savepoint(spark: Any, df: Any, path: str, uid: str, state_name: str, *,
