@@ -6,6 +6,7 @@ each checked against the same computation in Spark SQL."""
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import shutil
 import sys
@@ -22,7 +23,11 @@ from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline  # noqa: E402
 from lockgate.checkpoint import storage  # noqa: E402
 from lockgate.connectors import FileSink, SequenceSource  # noqa: E402
 from lockgate.connectors import dataframe as dataframe_source  # noqa: E402
-from lockgate.errors import CheckpointCorruptError, LockgateError  # noqa: E402
+from lockgate.errors import (  # noqa: E402
+    CheckpointCorruptError,
+    LockgateError,
+    PipelineDefinitionError,
+)
 from lockgate.spark import (  # noqa: E402
     StateNotFoundError,
     merge_signatures,
@@ -114,6 +119,31 @@ def test_dataframe_source_to_parquet_matches_spark_sql(spark, numbers, sums_run)
             .withColumnRenamed("max(v)", "last").collect()}
     assert last == _sql_sums(numbers)
     assert hidden_files(out) == []
+
+
+def test_spark_part_files_get_deterministic_names() -> None:
+    spark_names = ["_SUCCESS", ".part-00003-ab12-c000.snappy.parquet.crc",
+                   "part-00003-ab12-c000.snappy.parquet", "part-00000-ab12-c000.snappy.parquet"]
+    assert dataframe_source.plan_part_names(spark_names) == [
+        ("part-00000-ab12-c000.snappy.parquet", "part-00000.parquet"),
+        ("part-00003-ab12-c000.snappy.parquet", "part-00003.parquet")]
+    # a partition written as several files (maxRecordsPerFile): name order = row order
+    assert [d for _, d in dataframe_source.plan_part_names(
+        ["part-00001-x-c001.parquet", "part-00001-x-c000.parquet", "part-00000-x-c000.parquet"])
+    ] == ["part-00000-c000.parquet", "part-00001-c000.parquet", "part-00001-c001.parquet"]
+    with pytest.raises(LockgateError, match="unexpected file 'k=1'"):
+        dataframe_source.plan_part_names(["k=1"])
+
+
+def test_source_dataframe_takes_a_table_and_refuses_what_cannot_work(spark, numbers) -> None:
+    numbers.createOrReplaceTempView("interop_numbers")
+    source = dataframe_source.DataFrameSource("interop_numbers", spark=spark)
+    assert source._df.count() == N and "interop_numbers" in repr(source)
+    assert pickle.loads(pickle.dumps(source))._df is None  # tasks get the path only
+    with pytest.raises(PipelineDefinitionError, match="occur more than once"):
+        dataframe_source.DataFrameSource(numbers.select("k", "k")).validate()
+    with pytest.raises(PipelineDefinitionError, match="not a Spark DataFrame"):
+        Pipeline("nope").source_dataframe([1, 2, 3])
 
 
 # ------------------------------------------------- (b) reading while it runs
