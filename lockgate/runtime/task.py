@@ -202,7 +202,9 @@ class Task:
             if op_meta is None:
                 op.restore_operator_state(None)
                 continue
-            if op_meta.get("finished"):
+            if op_meta.get("finished") and not meta.get("final"):
+                # (the final checkpoint of a job that ran to its end is
+                # continued instead: every operator runs on from its end)
                 self.skipped.add(op.uid)
             p = spec.vertex.parallelism
             if op.keyed and op.backend is not None:
