@@ -348,7 +348,7 @@ class JobMaster:
                         self._on_message(ev.task, msg, {}, set())
                     except AttemptFailed as cause:
                         return cause
-            elif ev.kind == "disconnected" and ev.task not in self._finished:
+            elif ev.kind == "disconnected" and ev.task not in self._finished | {failure.task}:
                 # a task's report would have come before its disconnection: it died
                 return AttemptFailed(
                     f"task {self._task_name(ev.task)} lost its connection to the coordinator "
