@@ -8,6 +8,7 @@ from lockgate.config import (
     ExponentialBackoffRestart,
     FixedDelayRestart,
     NoRestart,
+    RestConfig,
 )
 from lockgate.errors import LockgateError
 from lockgate.state.backend import (
@@ -31,6 +32,7 @@ __all__ = [
     "MapStateDescriptor",
     "NoRestart",
     "Pipeline",
+    "RestConfig",
     "RuntimeContext",
     "ValueStateDescriptor",
 ]

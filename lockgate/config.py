@@ -12,6 +12,7 @@ __all__ = [
     "FixedDelayRestart",
     "ExponentialBackoffRestart",
     "NoRestart",
+    "RestConfig",
 ]
 
 
@@ -106,3 +107,31 @@ class ExponentialBackoffRestart(RestartStrategy):
         if failures > self.max_attempts:
             return None
         return min(self.max_delay_s, self.initial_delay_s * self.multiplier ** (failures - 1))
+
+
+@dataclass(frozen=True)
+class RestConfig:
+    """The driver's REST API (see docs/cli.md), one server per driver process.
+
+    Args:
+        host: the address it listens on; the default serves this machine only.
+        port: its port; 0 (the default) picks a free one. Clients find it
+            through the job's discovery file.
+        token: the bearer token every request must carry; ``None`` (the
+            default) makes a random one per driver process.
+
+    Run arguments: ``rest=False`` turns it off, ``rest=RestConfig(...)`` sets
+    it; ``None`` reads ``LOCKGATE_REST`` (``0`` turns it off),
+    ``LOCKGATE_REST_HOST``, ``LOCKGATE_REST_PORT`` and ``LOCKGATE_REST_TOKEN``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"REST port must be in [0, 65535] (0: any free port), got {self.port}")
+        if self.token is not None and len(self.token) < 16:
+            raise ValueError("a REST token must have at least 16 characters; leave it None "
+                             "for a random one")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import KeyedProcessFunction
-from lockgate.config import CheckpointConfig, RestartStrategy
+from lockgate.config import CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Sink, Source
 from lockgate.errors import PipelineDefinitionError
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
@@ -156,7 +156,8 @@ class Pipeline:
             allow_non_replayable: bool = False, fault_injection: list[dict] | None = None,
             job_id: str | None = None,
             on_progress: Callable[[Progress], None] | None = None,
-            spark: Any = None, master: str | None = None) -> JobResult:
+            spark: Any = None, master: str | None = None,
+            rest: RestConfig | bool | None = None) -> JobResult:
         """Run the job and block until it ends (bounded input done, stopped,
         cancelled, or failed).
 
@@ -180,6 +181,11 @@ class Pipeline:
             master: with ``launcher="spark"`` and no session: the Spark master of
                 the session Lockgate creates (default ``local[N]``, N = the job's
                 number of tasks).
+            rest: the driver's REST API, which ``lockgate list``, ``savepoint``,
+                ``stop``, ``cancel`` and ``checkpoints`` use: on by default
+                (127.0.0.1, a free port, a random token; see
+                :class:`~lockgate.config.RestConfig` and its environment
+                variables); ``False`` turns it off.
         """
         args = self._run_args(locals())
         from lockgate.cluster.jobmaster import run_pipeline

@@ -47,6 +47,9 @@ class CheckpointRecord:
     size: int = 0
     failure: str | None = None
     ack_times: dict[int, float] = field(default_factory=dict)
+    alignment: float | None = None
+    """Seconds of barrier alignment: the longest any task blocked its inputs."""
+    alignments: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -180,11 +183,12 @@ class CheckpointCoordinator:
             self.trigger(final=True)
 
     def on_ack(self, task: int, checkpoint_id: int, handles: dict[str, Any],
-               counts: tuple[int, int] = (0, 0), finished: bool = False) -> AckResult:
+               counts: tuple[int, int] = (0, 0), finished: bool = False,
+               alignment: float = 0.0) -> AckResult:
         p = self.pending
         if p is None or p.checkpoint_id != checkpoint_id:
             return AckResult.DISCARDED
-        result = p.acknowledge(task, handles, self.clock(), counts, finished)
+        result = p.acknowledge(task, handles, self.clock(), counts, finished, alignment)
         if result is AckResult.SUCCESS and p.fully_acknowledged:
             self._complete(p)
         return result
@@ -235,6 +239,8 @@ class CheckpointCoordinator:
             record.status = "completed"
             record.duration = now - p.started
             record.ack_times = dict(p.ack_times)
+            record.alignments = dict(p.alignments)
+            record.alignment = max(p.alignments.values(), default=0.0)
             record.size = sum(h["size"] for acks in p.acks.values() for h in acks.values() if h)
             return
         if p.savepoint_dir is None:  # a final savepoint lives elsewhere; the job ends
@@ -243,6 +249,8 @@ class CheckpointCoordinator:
         record.status = "completed"
         record.duration = now - p.started
         record.ack_times = dict(p.ack_times)
+        record.alignments = dict(p.alignments)
+        record.alignment = max(p.alignments.values(), default=0.0)
         record.size = sum(h["size"] for acks in p.acks.values()
                           for h in acks.values() if h)
         log.info("checkpoint %d completed in %.3f s (%d bytes)", p.checkpoint_id,

@@ -40,11 +40,14 @@ class PendingCheckpoint:
     ack_times: dict[int, float] = field(default_factory=dict)
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)
     finished_tasks: set[int] = field(default_factory=set)
+    alignments: dict[int, float] = field(default_factory=dict)
+    """Per task: seconds its input channels were blocked to align this checkpoint."""
     """Per task: records read from sources and written to sinks up to the barrier."""
     aborted: CheckpointAbortReason | None = None
 
     def acknowledge(self, task: int, handles: dict[str, Any], now: float,
-                    counts: tuple[int, int] = (0, 0), finished: bool = False) -> AckResult:
+                    counts: tuple[int, int] = (0, 0), finished: bool = False,
+                    alignment: float = 0.0) -> AckResult:
         """``finished``: the task had ended its input (and run ``finish()``)
         before this snapshot."""
         if self.aborted is not None:
@@ -58,6 +61,7 @@ class PendingCheckpoint:
         if finished:
             self.finished_tasks.add(task)
         self.ack_times[task] = now - self.started
+        self.alignments[task] = alignment
         return AckResult.SUCCESS
 
     @property

@@ -27,9 +27,11 @@ from lockgate.checkpoint.coordinator import (
     CheckpointFailureError,
     CompletedCheckpoint,
 )
+from lockgate.cluster.rest import attach as serve_rest
+from lockgate.cluster.rest import resolve_rest
 from lockgate.cluster.result import JobResult, Progress, end_to_end_guarantee
 from lockgate.cluster.server import ControlServer, Event
-from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
+from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy, RestConfig
 from lockgate.errors import (
     CheckpointCorruptError,
     JobFailedError,
@@ -95,6 +97,8 @@ class RunOptions:
     allow_non_restored_state: bool = False
     bind_host: str = "127.0.0.1"
     """The host the control server binds: tasks on other machines must reach it."""
+    rest: RestConfig | None = None
+    """The REST API serving this job (None: not served)."""
 
 
 def make_launcher(name: str, events: queue.Queue[Event]) -> Any:
@@ -182,8 +186,9 @@ class JobMaster:
         return [{
             "id": r.checkpoint_id, "kind": r.kind, "status": r.status,
             "trigger_time": r.trigger_time, "duration": r.duration, "size": r.size,
-            "alignment": None, "failure": r.failure,
+            "alignment": r.alignment, "failure": r.failure,
             "ack_times": {str(t): v for t, v in sorted(r.ack_times.items())},
+            "alignments": {str(t): v for t, v in sorted(r.alignments.items())},
         } for r in list(self.coordinator.history)]
 
     # ------------------------------------------------------------------ api
@@ -196,6 +201,7 @@ class JobMaster:
                 self.options.from_checkpoint, self.graph, self.options.allow_non_restored_state))
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
                  self.job_id, self.graph.num_tasks, guarantee, fs.redact(self.job_dir))
+        served = serve_rest(self, self.options.rest)  # never raises
         try:
             for op in self.graph.operators():  # once per job, never per attempt
                 if op.kind == "source":
@@ -248,6 +254,8 @@ class JobMaster:
             self.server.close()
             for future, value in self._end_futures:
                 future.set_result(value)
+            if served is not None:
+                served.detach()
         latest = self.coordinator.latest
         for cmd in self._pending_commands():  # asked for while the job was ending
             cmd.future.set_exception(LockgateError(f"job {self.job_id} has ended ({status})"))
@@ -453,7 +461,7 @@ class JobMaster:
             self._count(task, msg)
             self.coordinator.on_ack(task, msg["cp"], msg["handles"],
                                     (msg.get("read", 0), msg.get("written", 0)),
-                                    bool(msg.get("finished")))
+                                    bool(msg.get("finished")), float(msg.get("alignment", 0.0)))
         elif t == "decline":
             if msg.get("error_type") in FATAL_ERRORS:
                 raise AttemptFailed(f"task {self._task_name(task)} cannot checkpoint: "
@@ -579,7 +587,8 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
                 fault_injection: list[dict[str, Any]] | None = None,
                 job_id: str | None = None,
                 on_progress: Callable[[Progress], None] | None = None,
-                spark: Any = None, master: str | None = None) -> tuple[JobMaster, str]:
+                spark: Any = None, master: str | None = None,
+                rest: RestConfig | bool | None = None) -> tuple[JobMaster, str]:
     """Check a pipeline and make its job master (nothing runs yet)."""
     if from_checkpoint and from_savepoint:
         raise PipelineDefinitionError("give from_checkpoint or from_savepoint, not both")
@@ -604,6 +613,7 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
     options = RunOptions(launcher, from_checkpoint or from_savepoint, allow_non_replayable,
                          fault_injection, job_id, on_progress)
     options.allow_non_restored_state = allow_non_restored_state
+    options.rest = resolve_rest(rest)
     if launcher != "spark" and (spark is not None or master is not None):
         raise PipelineDefinitionError(
             f"a Spark session or master was given with launcher={launcher!r}; "

@@ -9,10 +9,16 @@ barriers* of one checkpoint.
 Exactly-once (aligned): a channel that delivered ``Barrier(n)`` is blocked
 until all live channels delivered it. At-least-once: nothing is blocked; the
 snapshot is taken when the last barrier arrives.
+
+The handler also measures alignment: how long channels were blocked for a
+checkpoint, from its first barrier to its last (0 with one input channel, and
+in at-least-once mode, where nothing is blocked).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Protocol
 
@@ -35,7 +41,8 @@ class Controller(Protocol):
 class BarrierHandler:
     """Tracks the barriers of one task's input channels."""
 
-    def __init__(self, num_channels: int, controller: Controller, aligned: bool = True) -> None:
+    def __init__(self, num_channels: int, controller: Controller, aligned: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.live: set[int] = set(range(num_channels))
         self.controller = controller
         self.aligned = aligned
@@ -44,6 +51,10 @@ class BarrierHandler:
         self.received: set[int] = set()
         self.last_done = 0
         """Highest checkpoint id that was snapshotted or aborted here."""
+        self.clock = clock
+        self._first_barrier: float | None = None
+        self.alignment = 0.0
+        """Seconds the last snapshotted checkpoint kept channels blocked."""
 
     # -- events -----------------------------------------------------------
     def barrier_received(self, channel: int, checkpoint_id: int) -> None:
@@ -54,6 +65,8 @@ class BarrierHandler:
         if self.pending is None:
             self.pending = checkpoint_id
             self.received = set()
+            # one live input never waits: its alignment is 0
+            self._first_barrier = self.clock() if self.aligned and len(self.live) > 1 else None
         if checkpoint_id < self.pending:
             return  # an older checkpoint that we already gave up
         self.received.add(channel)
@@ -80,6 +93,12 @@ class BarrierHandler:
         if self.pending is not None:
             self._maybe_complete()
 
+    def take_alignment(self) -> float:
+        """The alignment time of the checkpoint being snapshotted (0 for a
+        snapshot a barrier did not trigger: a source's), then reset."""
+        value, self.alignment = self.alignment, 0.0
+        return value
+
     # -- internals --------------------------------------------------------
     def _maybe_complete(self) -> None:
         assert self.pending is not None
@@ -88,6 +107,8 @@ class BarrierHandler:
             self.pending = None
             self.received = set()
             self.last_done = n
+            start = self._first_barrier
+            self.alignment = 0.0 if start is None else self.clock() - start
             self.controller.trigger_snapshot(n)
             if self.aligned:
                 self.controller.unblock_all()

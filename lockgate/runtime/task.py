@@ -454,7 +454,8 @@ class Task:
             out.broadcast(Frame.BARRIER, payload)
         self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps,
                                   {**self._counts(),
-                                   "finished": self.reached_end and not self.drained})
+                                   "finished": self.reached_end and not self.drained,
+                                   "alignment": self.barriers.take_alignment()})
         self.faults.hit("final_snapshot" if self.reached_end else "snapshot")
 
     def _write_snapshot(self, checkpoint_id: int,

@@ -116,3 +116,24 @@ def test_random_interleavings_snapshot_each_checkpoint_once_in_order():
         snaps = [e[1] for e in r.events if e[0] == "snapshot"]
         assert snaps == list(range(1, 21))
         assert r.blocked == set()
+
+
+def test_alignment_time_is_first_to_last_barrier_and_zero_without_blocking():
+    now = [10.0]
+    r = Recorder()
+    h = BarrierHandler(2, r, aligned=True, clock=lambda: now[0])
+    h.barrier_received(0, 1)
+    now[0] = 10.25
+    h.barrier_received(1, 1)
+    assert h.take_alignment() == 0.25
+    assert h.take_alignment() == 0.0  # taken once (a source's snapshot reports 0)
+    # at-least-once: nothing is blocked, so nothing is measured
+    loose = BarrierHandler(2, r, aligned=False, clock=lambda: now[0])
+    loose.barrier_received(0, 1)
+    now[0] = 11.0
+    loose.barrier_received(1, 1)
+    assert loose.take_alignment() == 0.0
+    # one input channel never waits
+    single = BarrierHandler(1, r, aligned=True, clock=lambda: now[0])
+    single.barrier_received(0, 1)
+    assert single.take_alignment() == 0.0
