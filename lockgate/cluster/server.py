@@ -13,7 +13,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from lockgate.errors import AuthenticationError
 from lockgate.runtime import wire
 
 log = logging.getLogger("lockgate.driver")
@@ -43,26 +42,11 @@ class ControlServer:
         self._channels: dict[tuple[int, int], wire.ControlChannel] = {}
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True, name="control-accept").start()
+        threading.Thread(target=wire.serve_connections,
+                         args=(self._sock, secret, "control", self._serve, 65536),
+                         daemon=True, name="control-accept").start()
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                             name="control-conn").start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reader = sock.makefile("rb", buffering=65536)
-        try:
-            hello = wire.authenticate_server(sock, reader, self.secret)
-        except (AuthenticationError, OSError, EOFError, ValueError) as e:
-            log.warning("refused a control connection: %s", e)
-            sock.close()
-            return
+    def _serve(self, sock: socket.socket, reader: Any, hello: dict[str, Any]) -> None:
         if hello.get("job") != self.job_id or hello.get("role") != "task":
             sock.close()
             return

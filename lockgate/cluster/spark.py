@@ -40,7 +40,7 @@ import cloudpickle
 
 from lockgate.cluster.java import ensure_java
 from lockgate.cluster.server import Event
-from lockgate.errors import ConfigurationError, LockgateError
+from lockgate.errors import ConfigurationError
 from lockgate.runtime import wire
 from lockgate.runtime.task import Task, TaskSpec, process_name, task_process_name
 
@@ -240,8 +240,9 @@ class SparkLauncher:
         listener.bind((coordinator[0], 0))
         listener.listen(max(n, 16))
         self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True,
-                         name="spark-leases").start()
+        threading.Thread(target=wire.serve_connections,
+                         args=(listener, secret, "lease", self._serve_lease),
+                         daemon=True, name="spark-leases").start()
         common = {
             "coordinator": list(coordinator), "secret": secret,
             "lease": list(listener.getsockname()[:2]),
@@ -342,24 +343,7 @@ class SparkLauncher:
             self.events.put(Event("exited", self._attempt, t,
                                   exit_code=1 if error is not None else 0))
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve_lease, args=(sock,), daemon=True,
-                             name="spark-lease").start()
-
-    def _serve_lease(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reader = sock.makefile("rb", buffering=0)
-        try:
-            hello = wire.authenticate_server(sock, reader, self._secret)
-        except (LockgateError, OSError, EOFError, ValueError) as e:
-            log.warning("refused a lease connection: %s", e)
-            sock.close()
-            return
+    def _serve_lease(self, sock: socket.socket, reader: Any, hello: dict[str, Any]) -> None:
         channel = wire.ControlChannel(sock, reader)
         task = hello.get("task")
         with self._lock:

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import pickle
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any, BinaryIO
 
 import msgpack
 
 from lockgate.errors import AuthenticationError
+
+log = logging.getLogger("lockgate.wire")
 
 HEADER = struct.Struct(">IB")
 NONCE_BYTES = 32
@@ -70,6 +74,35 @@ def authenticate_server(sock: socket.socket, reader: BinaryIO, secret: bytes) ->
     if not isinstance(hello, dict):
         raise AuthenticationError("malformed hello")
     return hello
+
+
+def serve_connections(
+    listener: socket.socket, secret: bytes, what: str,
+    handle: Callable[[socket.socket, BinaryIO, dict[str, Any]], None],
+    buffering: int = 0,
+) -> None:
+    """Accept connections on ``listener`` until it is closed; authenticate each
+    in its own thread and hand it, with its hello message, to ``handle``. A
+    peer that fails authentication is logged (as a refused ``what``
+    connection) and dropped."""
+
+    def serve(sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = sock.makefile("rb", buffering=buffering)
+        try:
+            hello = authenticate_server(sock, reader, secret)
+        except (AuthenticationError, OSError, EOFError, ValueError) as e:
+            log.warning("refused a %s connection: %s", what, e)
+            sock.close()
+            return
+        handle(sock, reader, hello)
+
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(sock,), daemon=True, name=f"{what}-conn").start()
 
 
 def authenticate_client(

@@ -9,26 +9,21 @@ import os
 import pickle
 import queue
 import shutil
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")
-if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-    pytest.skip("Spark needs Java (17 or 21)", allow_module_level=True)
-
-from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline  # noqa: E402
-from lockgate.checkpoint import storage  # noqa: E402
-from lockgate.connectors import FileSink, SequenceSource  # noqa: E402
-from lockgate.connectors import dataframe as dataframe_source  # noqa: E402
-from lockgate.errors import (  # noqa: E402
+from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
+from lockgate.checkpoint import storage
+from lockgate.connectors import FileSink, SequenceSource
+from lockgate.connectors import dataframe as dataframe_source
+from lockgate.errors import (
     CheckpointCorruptError,
     LockgateError,
     PipelineDefinitionError,
 )
-from lockgate.spark import (  # noqa: E402
+from lockgate.spark import (
     StateNotFoundError,
     merge_signatures,
     read_state,
@@ -36,8 +31,9 @@ from lockgate.spark import (  # noqa: E402
     value_signature,
     write_savepoint,
 )
-from lockgate.state.serde import StateSerializationError, StateSerializer  # noqa: E402
-from tests.fault.checks import check_running_sums, hidden_files  # noqa: E402
+from lockgate.state.serde import StateSerializationError, StateSerializer
+from tests.fault.checks import check_running_sums, hidden_files
+from tests.integration.spark_session import fresh_spark_session
 
 SLOTS = 6  # a job at parallelism 2 has 4 tasks: 2 slots stay free for Spark reads
 N = 20_000
@@ -47,20 +43,8 @@ PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    if SparkContext._active_spark_context is not None:
-        # an earlier module's session (getOrCreate would reuse it, master and all)
-        SparkSession.builder.getOrCreate().stop()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master(f"local[{SLOTS}]").appName("lockgate-interop")
-               .config("spark.python.task.killTimeout", "100ms")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("OFF")  # expected executor errors stay quiet
+    session = fresh_spark_session(SLOTS, "lockgate-interop", log_level="OFF",  # quiet errors
+                                  **{"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
 

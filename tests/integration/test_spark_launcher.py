@@ -4,43 +4,25 @@ the module (a cold session takes ~8 s, a job on a warm one ~0.2 s)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")
-if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-    pytest.skip("Spark needs Java (17 or 21)", allow_module_level=True)
-
-from lockgate.cluster.spark import SparkLauncher  # noqa: E402
-from lockgate.errors import ConfigurationError  # noqa: E402
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files  # noqa: E402
-from tests.fault.sums_job import build  # noqa: E402
+from lockgate.cluster.spark import SparkLauncher
+from lockgate.errors import ConfigurationError
+from tests.fault.checks import check_running_sums, committed_lines, hidden_files
+from tests.fault.sums_job import build
+from tests.integration.spark_session import fresh_spark_session
 
 SLOTS = 4  # the sums job at parallelism 2 has 4 tasks
 
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    if SparkContext._active_spark_context is not None:
-        # an earlier module's session (getOrCreate would reuse it, master and all)
-        SparkSession.builder.getOrCreate().stop()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master(f"local[{SLOTS}]").appName("lockgate-tests")
-               .config("spark.python.task.killTimeout", "100ms")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    assert session.sparkContext.master == f"local[{SLOTS}]"
+    session = fresh_spark_session(SLOTS, "lockgate-tests")
     yield session
     session.stop()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,11 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark")
-if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-    pytest.skip("Spark needs Java (17 or 21)", allow_module_level=True)
-
-from tests.fault.checks import (  # noqa: E402
+from tests.fault.checks import (
     check_running_sums,
     committed_lines,
     hidden_files,
