@@ -1,4 +1,5 @@
-"""The ``lockgate`` command line."""
+"""The ``lockgate`` command line: run a pipeline, control running jobs
+(through their driver's REST API), inspect checkpoints and savepoints."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import json
 import logging
 import runpy
 import sys
+import time
+import uuid
+from typing import Any
 
+from lockgate import fs
 from lockgate.checkpoint import storage
+from lockgate.cluster import rest
 from lockgate.cluster.result import Progress
 from lockgate.errors import LockgateError
 
@@ -43,12 +49,23 @@ def _run(args: argparse.Namespace) -> int:
               f"{p.records_read:,} records read, {p.records_written:,} written, "
               f"{p.restarts} restarts", file=sys.stderr, flush=True)
 
+    from lockgate.cluster.jobmaster import _slug
+
+    job_id = f"{_slug(pipeline.name)}-{uuid.uuid4().hex[:8]}"
+    if not args.quiet and rest.resolve_rest(None) is not None:
+        print(f"job {job_id} starts; control it with `lockgate savepoint|stop|cancel|"
+              f"checkpoints {job_id}`", file=sys.stderr, flush=True)
     result = pipeline.run(launcher=args.launcher, from_checkpoint=args.from_checkpoint,
-                          on_progress=None if args.quiet else progress, master=args.master)
+                          from_savepoint=args.from_savepoint,
+                          allow_non_restored_state=args.allow_non_restored_state,
+                          on_progress=None if args.quiet else progress, master=args.master,
+                          job_id=job_id)
     done = len(result.completed_checkpoints)
     print(f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
           f"{result.records_in} records in, {result.records_out} out, "
           f"{done} checkpoints, {result.restarts} restarts, guarantee {result.guarantee}")
+    if result.savepoint:
+        print(f"savepoint: {result.savepoint}")
     return 0
 
 
@@ -61,6 +78,253 @@ def _inspect(args: argparse.Namespace) -> int:
                             "bytes": sum(h["size"] for h in op["subtasks"] if h)}
                       for uid, op in meta["operators"].items()},
     }, indent=2))
+    return 0
+
+
+# ------------------------------------------------------- running jobs (REST)
+def _size(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def _list(args: argparse.Namespace) -> int:
+    jobs = rest.discover()
+    statuses: dict[str, str] = {}
+    for url in dict.fromkeys(j.url for j in jobs):  # one request per driver process
+        first = next(j for j in jobs if j.url == url)
+        try:
+            answer = rest.call(first, "GET", "/jobs", timeout=5)
+            statuses.update({j["id"]: j["status"] for j in answer.get("jobs", [])})
+        except LockgateError:
+            pass
+    found = [{"id": j.job_id, "name": j.name, "status": statuses.get(j.job_id, "unreachable"),
+              "pid": j.pid, "url": j.url, "started_at": j.started_at} for j in jobs]
+    if args.json:
+        print(json.dumps(found, indent=2))
+    elif not found:
+        print(f"no running jobs (discovery files in {rest.jobs_dir()})", file=sys.stderr)
+    else:
+        print(_table([["JOB", "NAME", "STATUS", "PID", "URL", "STARTED"]] + [
+            [f["id"], f["name"], f["status"], str(f["pid"]), f["url"],
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["started_at"]))]
+            for f in found]))
+    return 0
+
+
+def _await_operation(job: rest.JobEndpoint, request_id: str, timeout: float,
+                     what: str) -> str:
+    """Poll a savepoint or stop request; its savepoint's location."""
+    path = f"/jobs/{job.job_id}/savepoints/{request_id}"
+
+    def poll() -> dict[str, Any] | None:
+        answer = rest.call(job, "GET", path)
+        return answer if answer["status"]["id"] == "COMPLETED" else None
+
+    answer = rest.wait_for(poll, timeout, f"the {what} of job {job.job_id}")
+    failure = answer["operation"].get("failure-cause")
+    if failure:
+        raise LockgateError(f"the {what} of job {job.job_id} failed: {failure['message']}")
+    return str(answer["operation"]["location"])
+
+
+def _target(folder: str | None) -> str | None:
+    """A folder given on the command line is relative to where the command runs."""
+    return fs.absolute(folder) if folder else None
+
+
+def _savepoint(args: argparse.Namespace) -> int:
+    if args.job == "inspect":
+        if not args.path:
+            raise LockgateError("`lockgate savepoint inspect` needs the savepoint's folder: "
+                                "lockgate savepoint inspect PATH")
+        return _savepoint_inspect(args.path, args.json)
+    if args.path:
+        raise LockgateError(f"unexpected argument {args.path!r}: `lockgate savepoint JOB "
+                            "[--dir D]` takes one job id")
+    job = rest.find_job(args.job)
+    answer = rest.call(job, "POST", f"/jobs/{job.job_id}/savepoints",
+                       {"target-directory": _target(args.dir)})
+    location = _await_operation(job, answer["request-id"], args.timeout, "savepoint")
+    print(location)
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    if not args.savepoint:
+        raise LockgateError("`lockgate stop` ends the job with a savepoint it can resume from: "
+                            "add --savepoint (and --drain to end the input first, so sinks "
+                            "commit everything), or end it without one: lockgate cancel JOB")
+    job = rest.find_job(args.job)
+    answer = rest.call(job, "POST", f"/jobs/{job.job_id}/stop",
+                       {"targetDirectory": _target(args.dir), "drain": args.drain})
+    location = _await_operation(job, answer["request-id"], args.timeout, "stop")
+    print(f"job {job.job_id} {'finished (drained)' if args.drain else 'stopped'}",
+          file=sys.stderr)
+    print(location)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    job = rest.find_job(args.job)
+    rest.call(job, "PATCH", f"/jobs/{job.job_id}?mode=cancel")
+
+    def ended() -> str | None:
+        try:
+            status = rest.call(job, "GET", f"/jobs/{job.job_id}", timeout=5)["status"]
+        except rest.RestRequestError as e:
+            if e.status == 404:  # the driver no longer serves it: it ended
+                return "cancelled"
+            raise
+        except LockgateError:  # the driver is gone with its job
+            return "cancelled"
+        return status if status in rest.ENDED else None
+
+    status = rest.wait_for(ended, args.timeout, f"cancelling job {job.job_id}")
+    print(f"job {job.job_id} {status}")
+    return 0
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    job = rest.find_job(args.job)
+    answer = rest.call(job, "GET", f"/jobs/{job.job_id}/checkpoints")
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    history = answer["history"]
+    if not history:
+        print(f"job {job.job_id} has taken no checkpoint yet", file=sys.stderr)
+        return 0
+    rows = [["ID", "KIND", "STATUS", "DURATION", "SIZE", "ALIGNMENT", "ACK TIMES (task: ms)"]]
+    for h in history:
+        acks = " ".join(f"{t}:{v * 1000:.0f}" for t, v in h["ack_times"].items())
+        rows.append([str(h["id"]), h["kind"], h["status"], _ms(h["duration"]),
+                     _size(h["size"]) if h["status"] == "completed" else "-",
+                     _ms(h["alignment"]), acks or "-"])
+    print(_table(rows))
+    for h in history:
+        if h["failure"]:
+            print(f"checkpoint {h['id']} failed: {h['failure']}")
+    counts = answer["counts"]
+    print(f"{counts['completed']} completed, {counts['failed']} failed, "
+          f"{counts['in_progress']} in progress")
+    return 0
+
+
+# ---------------------------------------------------------- savepoint inspect
+def describe_savepoint(path: str) -> dict[str, Any]:
+    """What a savepoint (or checkpoint) folder holds, from its ``_metadata``
+    and a listing of its files: nothing is deserialized, no code runs."""
+    location = fs.absolute(path)
+    meta = storage.read_metadata(location)
+    try:
+        storage.verify_files(location, meta)
+        files = "ok"
+    except LockgateError as e:
+        files = str(e)
+    operators = []
+    for uid, op in meta["operators"].items():
+        subtasks = []
+        states: dict[str, str] = {}
+        groups: set[int] = set()
+        for index, h in enumerate(op["subtasks"]):
+            if not h:
+                subtasks.append({"index": index, "file": None, "size": 0,
+                                 "key_groups": [], "operator_state_bytes": 0})
+                continue
+            kgs = sorted(int(k) for k in h.get("key_groups", {}))
+            groups.update(kgs)
+            states.update(h.get("states", {}))
+            subtasks.append({"index": index, "file": h["file"], "size": h["size"],
+                             "key_groups": kgs,
+                             "operator_state_bytes": (h.get("op_state") or [0, 0])[1]})
+        operators.append({
+            "uid": uid, "parallelism": op["parallelism"],
+            "finished": bool(op.get("finished", False)),
+            "operator_state_mode": op.get("operator_state_mode"),
+            "keyed_states": states, "key_groups": len(groups),
+            "operator_state_bytes": sum(s["operator_state_bytes"] for s in subtasks),
+            "size": sum(s["size"] for s in subtasks), "subtasks": subtasks,
+        })
+    return {
+        "path": fs.redact(location), "kind": meta.get("kind", "checkpoint"),
+        "job_id": meta.get("job_id"), "checkpoint_id": meta["checkpoint_id"],
+        "timestamp": meta.get("timestamp"), "final": bool(meta.get("final", False)),
+        "parallelism": max((o["parallelism"] for o in operators), default=0),
+        "max_parallelism": meta["max_parallelism"], "progress": meta.get("progress"),
+        "size": sum(o["size"] for o in operators),
+        "state_files": sum(1 for o in operators for s in o["subtasks"] if s["file"]),
+        "files": files, "operators": operators,
+    }
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    out: list[str] = []
+    for v in values:
+        if out and int(out[-1].rpartition("-")[2]) == v - 1:
+            out[-1] = f"{out[-1].partition('-')[0]}-{v}"
+        else:
+            out.append(str(v))
+    return ",".join(out)
+
+
+def _savepoint_inspect(path: str, as_json: bool) -> int:
+    d = describe_savepoint(path)
+    if as_json:
+        print(json.dumps(d, indent=2))
+        return 0
+    taken = (time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(d["timestamp"]))
+             if d["timestamp"] else "?")
+    progress = d["progress"] or {}
+    print(f"{d['kind']} {d['path']}")
+    print(f"  job {d['job_id']}, checkpoint {d['checkpoint_id']}"
+          f"{' (final)' if d['final'] else ''}, taken {taken}")
+    print(f"  parallelism {d['parallelism']} (max_parallelism {d['max_parallelism']}: "
+          f"key groups 0-{d['max_parallelism'] - 1})")
+    if progress:
+        print(f"  progress: {progress.get('read', 0):,} records read, "
+              f"{progress.get('written', 0):,} written")
+    print(f"  {_size(d['size'])} in {d['state_files']} state files: "
+          f"{'all present, sizes match' if d['files'] == 'ok' else d['files']}")
+    print()
+    rows = [["OPERATOR", "PARALLELISM", "STATE", "KEY GROUPS", "SIZE"]]
+    for o in d["operators"]:
+        what = [f"keyed {n} ({k})" for n, k in sorted(o["keyed_states"].items())]
+        if o["operator_state_bytes"]:
+            what.append(f"operator state ({o['operator_state_mode']})")
+        rows.append([o["uid"] + (" (finished)" if o["finished"] else ""),
+                     str(o["parallelism"]), ", ".join(what) or "none",
+                     f"{o['key_groups']} non-empty" if o["keyed_states"] else "-",
+                     _size(o["size"])])
+    print(_table(rows))
+    print()
+    rows = [["SUBTASK", "FILE", "SIZE", "KEY GROUPS", "OPERATOR STATE"]]
+    for o in d["operators"]:
+        for s in o["subtasks"]:
+            if s["file"]:
+                rows.append([f"{o['uid']}[{s['index']}]", s["file"], _size(s["size"]),
+                             _ranges(s["key_groups"]) or "-",
+                             _size(s["operator_state_bytes"]) if s["operator_state_bytes"]
+                             else "-"])
+    if len(rows) > 1:
+        print(_table(rows))
     return 0
 
 
@@ -78,7 +342,15 @@ def main(argv: list[str] | None = None) -> int:
                      "(default: local[N], N = the job's number of tasks; under spark-submit "
                      "its --master)")
     run.add_argument("--parallelism", type=int)
-    run.add_argument("--from-checkpoint")
+    start = run.add_mutually_exclusive_group()
+    start.add_argument("--from-checkpoint", metavar="PATH",
+                       help="start from this completed checkpoint (a chk-N folder)")
+    start.add_argument("--from-savepoint", metavar="PATH",
+                       help="start from this savepoint (any parallelism; operators matched "
+                       "by uid)")
+    run.add_argument("--allow-non-restored-state", action="store_true",
+                     help="drop the state of operator uids the job no longer has, instead of "
+                     "refusing the checkpoint or savepoint")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     run.add_argument("app_args", nargs="*",
                      help="arguments for the app (its sys.argv[1:]): whatever lockgate does "
@@ -87,6 +359,38 @@ def main(argv: list[str] | None = None) -> int:
     ins = sub.add_parser("inspect", help="print a checkpoint's operators and sizes")
     ins.add_argument("path")
     ins.set_defaults(func=_inspect)
+    ls = sub.add_parser("list", help="list the running jobs (of this LOCKGATE_HOME)")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_list)
+    sp = sub.add_parser("savepoint", help="take a savepoint of a running job and print its "
+                        "folder; `savepoint inspect PATH` describes a savepoint",
+                        usage="lockgate savepoint JOB [--dir D] | "
+                        "lockgate savepoint inspect PATH [--json]")
+    sp.add_argument("job", help="the job id (or a unique prefix), or `inspect`")
+    sp.add_argument("path", nargs="?", help=argparse.SUPPRESS)
+    sp.add_argument("--dir", help="the folder of the savepoint (default: the job's "
+                    "CheckpointConfig.savepoint_dir)")
+    sp.add_argument("--json", action="store_true", help="inspect: print JSON")
+    sp.add_argument("--timeout", type=float, default=600, help="seconds to wait (600)")
+    sp.set_defaults(func=_savepoint)
+    st = sub.add_parser("stop", help="stop a running job with a savepoint and print its folder")
+    st.add_argument("job", help="the job id (or a unique prefix)")
+    st.add_argument("--savepoint", action="store_true", required=False,
+                    help="take the savepoint the job can resume from (required)")
+    st.add_argument("--drain", action="store_true", help="end the input first: operators "
+                    "finish() and sinks commit everything before the job ends")
+    st.add_argument("--dir", help="the folder of the savepoint (default: the job's "
+                    "CheckpointConfig.savepoint_dir)")
+    st.add_argument("--timeout", type=float, default=600, help="seconds to wait (600)")
+    st.set_defaults(func=_stop)
+    ca = sub.add_parser("cancel", help="end a running job now, without a savepoint")
+    ca.add_argument("job", help="the job id (or a unique prefix)")
+    ca.add_argument("--timeout", type=float, default=120, help="seconds to wait (120)")
+    ca.set_defaults(func=_cancel)
+    cp = sub.add_parser("checkpoints", help="a running job's checkpoint history")
+    cp.add_argument("job", help="the job id (or a unique prefix)")
+    cp.add_argument("--json", action="store_true")
+    cp.set_defaults(func=_checkpoints)
     # Lockgate's own options may come before or after the app (as documented);
     # the app gets the rest, in order, and everything after "--".
     argv = list(sys.argv[1:] if argv is None else argv)

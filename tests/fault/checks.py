@@ -34,15 +34,17 @@ def hidden_files(out: Path | str) -> list[str]:
     return sorted(name for name in fs.listdir(out) if name.startswith((".", "_")))
 
 
-def check_running_sums(records: list[list], n: int, keys: int) -> None:
+def check_running_sums(records: list[list], n: int, keys: int,
+                       inputs: list[int] | None = None) -> None:
     """For every key, the committed running sums, sorted, have successive
     differences equal to the multiset of that key's inputs: nothing lost,
-    nothing twice."""
+    nothing twice. The inputs are ``1..n``, or ``inputs`` (an unbounded
+    source's records up to where it stopped)."""
     sums: dict[int, list[int]] = defaultdict(list)
     for k, s in records:
         sums[k].append(s)
     expected: dict[int, list[int]] = defaultdict(list)
-    for x in range(1, n + 1):
+    for x in sorted(inputs) if inputs is not None else range(1, n + 1):
         expected[x % keys].append(x)
     assert sorted(sums) == sorted(expected), f"keys differ: {sorted(sums)}"
     for k, inputs in expected.items():
