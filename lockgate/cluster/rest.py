@@ -201,6 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self.close_connection = True  # an unread request body must not be taken for the next
         self._send(status, {"errors": [message]}, headers)
 
     def _authorized(self) -> bool:
@@ -229,7 +230,6 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         try:
             if not self._authorized():
-                self.close_connection = True
                 self._error(401, "missing or wrong token: send 'Authorization: Bearer <token>'; "
                             "the token is in the job's discovery file "
                             "(<LOCKGATE_HOME or ~/.local/state/lockgate>/jobs/<job-id>.json)",
@@ -370,9 +370,10 @@ def _trigger_state(job: _Job, trigger: _Trigger) -> dict[str, Any]:
     else:
         trigger.delivered.set()
         result = future.result()
-        return {"status": {"id": "COMPLETED"},
-                "operation": {"location": result.get("path"),
-                              "checkpoint-id": result.get("checkpoint_id")}}
+        operation = {"location": result.get("path")}
+        if result.get("checkpoint_id") is not None:
+            operation["checkpoint-id"] = result["checkpoint_id"]
+        return {"status": {"id": "COMPLETED"}, "operation": operation}
     trigger.delivered.set()
     return {"status": {"id": "COMPLETED"}, "operation": {"failure-cause": failure}}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def _cli(tmp: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProc
 class Driver:
     """`lockgate run app.py --launcher local ...` in the background."""
 
-    def __init__(self, tmp: Path, *extra: str) -> None:
+    def __init__(self, tmp: Path, *extra: str, launcher: str = "local") -> None:
         self.tmp = tmp
         self.home = tmp / "home"
         self.jobs = self.home / "jobs"
@@ -66,12 +67,12 @@ class Driver:
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "lockgate.cli", "run", str(_app(tmp)),
-                 "--launcher", "local", *extra],
+                 "--launcher", launcher, *extra],
                 cwd=tmp, env=_env(self.home), stdout=out, stderr=err, text=True)
         try:
             self.discovery = _await(lambda: next(iter(set(self.jobs.glob("*.json")) - before),
                                                  None) if self.jobs.exists() else None,
-                                    60, "the driver's discovery file", self)
+                                    120, "the driver's discovery file", self)
         except BaseException:
             self.kill()
             raise
@@ -204,6 +205,26 @@ def test_cli_controls_a_running_job_and_resumes_it_exactly(tmp_path: Path) -> No
     assert hidden_files(tmp_path / "out") == []
 
 
+def test_spark_launcher_job_is_served_and_stops_with_a_savepoint(tmp_path: Path) -> None:
+    """The default launcher: the same commands; stop without drain leaves the
+    sinks' last files pending in the savepoint (the resumed job commits them)."""
+    driver = Driver(tmp_path, launcher="spark")
+    try:
+        driver.await_checkpoints(1)
+        assert driver.job_id in _ok(_cli(tmp_path, "list"))
+        history = json.loads(_ok(_cli(tmp_path, "checkpoints", driver.job_id, "--json")))
+        assert all(isinstance(h["alignment"], float) for h in history["history"]
+                   if h["status"] == "completed")
+        savepoint = _ok(_cli(tmp_path, "stop", driver.job_id, "--savepoint", "--dir",
+                             "sp")).strip()
+        assert driver.wait(120) == 0, driver.log()
+        assert f"job {driver.job_id} stopped" in driver.stdout()
+    finally:
+        driver.kill()
+    info = json.loads(_ok(_cli(tmp_path, "savepoint", "inspect", savepoint, "--json")))
+    assert info["kind"] == "savepoint" and not info["final"] and info["files"] == "ok"
+
+
 def _get(url: str, headers: dict[str, str]) -> int:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -281,3 +302,49 @@ def test_discovery_files_of_dead_drivers_are_pruned(tmp_path: Path) -> None:
     listed = _cli(tmp_path, "list")
     assert listed.returncode == 0 and "no running jobs" in listed.stderr
     assert not stale.exists()
+
+
+def test_one_server_serves_every_job_of_a_driver_process(tmp_path: Path, monkeypatch) -> None:
+    """Jobs started in one process share its server (and its token); a job run
+    with rest=False is neither served nor discovered; the server stops after the
+    last job and the next job binds the same fixed port again."""
+    from lockgate import RestConfig
+    from tests.fault.sums_job import build
+
+    monkeypatch.setenv("LOCKGATE_HOME", str(tmp_path / "home"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = RestConfig(port=port, token="t" * 32)
+
+    def start(name: str, served: RestConfig | bool):
+        p = build(None, 1, 2, str(tmp_path / name / "out"), str(tmp_path / name / "chk"), 0.2,
+                  rate=2000)
+        return p.start(launcher="local", rest=served)
+
+    def discovered(ids: set[str]) -> list[rest.JobEndpoint]:
+        def poll() -> list[rest.JobEndpoint] | None:
+            found = rest.discover()
+            return found if {e.job_id for e in found} == ids else None
+
+        return _await(poll, 30, f"discovery files of {sorted(ids)}")
+
+    a, b, hidden = start("a", config), start("b", config), start("c", False)
+    try:
+        endpoints = discovered({a.job_id, b.job_id})
+        assert {e.url for e in endpoints} == {f"http://127.0.0.1:{port}"}
+        served = rest.call(endpoints[0], "GET", "/jobs")["jobs"]
+        assert {j["id"] for j in served} == {a.job_id, b.job_id}
+        assert a.cancel(60).status == "cancelled"
+        endpoints = discovered({b.job_id})
+        assert [j["id"] for j in rest.call(endpoints[0], "GET", "/jobs")["jobs"]] == [b.job_id]
+    finally:
+        for client in (a, b, hidden):
+            client.master.submit("cancel")
+            client.result(60)
+    again = start("d", config)
+    try:
+        assert discovered({again.job_id})[0].url == f"http://127.0.0.1:{port}"
+    finally:
+        assert again.cancel(60).status == "cancelled"
+    assert rest.discover() == []
