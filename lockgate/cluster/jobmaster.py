@@ -259,6 +259,10 @@ class JobMaster:
         latest = self.coordinator.latest
         for cmd in self._pending_commands():  # asked for while the job was ending
             cmd.future.set_exception(LockgateError(f"job {self.job_id} has ended ({status})"))
+        for future in self._savepoint_waiters.values():  # in flight when a cancel ended it
+            if not future.done():
+                future.set_exception(LockgateError(
+                    f"job {self.job_id} ended ({status}) before the savepoint completed"))
         return JobResult(
             job_id=self.job_id, status=status, guarantee=guarantee, savepoint=self.savepoint_path,
             restarts=len(self.failures), failures=list(self.failures),
