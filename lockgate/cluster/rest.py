@@ -429,13 +429,13 @@ class Registration:
                 idle = not self.server.jobs
             if not idle or _server is not self.server:
                 return
-            _server = None  # the next job starts a new one
-            if background:  # shutdown() waits for the serve loop's next poll
-                _closing = threading.Thread(target=self.server.close, daemon=True,
-                                            name="lockgate-rest-close")
-                _closing.start()
-                return
-        self.server.close()
+            _server = None  # the next job starts a new one, once this one is closed
+            # shutdown() waits for the serve loop's next poll: not in the job's thread
+            closing = _closing = threading.Thread(target=self.server.close, daemon=True,
+                                                  name="lockgate-rest-close")
+            closing.start()
+        if not background:
+            closing.join()
 
 
 def attach(master: JobMaster, config: RestConfig | None) -> Registration | None:
