@@ -14,9 +14,9 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.checkpoint import storage
-from lockgate.cluster import rest
 from lockgate.cluster.result import Progress
 from lockgate.errors import LockgateError
+from lockgate.web import rest
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -44,6 +44,9 @@ class CheckpointConfig:
             without a folder); a local path or a URL.
         min_pause: minimum seconds between the end of one checkpoint and the
             start of the next.
+        history_size: how many of the newest checkpoints the job's history
+            keeps (``JobResult.checkpoints``, ``lockgate checkpoints``); older
+            records are dropped so that a long-running job's memory stays flat.
     """
 
     interval: float | None = 1.0
@@ -54,9 +57,12 @@ class CheckpointConfig:
     tolerable_failed_checkpoints: int = 3
     min_pause: float = 0.0
     savepoint_dir: str | None = None
+    history_size: int = 1000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", CheckpointingMode(self.mode))
+        if self.history_size < 1:
+            raise ValueError(f"history_size must be >= 1, got {self.history_size}")
         if self.interval is not None and self.interval <= 0:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.interval}")
         if self.retained < 1:

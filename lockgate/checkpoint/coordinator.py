@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +95,7 @@ class CheckpointCoordinator:
         self.next_id = 1
         self.pending: PendingCheckpoint | None = None
         self.completed: list[CompletedCheckpoint] = []
-        self.history: list[CheckpointRecord] = []
+        self.history: deque[CheckpointRecord] = deque(maxlen=config.history_size)
         self.plan: AttemptPlan | None = None
         self.consecutive_failures = 0
         self.last_trigger = clock()

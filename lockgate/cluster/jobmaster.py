@@ -27,8 +27,6 @@ from lockgate.checkpoint.coordinator import (
     CheckpointFailureError,
     CompletedCheckpoint,
 )
-from lockgate.cluster.rest import attach as serve_rest
-from lockgate.cluster.rest import resolve_rest
 from lockgate.cluster.result import JobResult, Progress, end_to_end_guarantee
 from lockgate.cluster.server import ControlServer, Event
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy, RestConfig
@@ -40,6 +38,8 @@ from lockgate.errors import (
 )
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
 from lockgate.runtime.task import TaskSpec
+from lockgate.web.rest import attach as serve_rest
+from lockgate.web.rest import resolve_rest
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Pipeline

@@ -1,1 +1,1 @@
-"""lockgate.web"""
+"""lockgate.web: the REST API a driver serves for its jobs (``rest``)."""

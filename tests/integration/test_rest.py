@@ -19,9 +19,9 @@ import urllib.request
 from pathlib import Path
 
 from lockgate.checkpoint import storage
-from lockgate.cluster import rest
 from lockgate.connectors import SequenceSource
 from lockgate.state.serde import StateSerializer
+from lockgate.web import rest
 from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 
 REPO = Path(__file__).resolve().parents[2]

@@ -128,3 +128,17 @@ def test_progress_adds_the_restored_baseline(env, tmp_path):
     c.tick()
     ack_all(c, 2)
     assert c.latest.metadata["progress"] == {"read": 60, "written": 6}
+
+
+def test_history_keeps_only_the_newest_records(tmp_path):
+    clock = Clock()
+    config = CheckpointConfig(interval=1.0, storage=str(tmp_path), history_size=3)
+    c = CheckpointCoordinator("job", tmp_path / "job", config, {"src": 1, "sum": 2},
+                              {"src": "split", "sum": "split"}, 128, lambda a, t, m: None, clock)
+    c.start_attempt(AttemptPlan(0, [0], [0, 1, 2], TASK_OPERATORS))
+    for n in range(1, 6):
+        clock.now += 1.0
+        c.tick()
+        ack_all(c, n)
+    assert [r.checkpoint_id for r in c.history] == [3, 4, 5]
+    assert c.completed_count == 5
