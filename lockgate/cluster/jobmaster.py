@@ -497,7 +497,8 @@ class JobMaster:
             records_read=self._total("read"),
             records_written=self._total("written"),
             checkpoints_completed=self._reported,
-            last_checkpoint_id=latest.checkpoint_id if latest else None,
+            last_checkpoint_id=(record.checkpoint_id if record  # a final savepoint too
+                                else latest.checkpoint_id if latest else None),
             last_checkpoint_duration=record.duration if record else None,
             restarts=len(self.failures),
             elapsed=time.monotonic() - self._started,
