@@ -2,6 +2,7 @@
 
 from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
+from lockgate.api.watermarks import MAX_WATERMARK, MIN_WATERMARK, WatermarkStrategy
 from lockgate.config import (
     CheckpointConfig,
     CheckpointingMode,
@@ -29,10 +30,13 @@ __all__ = [
     "KeyedStream",
     "ListStateDescriptor",
     "LockgateError",
+    "MAX_WATERMARK",
+    "MIN_WATERMARK",
     "MapStateDescriptor",
     "NoRestart",
     "Pipeline",
     "RestConfig",
     "RuntimeContext",
     "ValueStateDescriptor",
+    "WatermarkStrategy",
 ]

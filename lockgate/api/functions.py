@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
+from lockgate.api.watermarks import TimerService
 from lockgate.state.backend import (
     ListState,
     ListStateDescriptor,
@@ -37,6 +38,11 @@ class RuntimeContext(ABC):
     @abstractmethod
     def current_key(self) -> Any:
         """The key of the record being processed (keyed functions only)."""
+
+    @property
+    @abstractmethod
+    def timer_service(self) -> TimerService:
+        """Event-time timers of the current key (keyed functions only)."""
 
     @abstractmethod
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
@@ -71,6 +77,12 @@ class KeyedProcessFunction(ABC, Generic[IN, OUT]):
 
     @abstractmethod
     def process_element(self, value: IN, ctx: RuntimeContext) -> Iterable[OUT] | None: ...
+
+    def on_timer(self, timestamp: int, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """An event-time timer of ``ctx.current_key`` fired: the watermark
+        reached ``timestamp`` (at the latest at the end of input, or on
+        ``stop --drain``). Returns output records like ``process_element``."""
+        return None
 
     def end_input(self, ctx: RuntimeContext) -> Iterable[OUT] | None:
         """Called once when the input is exhausted (bounded jobs)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import KeyedProcessFunction
+from lockgate.api.watermarks import WatermarkStrategy
 from lockgate.config import CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Sink, Source
 from lockgate.errors import PipelineDefinitionError
@@ -55,6 +56,8 @@ class Node:
     key_selector: Callable[[Any], Any] | None = None
     name: str = ""
     consumers: list[int] = field(default_factory=list)
+    watermarks: WatermarkStrategy | None = None
+    """Sources only: how the source stamps its stream with watermarks."""
 
 
 class Pipeline:
@@ -101,11 +104,17 @@ class Pipeline:
 
     # -- building ---------------------------------------------------------
     def source(self, source: Source[T], *, uid: str | None = None,
-               parallelism: int | None = None) -> DataStream[T]:
-        """Add a source; returns its stream."""
+               parallelism: int | None = None,
+               watermarks: WatermarkStrategy | None = None) -> DataStream[T]:
+        """Add a source; returns its stream. With ``watermarks``, the stream
+        carries event time (:mod:`lockgate.api.watermarks`)."""
         if not isinstance(source, Source):
             raise PipelineDefinitionError(f"{source!r} is not a lockgate Source")
+        if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
+            raise PipelineDefinitionError(
+                f"watermarks= takes a WatermarkStrategy, got {type(watermarks).__name__}")
         node = self._add("source", source, uid, parallelism, None)
+        node.watermarks = watermarks
         return DataStream(self, node)
 
     def source_dataframe(self, df: Any, *, uid: str | None = None,

@@ -102,7 +102,7 @@ class CheckpointCoordinator:
         self.last_completion = clock()
         self.end_of_data: set[int] = set()
         self.finished = False
-        """The final checkpoint completed: the job may end."""
+        """The final checkpoint of this attempt completed: its tasks may end."""
         self.savepoint_results: dict[int, str | BaseException] = {}
         """Per savepoint id: its folder once completed, or why it failed."""
         self._final_savepoint_dir: str | None = None
@@ -116,6 +116,10 @@ class CheckpointCoordinator:
             self._abort(CheckpointAbortReason.TASK_FAILURE, notify=False)
         self.plan = plan
         self.end_of_data = set()
+        # The final checkpoint belongs to an attempt: a task may die after it
+        # completed (before the job ended), and the next attempt, restored from
+        # it, must take its own final checkpoint before its tasks may finish.
+        self.finished = False
         self.last_trigger = self.clock()
         progress = self.latest.metadata.get("progress") if self.latest else None
         self.baseline = (progress["read"], progress["written"]) if progress else (0, 0)

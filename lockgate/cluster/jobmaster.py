@@ -146,6 +146,8 @@ class JobMaster:
         self._started_wall = time.time()
         self._running: set[int] = set()
         self._failed_at: float | None = None
+        self._started_from: CompletedCheckpoint | None = None
+        """The checkpoint or savepoint the user started the job from."""
         self._finished: set[int] = set()
         self.recovery_times: list[float] = []
         """Seconds from detecting a failure until every task of the next attempt runs."""
@@ -197,8 +199,9 @@ class JobMaster:
         self.state = "running"
         status = "finished"
         if self.options.from_checkpoint:
-            self.coordinator.restored_from(load_checkpoint(
-                self.options.from_checkpoint, self.graph, self.options.allow_non_restored_state))
+            self._started_from = load_checkpoint(
+                self.options.from_checkpoint, self.graph, self.options.allow_non_restored_state)
+            self.coordinator.restored_from(self._started_from)
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
                  self.job_id, self.graph.num_tasks, guarantee, fs.redact(self.job_dir))
         served = serve_rest(self, self.options.rest)  # never raises
@@ -294,6 +297,7 @@ class JobMaster:
                     job_dir=str(self.job_dir), inputs=inputs, outputs=outputs,
                     restore_dir=str(latest.path) if latest else None,
                     restore_metadata=latest.metadata if latest else None,
+                    continues_final=latest is not None and latest is self._started_from,
                     allow_pickle=self.pipeline.allow_pickle,
                     batch_size=self.pipeline.batch_size,
                     faults=list(self.options.fault_injection or []),

@@ -26,6 +26,8 @@ class OperatorSpec:
     fn: Any
     key_selector: Any = None
     uid_generated: bool = False
+    watermarks: Any = None
+    """A source's ``WatermarkStrategy`` (or None)."""
 
 
 @dataclass
@@ -130,7 +132,8 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
     vertices: list[JobVertex] = []
     for n in nodes:
         up = nodes[n.input] if n.input is not None else None
-        spec = OperatorSpec(uids[n.id][0], n.kind, n.fn, n.key_selector, uids[n.id][1])
+        spec = OperatorSpec(uids[n.id][0], n.kind, n.fn, n.key_selector, uids[n.id][1],
+                            n.watermarks)
         chainable = (
             up is not None
             and n.partitioning == "forward"

@@ -9,11 +9,19 @@ a task the driver can no longer reach, resumed later by a test). Points:
 
 - ``batch``: in the middle of a batch (after the chain ran, before its output is sent)
 - ``alignment``: a channel was blocked while other barriers are still awaited
-- ``snapshot``: the snapshot is taken and the barrier sent, the ack is not yet sent
+- ``snapshot``: the snapshot is taken, the barrier sent and the state files
+  written; the ack is not yet sent
 - ``acked``: the ack was sent; the completion notice has not arrived
 - ``commit``: the completion notice arrived; sinks have not committed yet
 - ``end_of_data``: the task reached the end of its input (final checkpoint ahead)
-- ``final_snapshot``: the final checkpoint's snapshot is taken, not yet acknowledged
+- ``final_snapshot``: as ``snapshot``, for a snapshot taken after the task
+  reached the end of its input (the final checkpoint's): not yet acknowledged
+- ``finish``: the final checkpoint completed and the task was told to end
+  (its sinks committed); it has not ended yet. The next attempt restores that
+  final checkpoint.
+
+``snapshot`` and ``final_snapshot`` are reached on the task's snapshot writer
+thread, before the ack is sent: the kill never races the acknowledgement.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import signal
 from collections import Counter
 from typing import Any
 
-POINTS = ("batch", "alignment", "snapshot", "acked", "commit", "end_of_data", "final_snapshot")
+POINTS = ("batch", "alignment", "snapshot", "acked", "commit", "end_of_data", "final_snapshot",
+          "finish")
 
 
 class FaultInjector:

@@ -6,12 +6,14 @@ the per-record cost is the user's function plus a list comprehension step.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
+from lockgate.api.watermarks import MIN_WATERMARK, TimerService
 from lockgate.connectors.base import SinkWriter, TaskInfo
 from lockgate.errors import LockgateError, PipelineDefinitionError, UserFunctionError
 from lockgate.graph.jobgraph import OperatorSpec
@@ -67,6 +69,11 @@ class StreamOperator:
 
     def notify_aborted(self, checkpoint_id: int) -> None:
         pass
+
+    def process_watermark(self, watermark: float) -> list[Any]:
+        """The input's event time advanced to ``watermark``; returns records
+        (of timers that fired)."""
+        return []
 
     def end_input(self) -> list[Any]:
         return []
@@ -153,6 +160,10 @@ class _Context(RuntimeContext):
         assert self._op.backend is not None
         return self._op.backend.current_key
 
+    @property
+    def timer_service(self) -> TimerService:
+        return self._op.timers
+
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
         return self._state(descriptor, ValueStateDescriptor)
 
@@ -184,15 +195,106 @@ def _user_hook(uid: str, hook: str) -> Iterator[None]:
             f"operator {uid!r} raised {type(e).__name__} in {hook}(): {e}") from e
 
 
+class EventTimeTimers(TimerService):
+    """Event-time timers of one keyed operator.
+
+    The timers are keyed state (``TIMERS_STATE``, a map state: key ->
+    ``{timestamp: None}``, a set with O(1) membership, insertion and removal
+    however many timers a key has pending), so they are snapshotted, restored
+    and rescaled by key group with the rest of the operator's state. A heap
+    of ``(timestamp, seq, key)`` orders them for firing; it is rebuilt from the
+    state after a restore, and entries of deleted timers are skipped when they
+    come up."""
+
+    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+        self.backend = backend
+        self.watermark = MIN_WATERMARK
+        self._table: dict[Any, dict[int, None]] | None = None
+        self._heap: list[tuple[int, int, Any]] | None = None
+        self._seq = 0
+
+    def _state(self) -> tuple[dict[Any, dict[int, None]], list[tuple[int, int, Any]]]:
+        if self._table is None:
+            self.backend.get_state(MapStateDescriptor(TIMERS_STATE))
+            self._table = self.backend.raw(TIMERS_STATE)
+        if self._heap is None:  # first use: take in what a restore brought
+            self._heap = [(ts, i, key) for i, (key, ts) in enumerate(
+                (key, ts) for key, stamps in self._table.items() for ts in stamps)]
+            heapq.heapify(self._heap)
+            self._seq = len(self._heap)
+        return self._table, self._heap
+
+    def current_watermark(self) -> float:
+        return self.watermark
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        table, heap = self._state()
+        key = self.backend.current_key
+        stamps = table.get(key)
+        if stamps is None:
+            table[key] = {timestamp: None}
+        elif timestamp in stamps:
+            return
+        else:
+            stamps[timestamp] = None
+        heapq.heappush(heap, (timestamp, self._seq, key))
+        self._seq += 1
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        table, _ = self._state()
+        key = self.backend.current_key
+        stamps = table.get(key)
+        if stamps and timestamp in stamps:
+            del stamps[timestamp]
+            if not stamps:
+                del table[key]
+
+    def due(self, watermark: float) -> Iterator[tuple[Any, int]]:
+        """Advance to ``watermark`` and yield ``(key, timestamp)`` of every
+        timer it reached, in timestamp order, removing each before it is
+        yielded (a timer registered while they fire is due as well)."""
+        self.watermark = watermark
+        if self._table is None and TIMERS_STATE not in self.backend.state_kinds():
+            return  # never a timer: no state for it either
+        table, heap = self._state()
+        while heap and heap[0][0] <= watermark:
+            ts, _, key = heapq.heappop(heap)
+            stamps = table.get(key)
+            if not stamps or ts not in stamps:
+                continue  # deleted, or fired already
+            del stamps[ts]
+            if not stamps:
+                del table[key]
+            yield key, ts
+
+
+TIMERS_STATE = "_timers"
+"""The keyed state that holds a keyed process function's event-time timers."""
+
+
 class ProcessOperator(_KeyedOperator):
     """Runs a user ``KeyedProcessFunction``."""
 
     def open(self, serializer: StateSerializer) -> None:
         super().open(serializer)
+        assert self.backend is not None
         self.fn: KeyedProcessFunction = self.spec.fn
+        self.timers = EventTimeTimers(self.backend)
         self.ctx = _Context(self)
         with _user_hook(self.uid, "open"):
             self.fn.open(self.ctx)
+
+    def process_watermark(self, watermark: float) -> list[Any]:
+        backend, fn, ctx = self.backend, self.fn, self.ctx
+        assert backend is not None
+        out: list[Any] = []
+        with _user_hook(self.uid, "on_timer"):
+            for key, ts in self.timers.due(watermark):
+                backend.current_key = key
+                res = fn.on_timer(ts, ctx)
+                if res is not None:
+                    out.extend(res)
+        return out
 
     def process(self, batch: list[Any]) -> list[Any]:
         backend, key_of, fn, ctx = self.backend, self.spec.key_selector, self.fn, self.ctx

@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 
 from lockgate import fs
+from lockgate.api.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
 from lockgate.checkpoint.storage import (
     ChecksumWriter,
@@ -75,6 +76,11 @@ class TaskSpec:
     """Per output edge, the global numbers of all downstream tasks (by subtask index)."""
     restore_dir: str | None = None
     restore_metadata: dict[str, Any] | None = None
+    continues_final: bool = False
+    """The restored checkpoint is the final one of an earlier job that ran to its
+    end, and this job continues it (an incremental bounded run): every operator
+    runs on from its end. Otherwise operators restored as finished are skipped,
+    also after a failover to this job's own final checkpoint."""
     allow_pickle: bool = False
     batch_size: int = 1024
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -107,6 +113,18 @@ class Task:
         self.skipped: set[str] = set()
         """Operators restored as finished (FLIP-147): they read nothing, and
         ``end_input``/``finish`` do not run again."""
+        self.watermark: float = MIN_WATERMARK
+        """This task's event time: its source's watermark, or the smallest of
+        its input channels' (``channel_watermarks``)."""
+        self.channel_watermarks = [MIN_WATERMARK] * len(self.channels)
+        self.channel_idle = [False] * len(self.channels)
+        """Input channels whose upstream declared itself idle (left out of the minimum)."""
+        self.idle = False
+        """Downstream was told this task is idle (and not yet that it is active again)."""
+        self._source_max_watermark: float = MIN_WATERMARK
+        """A source's watermark as of the records it read; emitted periodically."""
+        self._watermark_due = 0.0
+        self._last_read = time.monotonic()
         self.done = False
         self.records_in = 0
         self.records_out = 0
@@ -202,9 +220,7 @@ class Task:
             if op_meta is None:
                 op.restore_operator_state(None)
                 continue
-            if op_meta.get("finished") and not meta.get("final"):
-                # (the final checkpoint of a job that ran to its end is
-                # continued instead: every operator runs on from its end)
+            if op_meta.get("finished") and not (meta.get("final") and spec.continues_final):
                 self.skipped.add(op.uid)
             p = spec.vertex.parallelism
             if op.keyed and op.backend is not None:
@@ -291,7 +307,7 @@ class Task:
                 kind, payload = wire.read_frame(reader)
                 if kind == Frame.BATCH:
                     put(ch, kind, wire.decode_batch(payload))
-                elif kind in (Frame.BARRIER, Frame.CANCEL_BARRIER):
+                elif kind in (Frame.BARRIER, Frame.CANCEL_BARRIER, Frame.WATERMARK):
                     put(ch, kind, msgpack.unpackb(payload))
                 elif kind == Frame.END_OF_PARTITION:
                     put(ch, kind, None)
@@ -318,7 +334,11 @@ class Task:
                 elif batch:
                     self.records_in += len(batch)
                     self._run_chain(batch, self.chain)
+                    if self.source.spec.watermarks is not None:
+                        self._source_watermark(batch)
                 else:
+                    if self.source.spec.watermarks is not None:
+                        self._source_watermark(batch)  # periodic emission, idleness
                     self._flush_all()
                     item = mailbox.take(0.01)
                     if item is not None:
@@ -351,6 +371,13 @@ class Task:
             self.ended_channels.add(ch)
             if len(self.ended_channels) == len(self.channels):
                 self._end_of_input()
+        elif kind == Frame.WATERMARK:
+            if item is None:  # the upstream task is idle
+                self.channel_idle[ch] = True
+            else:
+                self.channel_idle[ch] = False
+                self.channel_watermarks[ch] = item
+            self._combine_input_watermarks()
         elif kind == Frame.END_OF_PARTITION:
             self.barriers.end_of_partition(ch)
         elif kind == LOST:
@@ -374,10 +401,79 @@ class Task:
         for out in self.outputs:
             out.add(batch)
 
+    def _source_watermark(self, batch: list[Any]) -> None:
+        """A source task's event time after a poll (``batch``, maybe empty):
+        its watermark is emitted when it advanced and the strategy's interval
+        is over; with no record for ``idle_timeout`` the task declares itself
+        idle, and its next records make it active again."""
+        assert self.source is not None
+        strategy = self.source.spec.watermarks
+        now = time.monotonic()
+        if batch:
+            self._last_read = now
+            try:
+                watermark = strategy.watermark_after(batch)
+            except Exception as e:
+                raise UserFunctionError(
+                    f"operator {self.source.uid!r}: the watermark strategy's timestamp_of "
+                    f"raised {type(e).__name__}: {e}") from e
+            if watermark > self._source_max_watermark:
+                self._source_max_watermark = watermark
+            if self.idle:  # active again: say so now, with the watermark it has
+                self._watermark_due = 0.0
+        going_idle = (not batch and strategy.idle_timeout is not None and not self.idle
+                      and now - self._last_read >= strategy.idle_timeout)
+        if (now >= self._watermark_due or going_idle) and (
+                self._source_max_watermark > self.watermark or self.idle and batch):
+            self._watermark_due = now + strategy.interval
+            self._advance_watermark(max(self._source_max_watermark, self.watermark))
+        if going_idle:  # (after the last watermark it can promise)
+            self._declare_idle()
+
+    def _combine_input_watermarks(self) -> None:
+        """This task's event time from its inputs': the smallest watermark of
+        the channels that are not idle. With every input idle, so is this task."""
+        active = [w for w, idle in zip(self.channel_watermarks, self.channel_idle, strict=True)
+                  if not idle]
+        if not active:
+            if not self.idle:
+                self._declare_idle()
+            return
+        combined = min(active)
+        if combined > self.watermark or self.idle:
+            self._advance_watermark(max(combined, self.watermark))
+
+    def _declare_idle(self) -> None:
+        """Tell downstream to leave this task out of their watermarks until it
+        sends one again."""
+        self.idle = True
+        for out in self.outputs:
+            out.broadcast(Frame.WATERMARK, msgpack.packb(None))
+
+    def _advance_watermark(self, watermark: float) -> None:
+        """Event time advanced: every operator of the chain fires its due
+        timers (their output flows through the rest of the chain first), then
+        the watermark goes downstream, after those records (also telling them
+        this task is active, if it was idle)."""
+        self.idle = False
+        self.watermark = watermark
+        chain = self.chain
+        for i, op in enumerate(chain):
+            fired = op.process_watermark(watermark)
+            if fired:
+                self._run_chain(fired, chain[i + 1:])
+        if self.outputs:
+            payload = msgpack.packb(watermark)
+            for out in self.outputs:
+                out.broadcast(Frame.WATERMARK, payload)
+
     def _end_of_input(self) -> None:
-        """Bounded input is exhausted: end_input and finish every operator in
+        """Bounded input is exhausted (or drained): MAX_WATERMARK (every
+        event-time timer fires), then end_input and finish every operator in
         chain order (each one's last output flows through the rest), then
         EndOfData downstream; the coordinator's final checkpoint follows."""
+        if self.watermark < MAX_WATERMARK:
+            self._advance_watermark(MAX_WATERMARK)
         ops = self.ops
         for i, op in enumerate(ops):
             if op.uid in self.skipped:
@@ -409,6 +505,7 @@ class Task:
             for op in self.ops:
                 op.notify_aborted(msg["cp"])
         elif t == "finish":
+            self.faults.hit("finish")
             self.done = True
         elif t == "drain":
             # stop --drain: this source ends its input now, as if exhausted
@@ -455,16 +552,17 @@ class Task:
         self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps,
                                   {**self._counts(),
                                    "finished": self.reached_end and not self.drained,
-                                   "alignment": self.barriers.take_alignment()})
-        self.faults.hit("final_snapshot" if self.reached_end else "snapshot")
+                                   "alignment": self.barriers.take_alignment()},
+                                  "final_snapshot" if self.reached_end else "snapshot")
 
     def _write_snapshot(self, checkpoint_id: int,
                         snaps: list[tuple[StreamOperator, OperatorSnapshot]],
-                        counts: dict[str, int]) -> None:
+                        counts: dict[str, int], fault_point: str) -> None:
         try:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
             fs.makedirs(chk)
             handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
+            self.faults.hit(fault_point)  # before the ack: never races it
             self._send({"t": "ack", "cp": checkpoint_id, "handles": handles, **counts})
             self.faults.hit("acked")
         except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint

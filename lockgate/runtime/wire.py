@@ -40,6 +40,7 @@ class Frame(IntEnum):
     END_OF_DATA = 3
     END_OF_PARTITION = 4
     CANCEL_BARRIER = 5
+    WATERMARK = 6
     CONTROL = 10
     HELLO = 11
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -57,6 +58,22 @@ def check_running_sums(records: list[list], n: int, keys: int,
         assert sorted(diffs) == inputs, f"key {k}: committed sums do not match the inputs"
 
 
+def split_positions(savepoint: str, uid: str = "numbers") -> dict[int, int]:
+    """The next number each ``SequenceSource`` split of the source ``uid`` would
+    read, from its operator state in a checkpoint or savepoint folder."""
+    from lockgate.checkpoint import storage
+    from lockgate.state.serde import StateSerializer
+
+    meta = storage.read_metadata(savepoint)
+    positions: dict[int, int] = {}
+    for handle in meta["operators"][uid]["subtasks"]:
+        if handle and handle.get("op_state"):
+            offset, length = handle["op_state"]
+            data = storage.read_state_file(savepoint, handle)[offset:offset + length]
+            positions.update({s["split"]: s["next"] for s in StateSerializer().loads(data)})
+    return positions
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (children, grandchildren, ...)."""
     found: set[int] = set()
@@ -95,6 +112,38 @@ def task_processes(driver_pid: int) -> dict[int, tuple[int, int]]:
             if attempt.isdigit() and task.isdigit():
                 found[pid] = (int(attempt), int(task))
     return found
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` in ``/proc/<pid>/stat`` ("R", "S",
+    "T" for stopped, "Z" for exited but not yet reaped), or None once it has
+    been reaped: another thread may reap it at any moment."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def wait_stopped(pid: int, timeout: float = 30.0) -> None:
+    """Return once the process ``pid``, sent SIGSTOP, has stopped. A child of
+    this process (a local launcher's task) is awaited with ``waitid``, an
+    event; another process (a Spark Python worker, forked by Spark's daemon)
+    gives no event to await, so its state in ``/proc/<pid>/stat`` is polled."""
+    try:
+        os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOWAIT)
+        return
+    except ChildProcessError:
+        pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = process_state(pid)
+        if state in ("T", "t"):
+            return
+        if state is None:
+            raise AssertionError(f"process {pid} ended instead of stopping")
+        time.sleep(0.005)  # no event to await for a process that is not our child
+    raise AssertionError(f"process {pid} did not stop within {timeout} s")
 
 
 def task_pids(driver_pid: int) -> set[int]:

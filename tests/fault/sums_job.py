@@ -19,7 +19,7 @@ from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 
 
-def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval: float,
+def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval: float | None,
           mode: str = "exactly_once", rate: float | None = None) -> Pipeline:
     p = Pipeline("sums", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, mode=mode,

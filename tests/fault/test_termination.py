@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from lockgate import CheckpointConfig, FixedDelayRestart, KeyedProcessFunction, Pipeline
+from lockgate import (
+    CheckpointConfig,
+    FixedDelayRestart,
+    KeyedProcessFunction,
+    Pipeline,
+    ValueStateDescriptor,
+)
 from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import LockgateError
@@ -19,7 +25,9 @@ from tests.fault.checks import (
     check_running_sums,
     committed_lines,
     hidden_files,
+    split_positions,
     task_processes,
+    wait_stopped,
 )
 from tests.fault.sums_job import build
 
@@ -77,7 +85,7 @@ def test_sources_finishing_at_different_times_with_a_kill_in_between(tmp_path: P
     assert result.records_in == short + long
 
 
-@pytest.mark.parametrize("launcher", ["local"])
+@pytest.mark.parametrize("launcher", ["local", "spark"])
 def test_kill_during_a_savepoint(tmp_path: Path, launcher: str) -> None:
     """A task freezes (SIGSTOP) so a savepoint cannot complete, then dies
     (SIGKILL): the savepoint fails with a clear error, the job recovers, a
@@ -97,7 +105,7 @@ def test_kill_during_a_savepoint(tmp_path: Path, launcher: str) -> None:
     tasks = task_processes(os.getpid())
     victim = max(pid for pid, (attempt, task) in tasks.items() if attempt == 0)
     os.kill(victim, signal.SIGSTOP)
-    os.waitid(os.P_PID, victim, os.WSTOPPED | os.WNOWAIT)
+    wait_stopped(victim)
     with ThreadPoolExecutor(1) as pool:
         attempt = pool.submit(client.savepoint, str(tmp_path / "sp"))
         # the savepoint is pending (the frozen task cannot acknowledge it)
@@ -195,3 +203,117 @@ def test_drained_savepoint_records_nothing_as_finished(tmp_path: Path) -> None:
     final = resumed.run(launcher="local", from_savepoint=result.savepoint)
     assert final.records_in == n  # it read on from the savepoint, to the end
     check_running_sums(committed_lines(tmp_path / "out"), n, 3)
+
+
+class _SumsThenMarker(KeyedProcessFunction):
+    """Running sums per key; ``finish()`` adds one marker per subtask."""
+
+    def open(self, ctx):
+        self.sum = ctx.get_state(ValueStateDescriptor("sum", default=0))
+
+    def process_element(self, value, ctx):
+        total = self.sum.value() + value
+        self.sum.update(total)
+        return [(ctx.current_key, total)]
+
+    def finish(self, ctx):
+        return [("finished", ctx.task_index)]
+
+
+@pytest.mark.parametrize("launcher", ["local", "spark"])
+def test_kill_after_the_final_checkpoint_completed(tmp_path: Path, launcher: str) -> None:
+    """A task dies after the final checkpoint completed (its sinks committed
+    everything), before the job ended. The next attempt restores that final
+    checkpoint: it must take a final checkpoint of its own and end (not wait
+    forever), and must not run ``finish()`` again (no second set of markers)."""
+    n = 20_000
+    p = Pipeline("final-kill", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")),
+                 restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
+    (p.source(SequenceSource(1, n), uid="numbers")
+       .key_by(lambda x: x % 3)
+       .process(_SumsThenMarker(), uid="sums")
+       .sink(FileSink(str(tmp_path / "out"), format="jsonl"), uid="out"))
+    # tasks 0-1: the sources; 2-3: sums -> out. Task 3 dies on the finish notice.
+    client = p.start(launcher=launcher,
+                     fault_injection=[{"point": "finish", "task": 3, "attempt": 0}])
+    try:
+        result = client.result(timeout=180)
+    finally:
+        if client.master.state == "running":
+            client.cancel()
+    assert result.status == "finished" and result.restarts == 1, result.failures
+    final = [c for c in result.checkpoints if c.kind.startswith("final")]
+    assert [c.status for c in final] == ["completed", "completed"]  # one per attempt
+    out = committed_lines(tmp_path / "out")
+    markers = sorted(r for r in out if r[0] == "finished")
+    assert markers == [["finished", 0], ["finished", 1]]  # finish() ran once, ever
+    check_running_sums([r for r in out if r[0] != "finished"], n, 3)
+    assert hidden_files(tmp_path / "out") == []
+    assert result.records_in == n
+
+
+class _UnevenSequence(SequenceSource):
+    """``1..n`` in two splits: split 0 holds only the first ``short`` numbers,
+    so at parallelism 2 subtask 0 runs out long before subtask 1."""
+
+    def __init__(self, short: int, n: int, rate: float) -> None:
+        super().__init__(1, n, rate=rate)
+        self.short = short
+
+    def splits(self, parallelism: int) -> list[dict]:
+        assert parallelism == 2, "a fresh start of this test source takes 2 tasks"
+        return [{"split": 0, "next": 1, "end": self.short, "step": 1},
+                {"split": 1, "next": self.short + 1, "end": self.end, "step": 1}]
+
+
+def _uneven_job(tmp: Path, parallelism: int, n: int, rate: float | None) -> Pipeline:
+    p = Pipeline("uneven", parallelism=parallelism,
+                 checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")),
+                 restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
+    (p.source(_UnevenSequence(2_000, n, rate=rate), uid="numbers")
+       .map(lambda x: (x % 3, x), uid="pairs")
+       .key_by(lambda kv: kv[0])
+       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
+       .sink(FileSink(str(tmp / "out"), format="jsonl"), uid="out"))
+    return p
+
+
+def test_partly_finished_source_keeps_its_running_tasks_state(tmp_path: Path) -> None:
+    """Subtask 0 of the source runs out early, subtask 1 reads on: checkpoints
+    complete in between, a task is SIGKILLed, and a stop with a savepoint
+    records the source as NOT finished (one subtask still ran) with both
+    positions (split 0 exhausted, split 1 part-read). Resumed at parallelism
+    1, split 0 reads nothing again and split 1 reads on: the output is exact."""
+    n = 100_000
+    state = {"after_kill": 0}
+    ready, resumed = threading.Event(), threading.Event()
+
+    def on_progress(progress) -> None:
+        if progress.restarts == 0 and progress.checkpoints_completed >= 5:
+            ready.set()  # >= 0.5 s in: subtask 0 (2,000 records at 20,000/s) is done
+        if progress.restarts:
+            state["after_kill"] += 1
+            if state["after_kill"] >= 2:
+                resumed.set()
+
+    client = _uneven_job(tmp_path, 2, n, 40_000).start(launcher="local",
+                                                       on_progress=on_progress)
+    assert ready.wait(120), "no checkpoints completed"
+    victim = max(pid for pid, (attempt, _) in task_processes(os.getpid()).items()
+                 if attempt == 0)
+    os.kill(victim, signal.SIGKILL)
+    assert resumed.wait(120), "the job did not recover and checkpoint again"
+    result = client.stop(str(tmp_path / "sp"))
+    assert result.status == "stopped" and result.restarts == 1, result.failures
+    meta = storage.read_metadata(result.savepoint)
+    assert meta["operators"]["numbers"]["finished"] is False
+    positions = split_positions(result.savepoint)
+    assert positions[0] == 2_001, "subtask 0 had not finished: the test proves nothing"
+    assert 2_001 < positions[1] <= n, "subtask 1 had finished too: the test proves nothing"
+
+    final = _uneven_job(tmp_path, 1, n, None).run(launcher="local",
+                                                  from_savepoint=result.savepoint)
+    assert final.status == "finished" and final.records_in == n
+    check_running_sums(committed_lines(tmp_path / "out"), n, 3)
+    assert hidden_files(tmp_path / "out") == []

@@ -24,17 +24,12 @@ from pathlib import Path
 from lockgate.cluster import jobmaster
 from lockgate.cluster.local import LocalLauncher
 from lockgate.connectors.filesink import parse_part_name
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
+from tests.fault.checks import check_running_sums, committed_lines, hidden_files, process_state
 from tests.fault.sums_job import build
 
 N = 150_000
 SINK_TASK = 2  # parallelism 2: tasks 0-1 are numbers->pairs, 2-3 are sums->out
 SOURCE_TASK = 0
-
-
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 class UnreachableStoppedTasks(LocalLauncher):
@@ -45,7 +40,9 @@ class UnreachableStoppedTasks(LocalLauncher):
 
     def stop(self) -> None:
         for task, proc in list(self._procs.items()):
-            if proc.poll() is None and _stopped(proc.pid):
+            # poll() says None also while the launcher's watcher thread is
+            # reaping the process, so the state read may find it gone
+            if proc.poll() is None and process_state(proc.pid) == "T":
                 UnreachableStoppedTasks.zombies[task] = self._procs.pop(task)
         super().stop()
 
@@ -93,7 +90,7 @@ def test_a_zombie_of_an_old_attempt_cannot_commit_or_write(tmp_path: Path,
         # Step 3. Attempt 1 runs beside the zombie and completes checkpoints.
         assert attempt1_checkpointed.wait(120), "attempt 1 completed no checkpoint"
         zombie = UnreachableStoppedTasks.zombies[SINK_TASK]
-        assert zombie.poll() is None and _stopped(zombie.pid)
+        assert zombie.poll() is None and process_state(zombie.pid) == "T"
         seen["before_resume"] = _visible_attempt0(out)
         # Step 4. Resume the zombie; it must end by itself.
         os.kill(zombie.pid, signal.SIGCONT)

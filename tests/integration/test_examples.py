@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -41,3 +43,27 @@ def test_word_count_state(tmp_path):
         best[r["word"]] = max(best.get(r["word"], 0), r["count"])
     assert best == {"a": 3, "b": 3, "c": 1, "<end>": 0}
     assert sum(1 for r in rows if r["word"] == "<end>") == 2  # finish() once per task
+
+
+def test_event_time_windows(tmp_path):
+    """Clicks up to 5 s out of order (within the 10 s bound): every window is
+    emitted once, with the count computed here, and nothing is late."""
+    rng = random.Random(3)
+    src = tmp_path / "in"
+    src.mkdir()
+    clicks = [{"user": rng.choice("abc"), "ts": 1_700_000_000_000 + i * 250} for i in range(2_000)]
+    for c in clicks:
+        c["ts"] -= rng.randint(0, 5_000)  # out of order, within the bound
+    (src / "clicks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in clicks))
+    out = subprocess.run([sys.executable, str(EXAMPLES / "event_time_windows.py"), str(src),
+                          str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for f in sorted((tmp_path / "out").glob("part-*"))
+            for line in f.read_text().splitlines()]
+    assert not [r for r in rows if "late" in r]
+    got = Counter()
+    for r in rows:
+        assert (r["user"], r["window_start"]) not in got, "a window was emitted twice"
+        got[(r["user"], r["window_start"])] = r["clicks"]
+    assert got == Counter((c["user"], c["ts"] - c["ts"] % 60_000) for c in clicks)

@@ -4,7 +4,9 @@ exact-output check of the fault suite holding across every hop."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 from pathlib import Path
 
@@ -21,10 +23,15 @@ from lockgate import (
 from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import CheckpointCorruptError, JobFailedError, LockgateError
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
+from tests.fault.checks import (
+    check_running_sums,
+    committed_lines,
+    hidden_files,
+    task_processes,
+)
 from tests.fault.sums_job import build
 
-N = 120_000
+N = 200_000
 KEYS = 5
 
 
@@ -56,19 +63,21 @@ def _hop(tmp: Path, parallelism: int, launcher: str, drain: bool, savepoint: str
 
 @pytest.mark.parametrize("launcher", ["local", "spark"])
 def test_stop_with_savepoint_and_rescale_is_exact(tmp_path: Path, launcher: str) -> None:
-    """p=2 -stop-> 1 -stop --drain-> 3 -stop-> 4 (runs to the end): every
-    record's running sum is committed exactly once across the five jobs."""
+    """p=2 -stop-> 1 -stop --drain-> 3 -stop-> 4 -stop-> 2 (runs to the end):
+    down, up twice, and back; every record's running sum is committed exactly
+    once across the five jobs."""
     r1 = _hop(tmp_path, 2, launcher, drain=False, savepoint=None)
     r2 = _hop(tmp_path, 1, launcher, drain=True, savepoint=r1.savepoint)
     r3 = _hop(tmp_path, 3, launcher, drain=False, savepoint=r2.savepoint)
-    p = build(N, 4, KEYS, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)
-    final = p.run(launcher=launcher, from_savepoint=r3.savepoint)
+    r4 = _hop(tmp_path, 4, launcher, drain=False, savepoint=r3.savepoint)
+    p = build(N, 2, KEYS, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)
+    final = p.run(launcher=launcher, from_savepoint=r4.savepoint)
     assert final.status == "finished"
     assert final.records_in == N and final.records_out == N
     check_running_sums(committed_lines(tmp_path / "out"), N, KEYS)
     assert hidden_files(tmp_path / "out") == []
     # savepoints are never deleted by Lockgate
-    for r in (r1, r2, r3):
+    for r in (r1, r2, r3, r4):
         assert storage.read_metadata(r.savepoint)["kind"] == "savepoint"
 
 
@@ -92,6 +101,30 @@ def test_intermediate_savepoint_commits_nothing_and_moves(tmp_path: Path) -> Non
     check_running_sums(committed_lines(tmp_path / "out"), N, KEYS)
     assert hidden_files(tmp_path / "out") == []
     assert storage.read_metadata(path)["kind"] == "savepoint"
+
+
+def test_failure_after_intermediate_savepoints_rolls_back_past_them(tmp_path: Path) -> None:
+    """No periodic checkpoints: intermediate savepoints make the sink commit
+    nothing (no visible file), and a task SIGKILLed after them restarts the job
+    from the beginning, never from a savepoint. The output is still exact: the
+    savepoints' pre-committed files were never made visible, and were removed."""
+    p = build(N, 2, KEYS, str(tmp_path / "out"), str(tmp_path / "chk"), None, rate=40_000)
+    client = p.start(launcher="local")
+    savepoints = []
+    while len(savepoints) < 2 or storage.read_metadata(savepoints[-1])["progress"]["read"] == 0:
+        assert len(savepoints) < 200, "no record was read before the savepoints"
+        savepoints.append(client.savepoint(dir=str(tmp_path / "sp")))
+    assert [f for f in (tmp_path / "out").iterdir() if not f.name.startswith((".", "_"))] == []
+    assert any(f.name.endswith(".pending") for f in (tmp_path / "out").iterdir()), \
+        "the savepoints pre-committed nothing: the test would prove nothing"
+    victim = max(pid for pid, (attempt, _) in task_processes(os.getpid()).items() if attempt == 0)
+    os.kill(victim, signal.SIGKILL)
+    result = client.result(timeout=300)
+    assert result.status == "finished" and result.restarts == 1, result.failures
+    assert not any(c.status == "completed" and c.kind == "checkpoint" for c in result.checkpoints)
+    check_running_sums(committed_lines(tmp_path / "out"), N, KEYS)
+    assert hidden_files(tmp_path / "out") == []
+    assert result.records_in == N
 
 
 def test_unknown_uid_in_savepoint_is_refused_unless_allowed(tmp_path: Path) -> None:

@@ -133,8 +133,18 @@ def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
             if "] checkpoint " in line:
                 checkpoints.release()
 
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
+    stdout_parts: list[str] = []
+
+    def read_stdout() -> None:
+        assert driver.stdout is not None
+        stdout_parts.append(driver.stdout.read())
+
+    # each pipe has one reader of its own (communicate() would read, and
+    # close, stderr under the stderr reader)
+    readers = [threading.Thread(target=read_stderr, daemon=True),
+               threading.Thread(target=read_stdout, daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
         for _ in range(3):  # three checkpoints completed: records are flowing
             assert checkpoints.acquire(timeout=240), "".join(stderr)[-3000:]
@@ -143,11 +153,13 @@ def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
                        if attempt == 0}
         assert worker_pids, "no task process found"
         os.kill(max(worker_pids), signal.SIGKILL)
-        stdout, _ = driver.communicate(timeout=300)
+        driver.wait(timeout=300)
     finally:
         if driver.poll() is None:
             driver.kill()
-    reader.join(10)
+    for reader in readers:
+        reader.join(10)
+    stdout = "".join(stdout_parts)
     log = "".join(stderr)
     assert driver.returncode == 0, log[-3000:]
     assert f"{n} records in, {n} out" in stdout, stdout

@@ -116,6 +116,27 @@ def test_final_checkpoint_after_every_task_reached_end_of_data(env):
     assert [m for _, _, m in sent[-3:]] == [{"t": "finish"}] * 3
 
 
+def test_attempt_after_a_completed_final_checkpoint_takes_its_own(env):
+    """A task died after the final checkpoint completed, before the job ended:
+    the next attempt (restored from that checkpoint) is not finished until its
+    own final checkpoint completes; without one its tasks would wait forever."""
+    c, clock, sent = env
+    for t in (0, 1, 2):
+        c.on_end_of_data(t)
+    ack_all(c, 1)
+    assert c.finished
+    c.on_attempt_failed()
+    c.start_attempt(AttemptPlan(1, [0], [0, 1, 2], TASK_OPERATORS))
+    assert not c.finished
+    for t in (0, 1, 2):
+        c.on_end_of_data(t)
+    assert sent[-1] == (1, 0, {"t": "trigger", "cp": 2})
+    assert c.pending is not None and c.pending.is_final
+    ack_all(c, 2)
+    assert c.finished
+    assert [m for a, _, m in sent[-3:] if a == 1] == [{"t": "finish"}] * 3
+
+
 def test_progress_adds_the_restored_baseline(env, tmp_path):
     c, clock, sent = env
     clock.now += 1.0
