@@ -2,7 +2,13 @@
 
 from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
-from lockgate.api.watermarks import MAX_WATERMARK, MIN_WATERMARK, WatermarkStrategy
+from lockgate.api.watermarks import (
+    END_OF_TIME,
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    TimeDomain,
+    WatermarkStrategy,
+)
 from lockgate.config import (
     CheckpointConfig,
     CheckpointingMode,
@@ -30,6 +36,7 @@ __all__ = [
     "KeyedStream",
     "ListStateDescriptor",
     "LockgateError",
+    "END_OF_TIME",
     "MAX_WATERMARK",
     "MIN_WATERMARK",
     "MapStateDescriptor",
@@ -38,5 +45,6 @@ __all__ = [
     "RestConfig",
     "RuntimeContext",
     "ValueStateDescriptor",
+    "TimeDomain",
     "WatermarkStrategy",
 ]

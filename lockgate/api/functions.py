@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
-from lockgate.api.watermarks import TimerService
+from lockgate.api.watermarks import TimeDomain, TimerService
 from lockgate.state.backend import (
     ListState,
     ListStateDescriptor,
@@ -33,6 +33,8 @@ class RuntimeContext(ABC):
     parallelism: int
     attempt: int
     uid: str
+    time_domain: TimeDomain | None
+    """In ``on_timer``: the clock of the timer that fired; otherwise None."""
 
     @property
     @abstractmethod
@@ -42,7 +44,8 @@ class RuntimeContext(ABC):
     @property
     @abstractmethod
     def timer_service(self) -> TimerService:
-        """Event-time timers of the current key (keyed functions only)."""
+        """Event-time and processing-time timers of the current key (keyed
+        functions only)."""
 
     @abstractmethod
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
@@ -79,9 +82,11 @@ class KeyedProcessFunction(ABC, Generic[IN, OUT]):
     def process_element(self, value: IN, ctx: RuntimeContext) -> Iterable[OUT] | None: ...
 
     def on_timer(self, timestamp: int, ctx: RuntimeContext) -> Iterable[OUT] | None:
-        """An event-time timer of ``ctx.current_key`` fired: the watermark
-        reached ``timestamp`` (at the latest at the end of input, or on
-        ``stop --drain``). Returns output records like ``process_element``."""
+        """A timer of ``ctx.current_key`` fired. ``ctx.time_domain`` says which:
+        an event-time timer when the watermark reached ``timestamp`` (at the
+        latest at the end of input, or on ``stop --drain``), a processing-time
+        timer when the wall clock did. Returns output records like
+        ``process_element``."""
         return None
 
     def end_input(self, ctx: RuntimeContext) -> Iterable[OUT] | None:

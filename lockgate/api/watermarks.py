@@ -35,14 +35,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-__all__ = ["MAX_WATERMARK", "MIN_WATERMARK", "TimerService", "WatermarkStrategy"]
+__all__ = ["END_OF_TIME", "MAX_WATERMARK", "MIN_WATERMARK", "TimeDomain", "TimerService",
+           "WatermarkStrategy"]
 
 MIN_WATERMARK = float("-inf")
 """The watermark of a stream that has promised nothing yet."""
 MAX_WATERMARK = float("inf")
 """The watermark at the end of input: every event-time timer fires."""
+END_OF_TIME = 2**63 - 1
+"""The largest timer timestamp: an event-time timer there fires only at the
+end of input (``MAX_WATERMARK``)."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,16 @@ class WatermarkStrategy:
         return max(map(self.timestamp_of, batch)) - self.max_out_of_orderness - 1
 
 
+class TimeDomain(StrEnum):
+    """Which clock a timer that fires belongs to (``ctx.time_domain`` in ``on_timer``)."""
+
+    EVENT_TIME = "event_time"
+    PROCESSING_TIME = "processing_time"
+
+
 class TimerService(ABC):
-    """Event-time timers of the current key (``ctx.timer_service``)."""
+    """Timers of the current key (``ctx.timer_service``), in event time or in
+    processing time."""
 
     @abstractmethod
     def current_watermark(self) -> float:
@@ -93,3 +106,22 @@ class TimerService(ABC):
     @abstractmethod
     def delete_event_time_timer(self, timestamp: int) -> None:
         """Forget a timer of the current key (nothing if there is none)."""
+
+    @abstractmethod
+    def current_processing_time(self) -> int:
+        """The task's wall-clock time, in milliseconds since the epoch."""
+
+    @abstractmethod
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        """Call ``on_timer(timestamp, ctx)`` for the current key once the
+        wall clock reaches ``timestamp`` (ms since the epoch; once per key and
+        timestamp). A timer restored from a checkpoint or savepoint whose time
+        has passed fires right after the restore. At the end of input, and on
+        ``stop --drain``, pending processing-time timers do not fire (as in
+        Flink); to act per key at the end of input, register an event-time
+        timer as well (say at ``END_OF_TIME``): every event-time timer fires
+        at the end of input."""
+
+    @abstractmethod
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        """Forget a processing-time timer of the current key (nothing if there is none)."""

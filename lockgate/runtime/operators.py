@@ -7,13 +7,14 @@ the per-record cost is the user's function plus a list comprehension step.
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
-from lockgate.api.watermarks import MIN_WATERMARK, TimerService
+from lockgate.api.watermarks import MIN_WATERMARK, TimeDomain, TimerService
 from lockgate.connectors.base import SinkWriter, TaskInfo
 from lockgate.errors import LockgateError, PipelineDefinitionError, UserFunctionError
 from lockgate.graph.jobgraph import OperatorSpec
@@ -44,6 +45,7 @@ class StreamOperator:
 
     keyed = False
     operator_state_mode = "split"  # how entries are redistributed: split | union
+    has_processing_timers = False
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
         self.spec = spec
@@ -73,6 +75,15 @@ class StreamOperator:
     def process_watermark(self, watermark: float) -> list[Any]:
         """The input's event time advanced to ``watermark``; returns records
         (of timers that fired)."""
+        return []
+
+    def next_processing_timer(self) -> float | None:
+        """When the earliest processing-time timer is due (ms since the
+        epoch), or None: the task's loop wakes up for it."""
+        return None
+
+    def process_processing_time(self, now: int) -> list[Any]:
+        """Processing time reached ``now``; returns records (of timers that fired)."""
         return []
 
     def end_input(self) -> list[Any]:
@@ -154,6 +165,7 @@ class _Context(RuntimeContext):
         self.parallelism = op.info.parallelism
         self.attempt = op.info.attempt
         self.uid = op.uid
+        self.time_domain: TimeDomain | None = None
 
     @property
     def current_key(self) -> Any:
@@ -195,28 +207,28 @@ def _user_hook(uid: str, hook: str) -> Iterator[None]:
             f"operator {uid!r} raised {type(e).__name__} in {hook}(): {e}") from e
 
 
-class EventTimeTimers(TimerService):
-    """Event-time timers of one keyed operator.
+class _TimerQueue:
+    """The timers of one time domain of one keyed operator.
 
-    The timers are keyed state (``TIMERS_STATE``, a map state: key ->
-    ``{timestamp: None}``, a set with O(1) membership, insertion and removal
-    however many timers a key has pending), so they are snapshotted, restored
-    and rescaled by key group with the rest of the operator's state. A heap
-    of ``(timestamp, seq, key)`` orders them for firing; it is rebuilt from the
-    state after a restore, and entries of deleted timers are skipped when they
-    come up."""
+    They are keyed map state (``state``: key -> ``{timestamp: None}``, a set
+    with O(1) membership, insertion and removal however many timers a key has
+    pending), so they are snapshotted, restored and rescaled by key group with
+    the rest of the operator's state. A heap of ``(timestamp, seq, key)``
+    orders them for firing; it is rebuilt from the state after a restore, and
+    entries of deleted timers are skipped when they come up. An operator that
+    never registers a timer keeps no state for them."""
 
-    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+    def __init__(self, backend: HeapKeyedStateBackend, state: str) -> None:
         self.backend = backend
-        self.watermark = MIN_WATERMARK
+        self.state = state
         self._table: dict[Any, dict[int, None]] | None = None
         self._heap: list[tuple[int, int, Any]] | None = None
         self._seq = 0
 
-    def _state(self) -> tuple[dict[Any, dict[int, None]], list[tuple[int, int, Any]]]:
+    def _load(self) -> tuple[dict[Any, dict[int, None]], list[tuple[int, int, Any]]]:
         if self._table is None:
-            self.backend.get_state(MapStateDescriptor(TIMERS_STATE))
-            self._table = self.backend.raw(TIMERS_STATE)
+            self.backend.get_state(MapStateDescriptor(self.state))
+            self._table = self.backend.raw(self.state)
         if self._heap is None:  # first use: take in what a restore brought
             self._heap = [(ts, i, key) for i, (key, ts) in enumerate(
                 (key, ts) for key, stamps in self._table.items() for ts in stamps)]
@@ -224,12 +236,12 @@ class EventTimeTimers(TimerService):
             self._seq = len(self._heap)
         return self._table, self._heap
 
-    def current_watermark(self) -> float:
-        return self.watermark
+    def _unused(self) -> bool:
+        """Never a timer, neither registered nor restored."""
+        return self._table is None and self.state not in self.backend.state_kinds()
 
-    def register_event_time_timer(self, timestamp: int) -> None:
-        table, heap = self._state()
-        key = self.backend.current_key
+    def register(self, key: Any, timestamp: int) -> None:
+        table, heap = self._load()
         stamps = table.get(key)
         if stamps is None:
             table[key] = {timestamp: None}
@@ -240,24 +252,30 @@ class EventTimeTimers(TimerService):
         heapq.heappush(heap, (timestamp, self._seq, key))
         self._seq += 1
 
-    def delete_event_time_timer(self, timestamp: int) -> None:
-        table, _ = self._state()
-        key = self.backend.current_key
+    def delete(self, key: Any, timestamp: int) -> None:
+        table, _ = self._load()
         stamps = table.get(key)
         if stamps and timestamp in stamps:
             del stamps[timestamp]
             if not stamps:
                 del table[key]
 
-    def due(self, watermark: float) -> Iterator[tuple[Any, int]]:
-        """Advance to ``watermark`` and yield ``(key, timestamp)`` of every
-        timer it reached, in timestamp order, removing each before it is
-        yielded (a timer registered while they fire is due as well)."""
-        self.watermark = watermark
-        if self._table is None and TIMERS_STATE not in self.backend.state_kinds():
-            return  # never a timer: no state for it either
-        table, heap = self._state()
-        while heap and heap[0][0] <= watermark:
+    def next_timestamp(self) -> float | None:
+        """The earliest pending timer's timestamp (maybe of a deleted timer:
+        ``due`` skips it), or None if there is none."""
+        if self._heap is None and self._unused():
+            return None
+        _, heap = self._load()
+        return heap[0][0] if heap else None
+
+    def due(self, until: float) -> Iterator[tuple[Any, int]]:
+        """Yield ``(key, timestamp)`` of every timer at or before ``until``, in
+        timestamp order, removing each before it is yielded (a timer
+        registered while they fire is due as well)."""
+        if self._heap is None and self._unused():
+            return
+        table, heap = self._load()
+        while heap and heap[0][0] <= until:
             ts, _, key = heapq.heappop(heap)
             stamps = table.get(key)
             if not stamps or ts not in stamps:
@@ -270,30 +288,93 @@ class EventTimeTimers(TimerService):
 
 TIMERS_STATE = "_timers"
 """The keyed state that holds a keyed process function's event-time timers."""
+PROCESSING_TIMERS_STATE = "_processing_timers"
+"""The keyed state that holds a keyed process function's processing-time timers."""
+
+
+def processing_time() -> int:
+    """The wall-clock time of processing-time timers: milliseconds since the
+    epoch, as in Flink."""
+    return int(time.time() * 1000)
+
+
+class KeyedTimers(TimerService):
+    """Event-time and processing-time timers of one keyed operator, each
+    domain a :class:`_TimerQueue` of its own state. Event-time timers fire as
+    the watermark passes them (``due``); processing-time timers when the
+    task's clock does (``due_processing``)."""
+
+    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+        self.backend = backend
+        self.watermark = MIN_WATERMARK
+        self.event = _TimerQueue(backend, TIMERS_STATE)
+        self.processing = _TimerQueue(backend, PROCESSING_TIMERS_STATE)
+
+    def current_watermark(self) -> float:
+        return self.watermark
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self.event.register(self.backend.current_key, timestamp)
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self.event.delete(self.backend.current_key, timestamp)
+
+    def current_processing_time(self) -> int:
+        return processing_time()
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self.processing.register(self.backend.current_key, timestamp)
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self.processing.delete(self.backend.current_key, timestamp)
+
+    def due(self, watermark: float) -> Iterator[tuple[Any, int]]:
+        """Advance to ``watermark`` and yield the event-time timers it reached."""
+        self.watermark = watermark
+        return self.event.due(watermark)
+
+    def due_processing(self, now: int) -> Iterator[tuple[Any, int]]:
+        """Yield the processing-time timers at or before ``now``."""
+        return self.processing.due(now)
 
 
 class ProcessOperator(_KeyedOperator):
     """Runs a user ``KeyedProcessFunction``."""
 
+    has_processing_timers = True
+
     def open(self, serializer: StateSerializer) -> None:
         super().open(serializer)
         assert self.backend is not None
         self.fn: KeyedProcessFunction = self.spec.fn
-        self.timers = EventTimeTimers(self.backend)
+        self.timers = KeyedTimers(self.backend)
         self.ctx = _Context(self)
         with _user_hook(self.uid, "open"):
             self.fn.open(self.ctx)
 
     def process_watermark(self, watermark: float) -> list[Any]:
+        return self._fire(self.timers.due(watermark), TimeDomain.EVENT_TIME)
+
+    def next_processing_timer(self) -> float | None:
+        return self.timers.processing.next_timestamp()
+
+    def process_processing_time(self, now: int) -> list[Any]:
+        return self._fire(self.timers.due_processing(now), TimeDomain.PROCESSING_TIME)
+
+    def _fire(self, due: Iterator[tuple[Any, int]], domain: TimeDomain) -> list[Any]:
         backend, fn, ctx = self.backend, self.fn, self.ctx
         assert backend is not None
         out: list[Any] = []
-        with _user_hook(self.uid, "on_timer"):
-            for key, ts in self.timers.due(watermark):
-                backend.current_key = key
-                res = fn.on_timer(ts, ctx)
-                if res is not None:
-                    out.extend(res)
+        ctx.time_domain = domain
+        try:
+            with _user_hook(self.uid, "on_timer"):
+                for key, ts in due:
+                    backend.current_key = key
+                    res = fn.on_timer(ts, ctx)
+                    if res is not None:
+                        out.extend(res)
+        finally:
+            ctx.time_domain = None
         return out
 
     def process(self, batch: list[Any]) -> list[Any]:

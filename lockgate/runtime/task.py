@@ -45,7 +45,13 @@ from lockgate.runtime import wire
 from lockgate.runtime.barriers import AbortReason, BarrierHandler
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.mailbox import CONTROL, Mailbox
-from lockgate.runtime.operators import OPERATORS, OperatorSnapshot, SourceOperator, StreamOperator
+from lockgate.runtime.operators import (
+    OPERATORS,
+    OperatorSnapshot,
+    SourceOperator,
+    StreamOperator,
+    processing_time,
+)
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.wire import Frame
 from lockgate.state.serde import StateSerializer
@@ -321,7 +327,11 @@ class Task:
     def _loop(self) -> None:
         mailbox = self.mailbox
         outputs = self.outputs
+        self._timed = [i for i, op in enumerate(self.chain)
+                       if op.has_processing_timers and op.uid not in self.skipped]
+        timers = self._fire_processing_timers if self._timed else None
         while not self.done:
+            wait = timers() if timers is not None else 1.0
             if self.source is not None and not self.reached_end:
                 msg = mailbox.take_control()
                 if msg is not None:
@@ -348,10 +358,32 @@ class Task:
             if item is None:
                 for out in outputs:
                     out.flush()
-                item = mailbox.take(1.0)
+                item = mailbox.take(min(wait, 1.0))  # wakes up for the next timer
                 if item is None:
                     continue
             self._on_element(*item)
+
+    def _fire_processing_timers(self) -> float:
+        """Fire the processing-time timers that are due (their output flows
+        through the rest of the chain); returns the seconds until the next one.
+        Once the input ended, none fires any more (FLIP-147, as in Flink: the
+        clock has not reached them, and finish() came first)."""
+        if self.reached_end:
+            return 1.0
+        now = processing_time()
+        wait = 1.0
+        chain = self.chain
+        for i in self._timed:
+            op = chain[i]
+            due = op.next_processing_timer()
+            if due is not None and due <= now:
+                fired = op.process_processing_time(now)
+                if fired:
+                    self._run_chain(fired, chain[i + 1:])
+                due = op.next_processing_timer()
+            if due is not None:
+                wait = min(wait, max(due - now, 0) / 1000)
+        return wait
 
     def _on_element(self, ch: int, kind: int, item: Any) -> None:
         if ch == CONTROL:
