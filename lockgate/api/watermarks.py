@@ -1,4 +1,5 @@
-"""Event time: watermarks from sources, event-time timers in keyed functions.
+"""Event time: watermarks from sources, and the timers of keyed functions
+(event time and processing time).
 
 A source given a :class:`WatermarkStrategy` stamps its stream with watermarks:
 every ``interval`` seconds (if it advanced) it emits
@@ -20,6 +21,12 @@ reads its splits (files, ranges) one after another under one watermark: where
 their event times overlap, allow for it in ``max_out_of_orderness``. Watermarks are not
 checkpointed: a restored job starts at :data:`MIN_WATERMARK` and its sources
 produce watermarks again from the records they replay.
+
+Processing-time timers (``register_processing_time_timer(ms)``, wall-clock
+milliseconds since the epoch) fire when the task's clock reaches them; they
+are kept in checkpoints and savepoints like event-time timers, fire at once
+when restored overdue, and do not fire at the end of input (as in Flink).
+In ``on_timer``, ``ctx.time_domain`` says which kind fired.
 
 Example::
 
