@@ -7,6 +7,7 @@ the per-record cost is the user's function plus a list comprehension step.
 from __future__ import annotations
 
 import heapq
+import numbers
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -241,6 +242,8 @@ class _TimerQueue:
         return self._table is None and self.state not in self.backend.state_kinds()
 
     def register(self, key: Any, timestamp: int) -> None:
+        if type(timestamp) is not int:
+            timestamp = _timestamp(timestamp)
         table, heap = self._load()
         stamps = table.get(key)
         if stamps is None:
@@ -284,6 +287,15 @@ class _TimerQueue:
             if not stamps:
                 del table[key]
             yield key, ts
+
+
+def _timestamp(value: Any) -> int:
+    """A timer's timestamp as an int (numpy's integers too), or a clear error."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise TypeError(f"a timer's timestamp must be an integer (event time in your unit, "
+                    f"processing time in ms since the epoch), got {type(value).__name__} "
+                    f"{value!r}: convert it with int()")
 
 
 TIMERS_STATE = "_timers"

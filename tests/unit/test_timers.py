@@ -124,3 +124,13 @@ def test_watermark_strategy() -> None:
         WatermarkStrategy(lambda r: r, idle_timeout=0)
     with pytest.raises(TypeError, match="timestamp_of"):
         WatermarkStrategy("ts")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [1.5, "10", None, True])
+def test_a_timestamp_that_is_not_an_integer_is_a_clear_error(bad) -> None:
+    timers = KeyedTimers(backend())
+    timers.backend.current_key = "a"
+    for register in (timers.register_event_time_timer, timers.register_processing_time_timer):
+        with pytest.raises(TypeError, match="timer's timestamp must be an integer.*int()"):
+            register(bad)
+    assert timers.processing.next_timestamp() is None  # nothing was registered
