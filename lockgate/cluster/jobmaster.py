@@ -349,6 +349,7 @@ class JobMaster:
         another connection. Wait for it a moment, and name it if it comes."""
         if failure.error_type != "ConnectionError":
             return failure
+        reported = {failure.task}  # tasks that said why they failed: not silent deaths
         deadline = time.monotonic() + ROOT_CAUSE_WAIT
         while (left := deadline - time.monotonic()) > 0:
             try:
@@ -359,12 +360,15 @@ class JobMaster:
                 continue
             msg = ev.message
             if ev.kind == "message" and msg is not None:
-                if msg.get("t") == "failed" and msg.get("error_type") != "ConnectionError":
+                if msg.get("t") != "failed":
+                    continue
+                reported.add(ev.task)
+                if msg.get("error_type") != "ConnectionError":
                     try:
                         self._on_message(ev.task, msg, {}, set())
                     except AttemptFailed as cause:
                         return cause
-            elif ev.kind == "disconnected" and ev.task not in self._finished | {failure.task}:
+            elif ev.kind == "disconnected" and ev.task not in self._finished | reported:
                 # a task's report would have come before its disconnection: it died
                 return AttemptFailed(
                     f"task {self._task_name(ev.task)} lost its connection to the coordinator "
