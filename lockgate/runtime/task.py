@@ -358,7 +358,7 @@ class Task:
             if item is None:
                 for out in outputs:
                     out.flush()
-                item = mailbox.take(min(wait, 1.0))  # wakes up for the next timer
+                item = mailbox.take(wait)  # <= 1 s; wakes up for the next timer
                 if item is None:
                     continue
             self._on_element(*item)
