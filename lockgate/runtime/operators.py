@@ -31,6 +31,7 @@ from lockgate.state.backend import (
 )
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
+from lockgate.state.values import ATOMIC, private_copy
 
 
 @dataclass
@@ -131,7 +132,15 @@ class _KeyedOperator(StreamOperator):
 
 
 class ReduceOperator(_KeyedOperator):
-    """Keeps one value per key; emits every updated value."""
+    """Keeps one value per key; emits every updated value.
+
+    The function may mutate and return its first argument (``a[1] += b[1];
+    return a``, the fold style of PySpark): a mutable accumulator is copied
+    before the function sees it, so the stored value (which a snapshot may be
+    writing) and every record emitted before stay as they were, and the
+    emitted record is never the stored object, so an operator downstream that
+    changes its input in place cannot change the state. Immutable
+    accumulators (numbers, strings, tuples of them) are never copied."""
 
     STATE = ValueStateDescriptor("reduce")
 
@@ -140,18 +149,47 @@ class ReduceOperator(_KeyedOperator):
         assert self.backend is not None
         self.backend.get_state(self.STATE)
         self._values = self.backend.raw(self.STATE.name)
+        self._only_atomic: bool | None = None
 
     def process(self, batch: list[Any]) -> list[Any]:
         fn, key_of, values = self.spec.fn, self.spec.key_selector, self._values
         get = values.get
-        out = []
+        out: list[Any] = []
         append = out.append
         missing = _MISSING
-        for r in batch:
+        atomic = ATOMIC
+        records = iter(batch)
+        if self._only_atomic is None:  # first batch: what a restore brought
+            self._only_atomic = all(v.__class__ in atomic for v in values.values())
+        if self._only_atomic:
+            # Every stored value is immutable: nothing to copy until a
+            # function returns a mutable one (one type test a record).
+            for r in records:
+                k = key_of(r)
+                try:
+                    v = fn(values[k], r)
+                except KeyError:
+                    if k in values:
+                        raise  # the function's own KeyError
+                    v = r
+                if v.__class__ in atomic:
+                    values[k] = v
+                    append(v)
+                else:
+                    self._only_atomic = False
+                    values[k] = private_copy(v)
+                    append(v)
+                    break
+        for r in records:  # the rest of the batch, once a mutable value was stored
             k = key_of(r)
             old = get(k, missing)
-            v = r if old is missing else fn(old, r)
-            values[k] = v
+            if old is missing:
+                v = r
+            elif old.__class__ in atomic:
+                v = fn(old, r)
+            else:
+                v = fn(private_copy(old), r)
+            values[k] = v if v.__class__ in atomic else private_copy(v)
             append(v)
         return out
 

@@ -4,9 +4,15 @@ Each state name has one dict ``key -> value``. ``snapshot()`` is the
 synchronous part of a checkpoint: it copies the dicts (values of list and map
 state one level deep) so that records keep being processed while
 ``KeyedStateSnapshot.write`` serializes the copy on another thread, one block
-per key group. Contract (as Flink's heap backend): a value stored with
-``ValueState.update`` must not be mutated in place afterwards — store a new
-value instead — or a snapshot in progress could see the change.
+per key group.
+
+State has value semantics (:mod:`lockgate.state.values`): every mutable value
+is copied on its way in (``update``, ``add``, ``put``) and on its way out
+(``value``, ``get``, ``items``), so the objects stored here are never
+reachable from user code, and nothing the user does to an object it got from
+state or handed to it can change live state, a snapshot being written, or a
+record already emitted. A change takes effect when it is written back.
+Immutable values (numbers, strings, tuples of them) are never copied.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any, BinaryIO, ClassVar
 from lockgate.errors import LockgateError
 from lockgate.state.keygroups import KeyGroupAssigner
 from lockgate.state.serde import StateSerializer
+from lockgate.state.values import ATOMIC, private_copy
 
 __all__ = [
     "ValueStateDescriptor",
@@ -39,6 +46,10 @@ class StateTypeError(LockgateError):
 
 @dataclass(frozen=True)
 class ValueStateDescriptor:
+    """A value per key; ``default`` is what ``value()`` returns for a key
+    with none (a mutable default, such as ``[]`` or ``{}``, is copied for
+    every key: no two keys share it)."""
+
     name: str
     default: Any = None
     kind: ClassVar[str] = "value"
@@ -69,7 +80,13 @@ class _State:
 
 
 class ValueState(_State):
-    """One value per key."""
+    """One value per key.
+
+    ``value()`` returns your own copy of a mutable value: change it as you
+    like, then ``update()`` it to store the change. ``update(v)`` stores a
+    copy, so changing ``v`` afterwards (or emitting it and changing it later)
+    neither changes the state nor a checkpoint. Immutable values are not
+    copied. The same holds for list and map state, element by element."""
 
     def __init__(self, backend: HeapKeyedStateBackend, table: dict[Any, Any],
                  default: Any) -> None:
@@ -77,31 +94,35 @@ class ValueState(_State):
         self._default = default
 
     def value(self) -> Any:
-        return self._table.get(self._backend.current_key, self._default)
+        v = self._table.get(self._backend.current_key, self._default)
+        return v if type(v) in ATOMIC else private_copy(v)
 
     def update(self, value: Any) -> None:
         if value is None:
             self.clear()
         else:
-            self._table[self._backend.current_key] = value
+            self._table[self._backend.current_key] = (
+                value if type(value) in ATOMIC else private_copy(value))
 
 
 class ListState(_State):
-    """A list of values per key."""
+    """A list of values per key. ``get()`` returns a new list of copies of
+    mutable elements; ``add``, ``add_all`` and ``update`` store copies."""
 
     def get(self) -> list[Any]:
-        return list(self._table.get(self._backend.current_key, ()))
+        return _copies(self._table.get(self._backend.current_key, ()))
 
     def add(self, value: Any) -> None:
-        self._table.setdefault(self._backend.current_key, []).append(value)
+        self._table.setdefault(self._backend.current_key, []).append(
+            value if type(value) in ATOMIC else private_copy(value))
 
     def add_all(self, values: Iterable[Any]) -> None:
-        values = list(values)
+        values = _copies(values)
         if values:
             self._table.setdefault(self._backend.current_key, []).extend(values)
 
     def update(self, values: Iterable[Any]) -> None:
-        values = list(values)
+        values = _copies(values)
         if values:
             self._table[self._backend.current_key] = values
         else:
@@ -109,20 +130,25 @@ class ListState(_State):
 
 
 class MapState(_State):
-    """A dict per key."""
+    """A dict per key. Values come out as copies (``get``, ``values``,
+    ``items``) and go in as copies (``put``, ``put_all``) when mutable; map
+    keys are hashable, so immutable for built-in types."""
 
     def _map(self) -> dict[Any, Any]:
         return self._table.get(self._backend.current_key, {})
 
     def get(self, key: Any, default: Any = None) -> Any:
-        return self._map().get(key, default)
+        v = self._map().get(key, default)
+        return v if type(v) in ATOMIC else private_copy(v)
 
     def put(self, key: Any, value: Any) -> None:
-        self._table.setdefault(self._backend.current_key, {})[key] = value
+        self._table.setdefault(self._backend.current_key, {})[key] = (
+            value if type(value) in ATOMIC else private_copy(value))
 
     def put_all(self, items: dict[Any, Any]) -> None:
         if items:
-            self._table.setdefault(self._backend.current_key, {}).update(items)
+            self._table.setdefault(self._backend.current_key, {}).update(
+                {k: v if type(v) in ATOMIC else private_copy(v) for k, v in items.items()})
 
     def contains(self, key: Any) -> bool:
         return key in self._map()
@@ -138,16 +164,22 @@ class MapState(_State):
         return list(self._map().keys())
 
     def values(self) -> list[Any]:
-        return list(self._map().values())
+        return _copies(self._map().values())
 
     def items(self) -> list[tuple[Any, Any]]:
-        return list(self._map().items())
+        return [(k, v if type(v) in ATOMIC else private_copy(v))
+                for k, v in self._map().items()]
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.keys())
 
     def is_empty(self) -> bool:
         return not self._map()
+
+
+def _copies(values: Iterable[Any]) -> list[Any]:
+    """A new list of ``values``, mutable ones copied."""
+    return [v if type(v) in ATOMIC else private_copy(v) for v in values]
 
 
 class HeapKeyedStateBackend:
