@@ -338,8 +338,12 @@ class JobMaster:
                             else f"exited with code {code}")
                     raise AttemptFailed(f"task {self._task_name(ev.task)} {what}", ev.task)
             if running:
-                self.coordinator.tick()
+                # Commands first: a savepoint waiting for the pending
+                # checkpoint must start before the next periodic one, or a
+                # job whose checkpoints take longer than their interval
+                # would never take it (and never stop).
                 self._serve_commands()
+                self.coordinator.tick()
             if self.coordinator.completed_count != self._reported:
                 self._report_progress()
 

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
+from lockgate.errors import LockgateError
 
 __all__ = ["SequenceSource"]
 
@@ -15,7 +16,9 @@ class SequenceSource(Source[int]):
 
     Each task reads its own split (a contiguous range when bounded, a stride
     when unbounded); the state of a split is the next number to emit, so the
-    source replays exactly from a checkpoint.
+    source replays exactly from a checkpoint. Restored at another
+    parallelism, what is left of every split is dealt out again, so every
+    task reads and every number is read once (see :func:`deal_splits`).
 
     Args:
         start: first number.
@@ -24,6 +27,7 @@ class SequenceSource(Source[int]):
     """
 
     replayable = True
+    operator_state_mode = "union"  # every task sees every split and takes its share
 
     def __init__(self, start: int, end: int | None = None, *, rate: float | None = None) -> None:
         if end is not None and end < start:
@@ -52,6 +56,74 @@ class SequenceSource(Source[int]):
         return SequenceReader(self, info)
 
 
+def _split(entry: Any) -> dict[str, Any]:
+    """A restored split entry, validated (checkpoints are untrusted input)."""
+    ok = (isinstance(entry, dict)
+          and all(type(entry.get(f)) is int for f in ("split", "next", "step"))
+          and entry["step"] > 0
+          and (entry.get("end") is None or type(entry.get("end")) is int))
+    if not ok:
+        raise LockgateError(
+            f"sequence source: restored state entry {entry!r} is not a split position; "
+            "restore with the source that wrote the checkpoint")
+    return {"split": entry["split"], "next": entry["next"], "end": entry.get("end"),
+            "step": entry["step"]}
+
+
+def _pieces(split: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """What is left of ``split`` cut into at most ``n`` disjoint pieces whose
+    union is the rest of the split: contiguous runs of a bounded split, ``n``
+    interleaved strides of an unbounded one."""
+    nxt, end, step = split["next"], split["end"], split["step"]
+    if end is None:
+        return [{"next": nxt + j * step, "end": None, "step": step * n} for j in range(n)]
+    count = max(0, (end - nxt) // step + 1)
+    out = []
+    for j in range(n):
+        lo, hi = count * j // n, count * (j + 1) // n
+        if hi > lo:
+            out.append({"next": nxt + lo * step, "end": nxt + (hi - 1) * step, "step": step})
+    return out
+
+
+def deal_splits(entries: list[Any], task_index: int, parallelism: int) -> list[dict[str, Any]]:
+    """The splits task ``task_index`` of ``parallelism`` reads after a
+    restore, from every task's restored split entries (union state).
+
+    At the parallelism that wrote them (each entry says its ``owner`` task
+    and the parallelism ``of`` it), every task takes its own splits back.
+    Otherwise what is left of the splits is dealt out again, the same way by
+    every task: unfinished splits in a canonical order, round-robin when there
+    are at least as many as tasks, else each one cut into ``parallelism``
+    pieces first, so every task has work and every number is read once."""
+    if any(isinstance(e, dict) and "owner" not in e for e in entries):
+        # A checkpoint of a version that dealt entries out itself (split
+        # mode): these are this task's already.
+        return [_split(e) for e in entries]
+    splits = []
+    same = True
+    for e in entries:
+        s = _split(e)
+        owner, of = e.get("owner"), e.get("of")
+        same = same and owner is not None and of == parallelism
+        s["owner"] = owner
+        splits.append(s)
+    if same:
+        mine = [s for s in splits if s["owner"] == task_index]
+        for s in mine:
+            del s["owner"]
+        return mine
+    left = sorted(
+        ({"next": s["next"], "end": s["end"], "step": s["step"]} for s in splits
+         if s["end"] is None or s["next"] <= s["end"]),
+        key=lambda s: (s["next"], s["step"], -1 if s["end"] is None else s["end"]))
+    if 0 < len(left) < parallelism:
+        left = [piece for s in left for piece in _pieces(s, parallelism)]
+    for i, s in enumerate(left):
+        s["split"] = i
+    return left[task_index::parallelism]
+
+
 class SequenceReader(SourceReader[int]):
     def __init__(self, source: SequenceSource, info: TaskInfo) -> None:
         self.source = source
@@ -60,12 +132,13 @@ class SequenceReader(SourceReader[int]):
         self.rate = source.rate / info.parallelism if source.rate else None
         self.started = time.monotonic()
         self.emitted = 0
+        self._turn = 0
 
     def restore(self, state: list[Any] | None) -> None:
         if state is None:
             self.splits = [self.source.splits(self.info.parallelism)[self.info.task_index]]
         else:
-            self.splits = [dict(s) for s in state]
+            self.splits = deal_splits(state, self.info.task_index, self.info.parallelism)
 
     def poll(self, max_records: int) -> list[int] | None:
         if self.rate is not None:
@@ -73,10 +146,15 @@ class SequenceReader(SourceReader[int]):
             if allowed <= 0:
                 return []
             max_records = min(max_records, allowed)
-        for split in self.splits:
+        splits = self.splits
+        # Round-robin over the splits: an unbounded split never ends, and must
+        # not starve the splits after it.
+        for i in range(len(splits)):
+            split = splits[(self._turn + i) % len(splits)]
             nxt, end, step = split["next"], split["end"], split["step"]
             if end is not None and nxt > end:
                 continue
+            self._turn = (self._turn + i + 1) % len(splits)
             stop = nxt + max_records * step
             if end is not None:
                 stop = min(stop, end + 1)
@@ -87,4 +165,5 @@ class SequenceReader(SourceReader[int]):
         return None
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        return [dict(s) for s in self.splits]
+        owner, of = self.info.task_index, self.info.parallelism
+        return [{**s, "owner": owner, "of": of} for s in self.splits]
