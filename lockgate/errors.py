@@ -25,6 +25,11 @@ class ConfigurationError(LockgateError):
     """A setting cannot work (an unwritable folder, ...): restarting cannot help."""
 
 
+class SavepointMismatchError(LockgateError):
+    """A checkpoint or savepoint does not belong to the job it is restored
+    into in a way that would lose output (a sink that moved)."""
+
+
 class OutputLostError(LockgateError):
     """Output a completed checkpoint committed is gone (deleted outside Lockgate)."""
 

@@ -82,6 +82,8 @@ class CheckpointCoordinator:
         max_parallelism: int,
         send: Callable[[int, int, dict[str, Any]], None],
         clock: Callable[[], float] = time.monotonic,
+        job_name: str | None = None,
+        locations: dict[str, str] | None = None,
     ) -> None:
         self.job_id = job_id
         self.job_dir = os.fspath(job_dir)
@@ -89,6 +91,9 @@ class CheckpointCoordinator:
         self.config = config
         self.operator_parallelism = operator_parallelism
         self.operator_modes = operator_modes
+        self.job_name = job_name
+        self.locations = locations or {}
+        """Where each sink uid writes (secrets masked), recorded in ``_metadata``."""
         self.max_parallelism = max_parallelism
         self.send = send
         self.clock = clock
@@ -217,7 +222,8 @@ class CheckpointCoordinator:
         chk = storage.checkpoint_dir(self.job_dir, p.checkpoint_id)
         metadata = build_metadata(self.job_id, p, self.plan.task_operators,
                                   self.operator_parallelism, self.operator_modes,
-                                  self.max_parallelism, self.baseline)
+                                  self.max_parallelism, self.baseline,
+                                  job_name=self.job_name, locations=self.locations)
         # Step 1.
         if p.savepoint_dir is not None:
             try:

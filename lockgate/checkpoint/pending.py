@@ -89,12 +89,16 @@ def build_metadata(
     operator_modes: dict[str, str],
     max_parallelism: int,
     baseline: tuple[int, int] = (0, 0),
+    job_name: str | None = None,
+    locations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The content of ``_metadata`` for a fully acknowledged checkpoint.
 
     ``task_operators`` maps a global task number to ``(vertex, subtask index,
     operator uids)``. Every acknowledgement maps an operator uid to its handle.
     ``baseline`` is the progress recorded in the checkpoint this attempt restored.
+    ``job_name`` (the pipeline's name) and ``locations`` (where a sink uid
+    writes, secrets masked) let a restore recognise the job and its sinks.
     """
     operators: dict[str, dict[str, Any]] = {
         uid: {"parallelism": p, "operator_state_mode": operator_modes[uid], "subtasks": [None] * p}
@@ -110,9 +114,12 @@ def build_metadata(
         # FLIP-147: every subtask had finished: on restore the operator is
         # skipped (reads nothing, runs no end_input/finish again)
         op["finished"] = finished_subtasks[uid] == op["parallelism"]
+        if locations and uid in locations:
+            op["location"] = locations[uid]
     return {
         "format": 1,
         "job_id": job_id,
+        **({"job_name": job_name} if job_name is not None else {}),
         "checkpoint_id": pending.checkpoint_id,
         "kind": "savepoint" if pending.savepoint_dir is not None else "checkpoint",
         "timestamp": pending.timestamp,

@@ -35,6 +35,7 @@ from lockgate.errors import (
     JobFailedError,
     LockgateError,
     PipelineDefinitionError,
+    SavepointMismatchError,
 )
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
 from lockgate.runtime.task import TaskSpec
@@ -136,7 +137,8 @@ class JobMaster:
                                     host=options.bind_host)
         self.coordinator = CheckpointCoordinator(
             self.job_id, self.job_dir, self.config, graph.operator_parallelism(), modes,
-            graph.max_parallelism, self._send)
+            graph.max_parallelism, self._send, job_name=pipeline.name,
+            locations=sink_locations(graph))
         self.attempt = 0
         self.launcher: Any = None
         self.records: dict[str, dict[int, int]] = {"read": {}, "written": {}}
@@ -200,7 +202,8 @@ class JobMaster:
         status = "finished"
         if self.options.from_checkpoint:
             self._started_from = load_checkpoint(
-                self.options.from_checkpoint, self.graph, self.options.allow_non_restored_state)
+                self.options.from_checkpoint, self.graph, self.options.allow_non_restored_state,
+                job_name=self.pipeline.name)
             self.coordinator.restored_from(self._started_from)
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
                  self.job_id, self.graph.num_tasks, guarantee, fs.redact(self.job_dir))
@@ -548,8 +551,39 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name).strip("-") or "job"
 
 
+def sink_locations(graph: JobGraph) -> dict[str, str]:
+    """Where each sink uid of the job writes (a path or URL, secrets masked),
+    for the sinks that say (``path``)."""
+    return {op.uid: fs.redact(op.fn.path) for op in graph.operators()
+            if op.kind == "sink" and isinstance(getattr(op.fn, "path", None), str)}
+
+
+def check_sink_locations(meta: dict[str, Any], graph: JobGraph, chk: str,
+                         job_name: str | None) -> None:
+    """Refuse a restore whose sink writes elsewhere than the one that took the
+    checkpoint: its pre-committed output is in the old folder, and its
+    committed files too. Say what differs and how to go on."""
+    kind = meta.get("kind", "checkpoint")
+    old_name = meta.get("job_name")
+    for uid, location in sink_locations(graph).items():
+        op = meta["operators"].get(uid)
+        old = op.get("location") if isinstance(op, dict) else None
+        if not isinstance(old, str) or old == location:
+            continue
+        other_job = (f" It is a {kind} of job {old_name!r} ({meta.get('job_id')}), "
+                     f"and this job is {job_name!r}."
+                     if isinstance(old_name, str) and job_name and old_name != job_name else "")
+        raise SavepointMismatchError(
+            f"sink {uid!r} wrote to {old} when {kind} {fs.redact(chk)} was taken, and now "
+            f"writes to {location}.{other_job} Its pre-committed output and its committed "
+            f"files are in the old location. To go on writing there, give the sink its old "
+            f"location; to start this sink afresh in the new one, give it a new uid and "
+            f"restore with allow_non_restored_state=True (--allow-non-restored-state)")
+
+
 def load_checkpoint(path: str, graph: JobGraph,
-                    allow_non_restored_state: bool = False) -> CompletedCheckpoint:
+                    allow_non_restored_state: bool = False,
+                    job_name: str | None = None) -> CompletedCheckpoint:
     """Read a checkpoint or savepoint a job starts from and check it fits the job.
 
     State of an operator uid the job no longer has is refused, unless
@@ -558,6 +592,10 @@ def load_checkpoint(path: str, graph: JobGraph,
     chk = fs.absolute(path)
     meta = storage.read_metadata(chk)
     storage.verify_files(chk, meta)
+    check_sink_locations(meta, graph, chk, job_name)
+    old_name = meta.get("job_name")
+    if isinstance(old_name, str) and job_name is not None and old_name != job_name:
+        log.info("job %r restores %s of job %r", job_name, fs.redact(chk), old_name)
     known = {op.uid for op in graph.operators()}
     unknown = sorted(set(meta["operators"]) - known)
     kind = meta.get("kind", "checkpoint")
@@ -640,15 +678,15 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
 
         options.bind_host = prepare_spark(spark, master, graph.num_tasks)
         if options.bind_host != "127.0.0.1":
-            _warn_unshared_paths(pipeline, sinks)
+            _warn_unshared_paths(pipeline, sources, sinks)
     return JobMaster(pipeline, graph, options), guarantee
 
 
-def _warn_unshared_paths(pipeline: Pipeline, sinks: list[Any]) -> None:
+def _warn_unshared_paths(pipeline: Pipeline, sources: list[Any], sinks: list[Any]) -> None:
     """On a cluster, a plain local path is most often a mistake: each executor
     would see its own folder. ``file://`` says "a shared mount" explicitly."""
     paths = [("checkpoint storage", pipeline.checkpoint.storage if pipeline.checkpoint else None)]
-    paths += [(f"sink {op.uid!r}", getattr(op.fn, "folder", None)) for op in sinks]
+    paths += [(f"{op.kind} {op.uid!r}", getattr(op.fn, "path", None)) for op in sources + sinks]
     for what, path in paths:
         if isinstance(path, str) and not fs.is_url(path):
             log.warning("%s is the plain local path %s, but the job runs on a Spark cluster: "

@@ -9,7 +9,6 @@ a 4-byte big-endian length, then the serialized record).
 
 from __future__ import annotations
 
-import os
 import struct
 import tempfile
 from typing import Any
@@ -85,7 +84,8 @@ class CollectSink(Sink[Any]):
         """``path``: the folder of the committed files (created if missing), a
         local path or a URL (see :mod:`lockgate.fs`); ``None``: a temporary
         local folder, made when the job starts."""
-        self.path: str | None = os.fspath(path) if path is not None else None
+        # resolved here, in the driver: tasks may run in another working folder
+        self.path: str | None = fs.absolute(path) if path is not None else None
 
     def validate(self) -> None:
         """Called in the driver before the job starts: fix the folder."""

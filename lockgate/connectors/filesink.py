@@ -558,7 +558,9 @@ class FileSink(Sink[Any]):
             raise LockgateError(
                 f"FileSink: unknown format {format!r}; use one of {sorted(_SINK_FORMATS)}"
             )
-        self.path = os.fspath(path)
+        # resolved here, in the driver: a task on a cluster runs in its
+        # executor's working folder
+        self.path = fs.absolute(path)
         self.format = format
 
     def validate(self) -> None:

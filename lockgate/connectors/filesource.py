@@ -368,7 +368,9 @@ class FileSource(Source[Any]):
             raise LockgateError(f"FileSource: unknown format {format!r}; use one of {_FORMATS}")
         if poll_interval < 0:
             raise LockgateError("FileSource: poll_interval must be >= 0 seconds")
-        self.path = os.fspath(path)
+        # resolved here, in the driver: a task on a cluster runs in its
+        # executor's working folder
+        self.path = fs.absolute(path)
         self.format = format
         self.watch = watch
         self.poll_interval = poll_interval

@@ -22,7 +22,12 @@ from lockgate import (
 )
 from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
-from lockgate.errors import CheckpointCorruptError, JobFailedError, LockgateError
+from lockgate.errors import (
+    CheckpointCorruptError,
+    JobFailedError,
+    LockgateError,
+    SavepointMismatchError,
+)
 from tests.fault.checks import (
     check_running_sums,
     committed_lines,
@@ -146,6 +151,44 @@ def test_unknown_uid_in_savepoint_is_refused_unless_allowed(tmp_path: Path) -> N
     # allowed: the renamed operator starts empty, the rest restores
     result = p.run(launcher="local", from_savepoint=sp, allow_non_restored_state=True)
     assert result.status == "finished" and result.records_in == N
+
+
+def test_a_moved_sink_or_another_jobs_savepoint_is_refused_saying_what_differs(
+        tmp_path: Path) -> None:
+    """A savepoint names its job and where each sink wrote: restored into a
+    job whose sink writes elsewhere (the folder changed, or it is another
+    job's savepoint), the restore says so and how to go on, and touches
+    nothing; the advice (a new sink uid, allow_non_restored_state) works."""
+    client, checkpointed = _start(tmp_path, 2, "local")
+    assert checkpointed.wait(120)
+    sp = client.stop(dir=str(tmp_path / "sp")).savepoint
+    assert sp is not None
+    meta = storage.read_metadata(sp)
+    assert meta["job_name"] == "sums"
+    assert meta["operators"]["out"]["location"] == str(tmp_path / "out")
+    before = sorted(f.name for f in (tmp_path / "out").iterdir())
+    moved = build(N, 2, KEYS, str(tmp_path / "out2"), str(tmp_path / "chk"), 0.2)
+    with pytest.raises(SavepointMismatchError) as info:
+        moved.run(launcher="local", from_savepoint=sp)
+    message = str(info.value)
+    assert f"sink 'out' wrote to {tmp_path / 'out'}" in message
+    assert f"now writes to {tmp_path / 'out2'}" in message
+    assert "new uid" in message and "--allow-non-restored-state" in message
+    assert "committed output was lost" not in message
+    assert sorted(f.name for f in (tmp_path / "out").iterdir()) == before  # nothing touched
+    # another job's savepoint: both jobs are named
+    other = build(N, 2, KEYS, str(tmp_path / "out3"), str(tmp_path / "chk"), 0.2)
+    other.name = "totals"
+    with pytest.raises(SavepointMismatchError, match=r"of job 'sums' \(sums-.*'totals'"):
+        other.run(launcher="local", from_savepoint=sp)
+    # the advice: a new sink uid, and the old sink's state dropped
+    for node in moved.nodes:
+        if node.uid == "out":
+            node.uid = "out-v2"
+    result = moved.run(launcher="local", from_savepoint=sp, allow_non_restored_state=True)
+    assert result.status == "finished" and result.records_in == N
+    assert committed_lines(tmp_path / "out2")
+    assert sorted(f.name for f in (tmp_path / "out").iterdir()) == before
 
 
 def test_savepoint_without_a_folder_is_a_clear_error(tmp_path: Path) -> None:

@@ -168,3 +168,23 @@ def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
     assert "plain local path" in log and "file://" in log, log[-3000:]
     check_running_sums(committed_lines(out), n, 3)
     assert hidden_files(out) == []
+
+
+def test_relative_paths_on_a_cluster_are_the_drivers_and_warned_of(
+        cluster: tuple[str, int], tmp_path: Path) -> None:
+    """``FileSink("out")`` with the driver in ``tmp_path``: the tasks run in
+    their executor's work folder, yet the output lands in the driver's
+    ``tmp_path/out`` (resolved in the driver, like checkpoint storage), and
+    the driver warns that the sink's plain path must be shared."""
+    url, _ = cluster
+    (tmp_path / "app.py").write_text(APP)
+    n = 3_000
+    result = subprocess.run(
+        [sys.executable, "-m", "lockgate.cli", "run", "app.py:pipeline", "--master", url,
+         str(n), "out", "chk"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_running_sums(committed_lines(tmp_path / "out"), n, 3)
+    assert hidden_files(tmp_path / "out") == []
+    assert re.search(r"sink 'out' is the plain local path \S*out", result.stderr), \
+        result.stderr[-3000:]
