@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import runpy
 import sys
 import time
@@ -25,6 +26,8 @@ def _run(args: argparse.Namespace) -> int:
 
     path, _, name = args.app.partition(":")
     sys.argv = [path, *args.app_args]  # the app sees its own arguments, as with python app.py
+    # as with python app.py: the app's folder first on sys.path (its own modules import)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     namespace = runpy.run_path(path, run_name="lockgate_app")
     candidates = {k: v for k, v in namespace.items() if isinstance(v, Pipeline)}
     if name:

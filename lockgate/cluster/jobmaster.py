@@ -38,6 +38,7 @@ from lockgate.errors import (
     SavepointMismatchError,
 )
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
+from lockgate.runtime.script_classes import script_classes
 from lockgate.runtime.task import TaskSpec
 from lockgate.web.rest import attach as serve_rest
 from lockgate.web.rest import resolve_rest
@@ -140,6 +141,8 @@ class JobMaster:
             graph.max_parallelism, self._send, job_name=pipeline.name,
             locations=sink_locations(graph))
         self.attempt = 0
+        self.script_classes = script_classes(
+            *[(op.fn, op.key_selector, op.watermarks) for op in graph.operators()])
         self.launcher: Any = None
         self.records: dict[str, dict[int, int]] = {"read": {}, "written": {}}
         self.failures: list[str] = []
@@ -302,6 +305,7 @@ class JobMaster:
                     restore_metadata=latest.metadata if latest else None,
                     continues_final=latest is not None and latest is self._started_from,
                     allow_pickle=self.pipeline.allow_pickle,
+                    script_classes=self.script_classes,
                     batch_size=self.pipeline.batch_size,
                     faults=list(self.options.fault_injection or []),
                 ))

@@ -37,6 +37,18 @@ class TaskInfo:
 class SourceReader(ABC, Generic[T]):
     """Reads one task's share of a source. All methods run on the task thread."""
 
+    last_split: Any = None
+    """A reader that reads several splits in turn sets this, in ``poll``, to
+    the id of the split the returned records come from, and answers
+    ``unfinished_splits``: the task then keeps a watermark per split and
+    emits the smallest of the unfinished splits' (per-split watermarks, as
+    Flink's FLIP-27 sources), so that reading splits in turn makes no record
+    late. ``None``: one watermark for all the reader's records."""
+
+    def unfinished_splits(self) -> list[Any]:
+        """The ids of the splits not read to their end (see ``last_split``)."""
+        return []
+
     @abstractmethod
     def restore(self, state: list[Any] | None) -> None:
         """Called once before the first ``poll``: ``state`` holds the entries this

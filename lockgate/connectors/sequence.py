@@ -155,6 +155,7 @@ class SequenceReader(SourceReader[int]):
             if end is not None and nxt > end:
                 continue
             self._turn = (self._turn + i + 1) % len(splits)
+            self.last_split = split["split"]
             stop = nxt + max_records * step
             if end is not None:
                 stop = min(stop, end + 1)
@@ -163,6 +164,9 @@ class SequenceReader(SourceReader[int]):
             self.emitted += len(batch)
             return batch
         return None
+
+    def unfinished_splits(self) -> list[Any]:
+        return [s["split"] for s in self.splits if s["end"] is None or s["next"] <= s["end"]]
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         owner, of = self.info.task_index, self.info.parallelism

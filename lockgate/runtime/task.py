@@ -53,6 +53,7 @@ from lockgate.runtime.operators import (
     processing_time,
 )
 from lockgate.runtime.output import OutputEdgeWriter
+from lockgate.runtime.script_classes import register_script_classes
 from lockgate.runtime.wire import Frame
 from lockgate.state.serde import StateSerializer
 
@@ -88,6 +89,9 @@ class TaskSpec:
     runs on from its end. Otherwise operators restored as finished are skipped,
     also after a failover to this job's own final checkpoint."""
     allow_pickle: bool = False
+    script_classes: list[type] = field(default_factory=list)
+    """The classes of the job script the pipeline uses (sent by value): the
+    task makes them picklable by name (:mod:`lockgate.runtime.script_classes`)."""
     batch_size: int = 1024
     faults: list[dict[str, Any]] = field(default_factory=list)
     bind_host: str = "127.0.0.1"
@@ -102,6 +106,8 @@ class Task:
         self.spec = spec
         self.coordinator = coordinator
         self.secret = secret
+        # classes of the job script: picklable by name here too (records, state)
+        register_script_classes(spec.script_classes)
         self.channels = [t for edge in spec.inputs for t in edge]
         self.channel_of = {t: i for i, t in enumerate(self.channels)}
         self.mailbox = Mailbox(len(self.channels))
@@ -129,6 +135,8 @@ class Task:
         """Downstream was told this task is idle (and not yet that it is active again)."""
         self._source_max_watermark: float = MIN_WATERMARK
         """A source's watermark as of the records it read; emitted periodically."""
+        self._split_watermarks: dict[Any, float] = {}
+        """Per split, the watermark its records allow (readers that set ``last_split``)."""
         self._watermark_due = 0.0
         self._last_read = time.monotonic()
         self.done = False
@@ -449,10 +457,21 @@ class Task:
                 raise UserFunctionError(
                     f"operator {self.source.uid!r}: the watermark strategy's timestamp_of "
                     f"raised {type(e).__name__}: {e}") from e
-            if watermark > self._source_max_watermark:
-                self._source_max_watermark = watermark
+            split = self.source.reader.last_split
+            if split is None:
+                if watermark > self._source_max_watermark:
+                    self._source_max_watermark = watermark
+            elif watermark > self._split_watermarks.get(split, MIN_WATERMARK):
+                self._split_watermarks[split] = watermark
             if self.idle:  # active again: say so now, with the watermark it has
                 self._watermark_due = 0.0
+        if self._split_watermarks:  # the smallest of the unfinished splits'
+            unfinished = self.source.reader.unfinished_splits()
+            marks = self._split_watermarks
+            watermark = (min(marks.get(s, MIN_WATERMARK) for s in unfinished) if unfinished
+                         else max(marks.values()))
+            if watermark > self._source_max_watermark:
+                self._source_max_watermark = watermark
         going_idle = (not batch and strategy.idle_timeout is not None and not self.idle
                       and now - self._last_read >= strategy.idle_timeout)
         if (now >= self._watermark_due or going_idle) and (

@@ -141,7 +141,16 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes = b"") -> None:
 
 
 def encode_batch(records: list[Any]) -> bytes:
-    return pickle.dumps(records, protocol=5)
+    try:
+        return pickle.dumps(records, protocol=5)
+    except (pickle.PicklingError, AttributeError):
+        # a record of a class of the job script this task did not know by
+        # name yet: register it (see lockgate.runtime.script_classes), again
+        from lockgate.runtime.script_classes import register_script_classes
+
+        if not register_script_classes(records):
+            raise
+        return pickle.dumps(records, protocol=5)
 
 
 def decode_batch(payload: bytes) -> list[Any]:

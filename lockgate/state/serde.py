@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import io
 import pickle
 from typing import Any
 
@@ -78,7 +79,7 @@ class StateSerializer:
         if t is decimal.Decimal:
             return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
         if self.allow_pickle:
-            return msgpack.ExtType(EXT_PICKLE, pickle.dumps(obj, protocol=5))
+            return msgpack.ExtType(EXT_PICKLE, _pickle(obj))
         raise StateSerializationError(
             f"cannot store a value of type {t.__module__}.{t.__qualname__} in state without "
             f"pickle: use plain types ({_PLAIN}) or opt in to pickle with "
@@ -120,8 +121,37 @@ class StateSerializer:
                     "the state holds pickled objects; loading them would execute code. "
                     "Pass allow_pickle=True only if you trust this checkpoint"
                 )
-            return pickle.loads(data)
+            return _ScriptUnpickler(io.BytesIO(data)).load()
         raise StateSerializationError(f"unknown msgpack extension type {code} in state")
+
+
+def _pickle(obj: Any) -> bytes:
+    """``pickle.dumps``; a class of the job script that this process does not
+    know by name yet (a task's ``__main__`` is not the script) is registered
+    first (see :mod:`lockgate.runtime.script_classes`)."""
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except (pickle.PicklingError, AttributeError):
+        from lockgate.runtime.script_classes import register_script_classes
+
+        if not register_script_classes(obj):
+            raise
+        return pickle.dumps(obj, protocol=5)
+
+
+class _ScriptUnpickler(pickle.Unpickler):
+    """Names a class of the job script this process does not know, with the fix."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except AttributeError:
+            if module != "__main__":
+                raise
+            raise StateSerializationError(
+                f"the state holds a pickled {name} of the job script (__main__), and this "
+                f"process does not know that class: run the job's own script (it defines "
+                f"{name}), or move {name} into a module the script imports") from None
 
 
 _KEYS = StateSerializer(allow_pickle=False)

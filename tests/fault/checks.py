@@ -74,6 +74,27 @@ def split_positions(savepoint: str, uid: str = "numbers") -> dict[int, int]:
     return positions
 
 
+def sequence_read(savepoint: str, n: int, uid: str = "numbers") -> list[int]:
+    """The numbers of ``1..n`` a bounded ``SequenceSource`` had read before a
+    checkpoint or savepoint: every number that no remaining split of its
+    state would still read (splits are cut anew on rescaling)."""
+    from lockgate.checkpoint import storage
+    from lockgate.state.serde import StateSerializer
+
+    meta = storage.read_metadata(savepoint)
+    left: list[dict] = []
+    for handle in meta["operators"][uid]["subtasks"]:
+        if handle and handle.get("op_state"):
+            offset, length = handle["op_state"]
+            data = storage.read_state_file(savepoint, handle)[offset:offset + length]
+            left += StateSerializer().loads(data)
+    ahead: set[int] = set()
+    for s in left:
+        if s["next"] <= s["end"]:
+            ahead.update(range(s["next"], s["end"] + 1, s["step"]))
+    return [x for x in range(1, n + 1) if x not in ahead]
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (children, grandchildren, ...)."""
     found: set[int] = set()

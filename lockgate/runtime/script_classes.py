@@ -1,0 +1,105 @@
+"""Classes of the job script, picklable by name in a task process.
+
+A class defined in the user's script lives in the driver's ``__main__`` (or,
+under ``lockgate run``, in a module that is not importable).
+cloudpickle sends it to the tasks by value, inside the functions that use it,
+but a task's own ``__main__`` is Lockgate's (or Spark's) entry point, so plain
+``pickle`` (records on a channel, ``allow_pickle`` state) cannot find
+``__main__.Point`` there: records fail to cross a channel, and state fails to
+snapshot or to restore. :func:`register_script_classes` walks what the task
+received (its operators' functions, their globals, closures and attributes)
+and puts every class of the script into the task's ``__main__`` under its
+name, so pickling by name works both ways, as it does in the driver.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+__all__ = ["register_script_classes", "register_class", "script_classes"]
+
+SCRIPT = "__main__"
+
+
+def _of_script(module: str) -> bool:
+    """A class or function of this module is pickled by value by cloudpickle:
+    the job script (``__main__``), or a module Python cannot import (the app
+    ``lockgate run`` loaded from its file)."""
+    return module == SCRIPT or module not in sys.modules
+
+
+def register_class(cls: type) -> bool:
+    """Make ``cls`` (a class of the job script) findable by its module and
+    name in this process (``__main__.Point``); False if that name holds
+    something else already."""
+    if "." in cls.__qualname__:
+        return False
+    main = sys.modules.get(cls.__module__)
+    if main is None:
+        main = sys.modules[cls.__module__] = types.ModuleType(cls.__module__)
+    current = getattr(main, cls.__qualname__, None)
+    if current is cls:
+        return True
+    if current is not None:
+        return False
+    setattr(main, cls.__qualname__, cls)
+    return True
+
+
+def register_script_classes(*roots: Any) -> list[str]:
+    """Register every class of the job script reachable from ``roots``;
+    return their names."""
+    return [cls.__qualname__ for cls in script_classes(*roots) if register_class(cls)]
+
+
+def script_classes(*roots: Any) -> list[type]:
+    """Every class of the job script reachable from ``roots``. Only objects of
+    the script are followed (functions and classes whose module is
+    ``__main__``, instances of them, containers), never an importable
+    module's globals. The driver gives the classes of the whole pipeline to
+    every task: a task may receive records of a class that none of its own
+    functions names."""
+    found: list[type] = []
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, type):
+            if _of_script(obj.__module__):
+                found.append(obj)
+                todo.extend(vars(obj).values())
+                todo.extend(obj.__bases__)
+        elif isinstance(obj, (types.FunctionType, types.MethodType)):
+            fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
+            if isinstance(obj, types.MethodType):
+                todo.append(obj.__self__)
+            if _of_script(fn.__module__):
+                todo.extend(fn.__globals__.values())
+                todo.extend(c.cell_contents for c in fn.__closure__ or ()
+                            if _has_contents(c))
+                todo.extend(fn.__defaults__ or ())
+        elif isinstance(obj, (staticmethod, classmethod)):
+            todo.append(obj.__func__)
+        elif isinstance(obj, property):
+            todo.extend(f for f in (obj.fget, obj.fset, obj.fdel) if f is not None)
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif _of_script(type(obj).__module__):
+            todo.append(type(obj))
+            todo.extend(getattr(obj, "__dict__", {}).values())
+    return found
+
+
+def _has_contents(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
