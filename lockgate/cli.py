@@ -214,16 +214,14 @@ def _checkpoints(args: argparse.Namespace) -> int:
     if not history:
         print(f"job {job.job_id} has taken no checkpoint yet", file=sys.stderr)
         return 0
-    rows = [["ID", "KIND", "STATUS", "DURATION", "SIZE", "ALIGNMENT", "ACK TIMES (task: ms)"]]
+    rows = [["ID", "KIND", "STATUS", "DURATION", "SIZE", "ALIGNMENT", "ACK TIMES (task: ms)",
+             "REASON"]]
     for h in history:
         acks = " ".join(f"{t}:{v * 1000:.0f}" for t, v in h["ack_times"].items())
         rows.append([str(h["id"]), h["kind"], h["status"], _ms(h["duration"]),
                      _size(h["size"]) if h["status"] == "completed" else "-",
-                     _ms(h["alignment"]), acks or "-"])
+                     _ms(h["alignment"]), acks or "-", h["failure"] or "-"])
     print(_table(rows))
-    for h in history:
-        if h["failure"]:
-            print(f"checkpoint {h['id']} failed: {h['failure']}")
     counts = answer["counts"]
     print(f"{counts['completed']} completed, {counts['failed']} failed, "
           f"{counts['in_progress']} in progress")

@@ -37,3 +37,6 @@ class OutputLostError(LockgateError):
 class UserFunctionError(LockgateError):
     """A user function raised; the message names the operator. The job restarts
     under its restart strategy (the failure may be transient)."""
+
+    where: str | None = None
+    """Which input it was processing: the task's input records, the first of them."""

@@ -300,6 +300,14 @@ class CheckpointCoordinator:
         record = self._record(p.checkpoint_id)
         record.status = "failed"
         record.failure = f"{reason.value}: {detail}" if detail else reason.value
+        kind = "savepoint" if p.savepoint_dir is not None else "checkpoint"
+        if reason in (CheckpointAbortReason.EXPIRED, CheckpointAbortReason.DECLINED):
+            # the user must see these: enough in a row fail the job
+            log.warning("%s %d failed (%d in a row, %d tolerated): %s", kind, p.checkpoint_id,
+                        self.consecutive_failures + 1, self.config.tolerable_failed_checkpoints,
+                        record.failure)
+        else:
+            log.info("%s %d aborted: %s", kind, p.checkpoint_id, record.failure)
         if p.savepoint_dir is not None:
             self.savepoint_results[p.checkpoint_id] = LockgateError(
                 f"savepoint {p.checkpoint_id} failed: {record.failure}")

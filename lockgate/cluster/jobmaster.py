@@ -35,7 +35,6 @@ from lockgate.errors import (
     JobFailedError,
     LockgateError,
     PipelineDefinitionError,
-    SavepointMismatchError,
 )
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
 from lockgate.runtime.script_classes import script_classes
@@ -53,9 +52,15 @@ TICK = 0.02  # seconds between coordinator ticks
 ROOT_CAUSE_WAIT = 1.0
 """Seconds a failure seen as a broken channel waits for the failure that broke it."""
 DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
+REPEAT_BACKOFF = 0.5
+"""Seconds before the restart after a task reported the same error twice in a
+row (whatever the restart strategy's delay), doubling with every further
+repeat up to ``REPEAT_BACKOFF_MAX``."""
+REPEAT_BACKOFF_MAX = 5.0
 FATAL_ERRORS = frozenset({
     # deterministic: a restart would fail the same way
     "CheckpointCorruptError", "StateSerializationError", "StateTypeError",
+    "SavepointMismatchError",
     "PipelineDefinitionError", "ConfigurationError", "OutputLostError",
 })
 """Errors that fail the job at once. Falling back to an older checkpoint is
@@ -64,11 +69,17 @@ newer output, which replaying would duplicate."""
 
 
 class AttemptFailed(Exception):
-    def __init__(self, reason: str, task: int | None = None, error_type: str | None = None):
+    def __init__(self, reason: str, task: int | None = None, error_type: str | None = None,
+                 reported: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.task = task
         self.error_type = error_type
+        self.reported = reported
+        """A task reported an exception (with its traceback): it may fail the
+        same way after a restart, unlike a process that died."""
+        self.where: str | None = None
+        """Which input the failing user function was processing."""
 
 
 class JobEnds(Exception):
@@ -232,19 +243,35 @@ class JobMaster:
                     self.failures.append(reason)
                     if isinstance(e, AttemptFailed) and e.error_type in FATAL_ERRORS:
                         raise JobFailedError(
-                            f"job {self.job_id} failed: {reason}. Restarting cannot help; "
-                            "nothing committed was lost"
+                            f"job {self.job_id} failed: {reason}.{self._other_job()} "
+                            "Restarting cannot help; nothing committed was lost"
                         ) from None
                     delay = self.restart.delay(len(self.failures))
+                    repeats = _repeats(self.failures)
+                    if delay is not None and repeats > 1 and isinstance(e, AttemptFailed) \
+                            and e.reported:
+                        # a user function failing the same way again is most
+                        # likely deterministic: back off instead of spinning
+                        delay = max(delay, min(REPEAT_BACKOFF_MAX, REPEAT_BACKOFF * 2 ** (
+                            repeats - 2)))
                     if delay is None:
                         raise JobFailedError(
-                            f"job {self.job_id} failed after {len(self.failures)} failure(s); "
+                            f"job {self.job_id} failed after {len(self.failures)} failure(s) "
+                            f"({len(self.failures) - 1} restarts); "
                             f"last: {reason}"
                         ) from None
-                    log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
-                                self.attempt, reason, delay,
-                                fs.redact(self.coordinator.latest.path) if self.coordinator.latest
-                                else "the beginning")
+                    start = (fs.redact(self.coordinator.latest.path) if self.coordinator.latest
+                             else "the beginning")
+                    if repeats > 1:
+                        where = getattr(e, "where", None)
+                        log.warning("attempt %d failed the same way again (%d times in a row, "
+                                    "restart %d of at most %s): %s%s; restarting in %.2f s "
+                                    "from %s", self.attempt, repeats, len(self.failures),
+                                    getattr(self.restart, "max_attempts", "?"), reason,
+                                    f", at {where}" if where else "", delay, start)
+                    else:
+                        log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
+                                    self.attempt, reason, delay, start)
                     time.sleep(delay)
                     self.attempt += 1
             self._end_attempt()
@@ -353,6 +380,16 @@ class JobMaster:
                 self.coordinator.tick()
             if self.coordinator.completed_count != self._reported:
                 self._report_progress()
+
+    def _other_job(self) -> str:
+        """`` It restored a savepoint of job ...`` when the job started from
+        another job's checkpoint or savepoint, else ``""``."""
+        meta = self._started_from.metadata if self._started_from else {}
+        name = meta.get("job_name")
+        if not isinstance(name, str) or name == self.pipeline.name:
+            return ""
+        return (f" It restored a {meta.get('kind', 'checkpoint')} of job {name!r} "
+                f"({meta.get('job_id')}); this job is {self.pipeline.name!r}.")
 
     def _root_cause(self, failure: AttemptFailed) -> AttemptFailed:
         """A task that lost a channel most often only saw a peer die: the peer's
@@ -497,12 +534,20 @@ class JobMaster:
             self._count(task, msg)
             finished.add(task)
         elif t == "failed":
+            reason = f"task {self._task_name(task)} failed: {msg['error']}"
+            where = msg.get("where")
             if msg.get("error_type") == "ConnectionError":  # most often a peer's death
                 log.warning("task %s: %s", self._task_name(task), msg["error"])
+            elif self.failures and self.failures[-1] == reason:
+                # the same failure again: its traceback was printed already
+                log.debug("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
             else:
-                log.error("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
-            raise AttemptFailed(f"task {self._task_name(task)} failed: {msg['error']}", task,
-                                msg.get("error_type"))
+                log.error("task %s failed%s:\n%s", self._task_name(task),
+                          f" at {where}" if where else "", msg.get("traceback", ""))
+            failed = AttemptFailed(reason, task, msg.get("error_type"),
+                                   reported=msg.get("error_type") != "ConnectionError")
+            failed.where = where
+            raise failed
 
     def _report_progress(self) -> None:
         self._reported = self.coordinator.completed_count
@@ -551,6 +596,16 @@ class JobMaster:
         return f"{'->'.join(uids)}[{i}] (task {task})"
 
 
+def _repeats(failures: list[str]) -> int:
+    """How many times in a row the last failure happened."""
+    n = 0
+    for reason in reversed(failures):
+        if reason != failures[-1]:
+            break
+        n += 1
+    return n
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name).strip("-") or "job"
 
@@ -564,9 +619,11 @@ def sink_locations(graph: JobGraph) -> dict[str, str]:
 
 def check_sink_locations(meta: dict[str, Any], graph: JobGraph, chk: str,
                          job_name: str | None) -> None:
-    """Refuse a restore whose sink writes elsewhere than the one that took the
-    checkpoint: its pre-committed output is in the old folder, and its
-    committed files too. Say what differs and how to go on."""
+    """Say so when a sink writes elsewhere than the one that took the
+    checkpoint (a folder moved with its files is fine; otherwise its
+    pre-committed output is in the old one and the restore refuses, the sink's
+    ``recover`` raising :class:`SavepointMismatchError`): name both
+    locations, both jobs, and how to go on."""
     kind = meta.get("kind", "checkpoint")
     old_name = meta.get("job_name")
     for uid, location in sink_locations(graph).items():
@@ -577,12 +634,12 @@ def check_sink_locations(meta: dict[str, Any], graph: JobGraph, chk: str,
         other_job = (f" It is a {kind} of job {old_name!r} ({meta.get('job_id')}), "
                      f"and this job is {job_name!r}."
                      if isinstance(old_name, str) and job_name and old_name != job_name else "")
-        raise SavepointMismatchError(
-            f"sink {uid!r} wrote to {old} when {kind} {fs.redact(chk)} was taken, and now "
-            f"writes to {location}.{other_job} Its pre-committed output and its committed "
-            f"files are in the old location. To go on writing there, give the sink its old "
-            f"location; to start this sink afresh in the new one, give it a new uid and "
-            f"restore with allow_non_restored_state=True (--allow-non-restored-state)")
+        log.warning(
+            "sink %r wrote to %s when %s %s was taken, and now writes to %s.%s Unless the "
+            "folder was moved there with its files, the restore fails: give the sink its old "
+            "location, or a new uid and allow_non_restored_state=True "
+            "(--allow-non-restored-state) to start it afresh", uid, old, kind, fs.redact(chk),
+            location, other_job)
 
 
 def load_checkpoint(path: str, graph: JobGraph,

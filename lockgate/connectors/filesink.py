@@ -37,7 +37,12 @@ import orjson
 from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
-from lockgate.errors import ConfigurationError, LockgateError, OutputLostError
+from lockgate.errors import (
+    ConfigurationError,
+    LockgateError,
+    OutputLostError,
+    SavepointMismatchError,
+)
 
 __all__ = [
     "FileSink",
@@ -443,8 +448,10 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
             self.info.parallelism,
         )
         # Step 3. Commit.
+        recorded = sorted({str(h["folder"]) for h in handles if h.get("folder")})
+        moved_from = recorded[0] if recorded and fs.redact(self.folder) not in recorded else None
         for pending, final in plan.to_commit:
-            self._commit_names(pending, final)
+            self._commit_names(pending, final, moved_from)
         # Step 4. Delete.
         for name in plan.to_delete:
             _fs_remove(_fs_join(self.folder, name))
@@ -496,14 +503,15 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
             _fs_rename(txn.inprogress_path, _fs_join(self.folder, pending))
             _fs_sync_dir(self.folder)
         # Step 4. Handle.
-        return {"pending": pending, "final": txn.final, "records": txn.count}
+        return {"pending": pending, "final": txn.final, "records": txn.count,
+                "folder": fs.redact(self.folder)}
 
     def commit(self, handle: dict[str, Any]) -> None:
         """Rename pending -> final (object store: copy, then delete the pending
         object); idempotent."""
         self._commit_names(str(handle["pending"]), str(handle["final"]))
 
-    def _commit_names(self, pending: str, final: str) -> None:
+    def _commit_names(self, pending: str, final: str, moved_from: str | None = None) -> None:
         """Step 1. Pending present: rename it to final, fsync the folder (object
                 store: copy it to final, then delete it; if that stopped
                 half-way, both exist and doing it again finishes it).
@@ -519,7 +527,15 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         # Step 2. Already committed.
         if _fs_exists(final_path):
             return
-        # Step 3. Lost.
+        # Step 3. Lost: or never here, because the sink's folder changed.
+        if moved_from is not None:
+            raise SavepointMismatchError(
+                f"file sink {self.info.uid!r} wrote to {moved_from} when the checkpoint was "
+                f"taken, and now writes to {fs.redact(self.folder)}, which does not hold its "
+                f"pre-committed output ({pending!r}). To go on writing there, give the sink "
+                "its old location (or move the folder with its hidden files); to start this "
+                "sink afresh in the new one, give it a new uid and restore with "
+                "allow_non_restored_state=True (--allow-non-restored-state)")
         raise OutputLostError(
             f"file sink {self.info.uid!r}: committed output was lost: neither {pending!r} nor "
             f"{final!r} exists in {fs.redact(self.folder)!r} (deleted or moved outside "

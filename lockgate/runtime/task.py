@@ -426,20 +426,34 @@ class Task:
                 raise ConnectionError(f"input channel from task {up} broke: {item}")
 
     def _run_chain(self, batch: list[Any], ops: list[StreamOperator]) -> None:
+        given = batch
         for op in ops:
             try:
                 batch = op.process(batch)
             except LockgateError:
                 raise
             except Exception as e:
-                raise UserFunctionError(
-                    f"operator {op.uid!r} raised {type(e).__name__}: {e}") from e
+                error = UserFunctionError(f"operator {op.uid!r} raised {type(e).__name__}: {e}")
+                error.where = self._input_position(given)
+                raise error from e
             if not batch:
                 return
         self.faults.hit("batch")
         self.records_out += len(batch)
         for out in self.outputs:
             out.add(batch)
+
+    def _input_position(self, batch: list[Any]) -> str:
+        """Where in this task's input ``batch`` was (for a user function's error):
+        records are processed a batch at a time, so the batch is named."""
+        last = self.records_in
+        first = repr(batch[0]) if batch else "-"
+        if len(first) > 200:
+            first = first[:200] + "..."
+        return (f"a batch of {len(batch)} records, input records {last - len(batch) + 1:,}.."
+                f"{last:,} of task {self.spec.vertex.name} ({self.spec.task_index + 1}/"
+                f"{self.spec.vertex.parallelism}) in attempt {self.spec.attempt}; "
+                f"its first record: {first}")
 
     def _source_watermark(self, batch: list[Any]) -> None:
         """A source task's event time after a poll (``batch``, maybe empty):
@@ -654,6 +668,7 @@ class Task:
         try:
             self._send({"t": "failed", "error": f"{type(e).__name__}: {e}",
                         "error_type": type(e).__name__,
+                        "where": getattr(e, "where", None),
                         "traceback": traceback.format_exc()})
         except OSError:
             pass

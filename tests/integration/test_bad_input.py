@@ -9,9 +9,11 @@ import them from this module.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -505,3 +507,34 @@ def test_user_code_error_names_the_operator(tmp_path: Path, where: str) -> None:
     assert f"UserFunctionError: {owner} 'hooks' raised RuntimeError" in msg, msg
     assert f"{where} broke" in msg, msg
     assert sink.results() == []
+
+
+def fails_on_300(x: int) -> int:
+    if x == 300:
+        raise ValueError(f"bad reading {x}")
+    return x
+
+
+def test_a_deterministic_user_error_backs_off_and_prints_its_traceback_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same error again after a restart: its traceback is not printed
+    again, the restarts back off instead of spinning, and the messages name
+    the operator, where in the task's input it was, and how many times."""
+    p = Pipeline("deterministic", parallelism=1,
+                 restart=FixedDelayRestart(max_attempts=3, delay_s=0.0),
+                 checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")))
+    (p.source(SequenceSource(1, 1000), uid="numbers")
+       .map(fails_on_300, uid="parse")
+       .sink(CollectSink(str(tmp_path / "collect")), uid="out"))
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="lockgate"), pytest.raises(JobFailedError) as e:
+        p.run(launcher=LAUNCHER)
+    took = time.monotonic() - started
+    text = caplog.text
+    tracebacks = [r for r in caplog.records if "Traceback" in r.getMessage()]
+    assert len(tracebacks) == 1, text
+    assert "operator 'parse' raised ValueError: bad reading 300" in str(e.value)
+    assert "failed after 4 failure(s) (3 restarts)" in str(e.value)
+    assert text.count("failed the same way again") == 2, text  # the last one ends the job
+    assert "input records 1..300" in text or "its first record: 1" in text, text
+    assert took >= 0.5 + 1.0, "no back-off between identical failures"

@@ -155,6 +155,7 @@ def test_cli_controls_a_running_job_and_resumes_it_exactly(tmp_path: Path) -> No
         # checkpoint history with alignment times (the keyed tasks have 2 inputs)
         table = _ok(_cli(tmp_path, "checkpoints", job[:8]))  # a unique prefix is enough
         assert "ALIGNMENT" in table.splitlines()[0] and "completed" in table
+        assert table.splitlines()[0].rstrip().endswith("REASON")
         history = json.loads(_ok(_cli(tmp_path, "checkpoints", job, "--json")))["history"]
         done = [h for h in history if h["status"] == "completed"]
         assert done and all(isinstance(h["alignment"], float) and h["alignment"] >= 0

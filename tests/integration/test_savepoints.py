@@ -22,12 +22,7 @@ from lockgate import (
 )
 from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
-from lockgate.errors import (
-    CheckpointCorruptError,
-    JobFailedError,
-    LockgateError,
-    SavepointMismatchError,
-)
+from lockgate.errors import CheckpointCorruptError, JobFailedError, LockgateError
 from tests.fault.checks import (
     check_running_sums,
     committed_lines,
@@ -157,8 +152,9 @@ def test_a_moved_sink_or_another_jobs_savepoint_is_refused_saying_what_differs(
         tmp_path: Path) -> None:
     """A savepoint names its job and where each sink wrote: restored into a
     job whose sink writes elsewhere (the folder changed, or it is another
-    job's savepoint), the restore says so and how to go on, and touches
-    nothing; the advice (a new sink uid, allow_non_restored_state) works."""
+    job's savepoint), the restore says what differs and how to go on, fails
+    at once, and touches nothing; the advice (a new sink uid,
+    allow_non_restored_state) works."""
     client, checkpointed = _start(tmp_path, 2, "local")
     assert checkpointed.wait(120)
     sp = client.stop(dir=str(tmp_path / "sp")).savepoint
@@ -167,11 +163,13 @@ def test_a_moved_sink_or_another_jobs_savepoint_is_refused_saying_what_differs(
     assert meta["job_name"] == "sums"
     assert meta["operators"]["out"]["location"] == str(tmp_path / "out")
     before = sorted(f.name for f in (tmp_path / "out").iterdir())
+    assert any(name.startswith(".") for name in before), "nothing pre-committed: proves nothing"
     moved = build(N, 2, KEYS, str(tmp_path / "out2"), str(tmp_path / "chk"), 0.2)
-    with pytest.raises(SavepointMismatchError) as info:
+    with pytest.raises(JobFailedError) as info:
         moved.run(launcher="local", from_savepoint=sp)
     message = str(info.value)
-    assert f"sink 'out' wrote to {tmp_path / 'out'}" in message
+    assert "SavepointMismatchError" in message and "Restarting cannot help" in message
+    assert f"file sink 'out' wrote to {tmp_path / 'out'}" in message
     assert f"now writes to {tmp_path / 'out2'}" in message
     assert "new uid" in message and "--allow-non-restored-state" in message
     assert "committed output was lost" not in message
@@ -179,7 +177,7 @@ def test_a_moved_sink_or_another_jobs_savepoint_is_refused_saying_what_differs(
     # another job's savepoint: both jobs are named
     other = build(N, 2, KEYS, str(tmp_path / "out3"), str(tmp_path / "chk"), 0.2)
     other.name = "totals"
-    with pytest.raises(SavepointMismatchError, match=r"of job 'sums' \(sums-.*'totals'"):
+    with pytest.raises(JobFailedError, match=r"savepoint of job 'sums' \(sums-.*'totals'"):
         other.run(launcher="local", from_savepoint=sp)
     # the advice: a new sink uid, and the old sink's state dropped
     for node in moved.nodes:

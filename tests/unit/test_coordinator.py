@@ -4,6 +4,7 @@ no sleeps): triggering, completion, timeouts, declines, the final checkpoint."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -73,12 +74,16 @@ def test_retention_deletes_old_checkpoints(env, tmp_path):
     assert [x.checkpoint_id for x in c.completed] == [3, 4]
 
 
-def test_timeout_aborts_and_too_many_failures_fail_the_job(env):
+def test_timeout_aborts_and_too_many_failures_fail_the_job(env, caplog):
     c, clock, sent = env
     clock.now += 1.0
     c.tick()
     clock.now += 5.1
-    c.tick()
+    with caplog.at_level(logging.WARNING, logger="lockgate.checkpoint"):
+        c.tick()
+    # visible at the default level, with the reason and how near the job is to failing
+    assert [r.getMessage() for r in caplog.records] == [
+        "checkpoint 1 failed (1 in a row, 1 tolerated): expired before every task acknowledged"]
     assert {"t": "abort", "cp": 1} in [m for _, _, m in sent]
     assert c.history[-1].status == "failed" and "expired" in c.history[-1].failure
     clock.now += 1.0
