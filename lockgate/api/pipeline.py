@@ -5,11 +5,12 @@ Example::
     from lockgate import Pipeline, CheckpointConfig
     from lockgate.connectors import SequenceSource, FileSink
 
-    p = Pipeline("odd-even-sums", parallelism=2,
+    p = Pipeline("sums-by-remainder", parallelism=2,
                  checkpoint=CheckpointConfig(interval=1.0, storage="checkpoints/"))
     (p.source(SequenceSource(1, 1_000_000), uid="numbers")
-       .key_by(lambda x: x % 2)
-       .reduce(lambda a, b: a + b, uid="sums")
+       .map(lambda x: (x % 100, 1, x), uid="triples")
+       .key_by(lambda t: t[0])
+       .reduce(lambda a, b: (a[0], a[1] + b[1], a[2] + b[2]), uid="sums")
        .sink(FileSink("out/", format="jsonl"), uid="out"))
     p.run()
 """

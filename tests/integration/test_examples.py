@@ -14,17 +14,21 @@ import pyarrow.parquet as pq
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
-def test_odd_even_sums(tmp_path):
-    out = subprocess.run([sys.executable, str(EXAMPLES / "odd_even_sums.py"), "20000"],
+def test_sums_by_remainder(tmp_path):
+    out = subprocess.run([sys.executable, str(EXAMPLES / "sums_by_remainder.py"), "20000"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "20000 sums committed" in out.stdout and "exactly_once" in out.stdout
-    final = {}
+    assert "20000 running sums committed" in out.stdout and "exactly_once" in out.stdout
+    final: dict[int, list[int]] = {}
+    writers = set()
     for f in sorted((tmp_path / "out").glob("part-*")):
+        writers.add(f.name.split("-")[2])  # part-<uid>-<task>-...
         for line in f.read_text().splitlines():
-            k, s = json.loads(line)
-            final[k] = max(final.get(k, 0), s)
-    assert final == {0: sum(range(2, 20001, 2)), 1: sum(range(1, 20001, 2))}
+            k, count, total = json.loads(line)
+            if count > final.get(k, [0, 0])[0]:
+                final[k] = [count, total]
+    assert final == {k: [200, sum(range(k or 100, 20001, 100))] for k in range(100)}
+    assert writers == {"0", "1"}, "the quickstart's parallelism is not visible"
 
 
 def test_word_count_state(tmp_path):
