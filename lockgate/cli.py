@@ -10,7 +10,6 @@ import os
 import runpy
 import sys
 import time
-import uuid
 from typing import Any
 
 from lockgate import fs
@@ -25,6 +24,9 @@ def _run(args: argparse.Namespace) -> int:
     from lockgate.api.pipeline import Pipeline
 
     path, _, name = args.app.partition(":")
+    if not os.path.isfile(path):
+        raise LockgateError(f"{path} does not exist (run from the folder it is in, or give "
+                            "its path): lockgate run app.py[:pipeline]")
     sys.argv = [path, *args.app_args]  # the app sees its own arguments, as with python app.py
     # as with python app.py: the app's folder first on sys.path (its own modules import)
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -52,17 +54,22 @@ def _run(args: argparse.Namespace) -> int:
               f"{p.records_read:,} records read, {p.records_written:,} written, "
               f"{p.restarts} restarts", file=sys.stderr, flush=True)
 
-    from lockgate.cluster.jobmaster import _slug
+    from lockgate.cluster.jobmaster import prepare_job
 
-    job_id = f"{_slug(pipeline.name)}-{uuid.uuid4().hex[:8]}"
-    if not args.quiet and rest.resolve_rest(None) is not None:
-        print(f"job {job_id} starts; control it with `lockgate savepoint|stop|cancel|"
-              f"checkpoints {job_id}`", file=sys.stderr, flush=True)
-    result = pipeline.run(launcher=args.launcher, from_checkpoint=args.from_checkpoint,
-                          from_savepoint=args.from_savepoint,
-                          allow_non_restored_state=args.allow_non_restored_state,
-                          on_progress=None if args.quiet else progress, master=args.master,
-                          job_id=job_id)
+    # validated (pipeline, checkpoint or savepoint, Spark slots) before it says it starts
+    master, guarantee = prepare_job(
+        pipeline, **pipeline._run_args({
+            "launcher": args.launcher, "from_checkpoint": args.from_checkpoint,
+            "from_savepoint": args.from_savepoint,
+            "allow_non_restored_state": args.allow_non_restored_state,
+            "on_progress": None if args.quiet else progress, "master": args.master}))
+    job_id = master.job_id
+    if not args.quiet:
+        control = (f"; control it with `lockgate savepoint|stop|cancel|checkpoints {job_id}`"
+                   if master.options.rest is not None else "")
+        print(f"job {job_id} starts ({master.graph.num_tasks} tasks, guarantee "
+              f"{guarantee.replace('_', '-')}){control}", file=sys.stderr, flush=True)
+    result = master.run(guarantee)
     done = len(result.completed_checkpoints)
     print(f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
           f"{result.records_in} records in, {result.records_out} out, "
@@ -110,22 +117,26 @@ def _table(rows: list[list[str]]) -> str:
 def _list(args: argparse.Namespace) -> int:
     jobs = rest.discover()
     statuses: dict[str, str] = {}
+    guarantees: dict[str, str] = {}
     for url in dict.fromkeys(j.url for j in jobs):  # one request per driver process
         first = next(j for j in jobs if j.url == url)
         try:
             answer = rest.call(first, "GET", "/jobs", timeout=5)
             statuses.update({j["id"]: j["status"] for j in answer.get("jobs", [])})
+            guarantees.update({j["id"]: str(j.get("guarantee") or "-")
+                               for j in answer.get("jobs", [])})
         except LockgateError:
             pass
     found = [{"id": j.job_id, "name": j.name, "status": statuses.get(j.job_id, "unreachable"),
+              "guarantee": guarantees.get(j.job_id, "-"),
               "pid": j.pid, "url": j.url, "started_at": j.started_at} for j in jobs]
     if args.json:
         print(json.dumps(found, indent=2))
     elif not found:
         print(f"no running jobs (discovery files in {rest.jobs_dir()})", file=sys.stderr)
     else:
-        print(_table([["JOB", "NAME", "STATUS", "PID", "URL", "STARTED"]] + [
-            [f["id"], f["name"], f["status"], str(f["pid"]), f["url"],
+        print(_table([["JOB", "NAME", "STATUS", "GUARANTEE", "PID", "URL", "STARTED"]] + [
+            [f["id"], f["name"], f["status"], f["guarantee"], str(f["pid"]), f["url"],
              time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["started_at"]))]
             for f in found]))
     return 0
@@ -329,6 +340,17 @@ def _savepoint_inspect(path: str, as_json: bool) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lockgate", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -342,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--master", help="Spark master URL of the session Lockgate starts "
                      "(default: local[N], N = the job's number of tasks; under spark-submit "
                      "its --master)")
-    run.add_argument("--parallelism", type=int)
+    run.add_argument("--parallelism", type=_positive, help="every operator's parallelism")
     start = run.add_mutually_exclusive_group()
     start.add_argument("--from-checkpoint", metavar="PATH",
                        help="start from this completed checkpoint (a chk-N folder)")
@@ -402,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if args.command == "run":
         args.app_args = [*args.app_args, *unknown, *after]
+    elif (args.command == "savepoint" and args.path is None and len(unknown) == 1
+          and not unknown[0].startswith("-") and not after):
+        args.path = unknown[0]  # savepoint inspect --json PATH: the flag came first
     elif unknown or after:
         parser.error(f"unrecognized arguments: {' '.join(unknown + after)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -411,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     except LockgateError as e:  # a clear message, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `lockgate ... | head`: the reader is gone, quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

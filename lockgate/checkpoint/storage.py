@@ -85,8 +85,9 @@ def write_metadata(chk_dir: Location, metadata: dict[str, Any]) -> None:
     fs.write_atomic(fs.join(chk_dir, METADATA), json.dumps(metadata, sort_keys=True).encode())
 
 
-def read_metadata(chk_dir: Location) -> dict[str, Any]:
-    """Load and validate a checkpoint's ``_metadata``; clear errors otherwise."""
+def read_metadata(chk_dir: Location, kind: str = "checkpoint") -> dict[str, Any]:
+    """Load and validate a checkpoint's (or savepoint's: ``kind``, for
+    messages) ``_metadata``; clear errors otherwise."""
     chk = fs.absolute(chk_dir)
     shown = fs.redact(chk)
     path = fs.join(chk, METADATA)
@@ -94,12 +95,19 @@ def read_metadata(chk_dir: Location) -> dict[str, Any]:
         raw = fs.read_bytes(path)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         if not fs.is_dir(chk):
-            raise CheckpointCorruptError(f"checkpoint folder {shown} does not exist") from None
+            raise CheckpointCorruptError(f"{kind} folder {shown} does not exist") from None
+        inside = latest_completed(chk)
+        if inside is not None or checkpoint_folders(chk):
+            hint = (f", e.g. its latest completed one, {fs.redact(inside)}" if inside
+                    else "; none of them completed")
+            raise CheckpointCorruptError(
+                f"{shown} is a job's checkpoint folder, not a {kind}: give one of its "
+                f"checkpoints (chk-N){hint}") from None
         latest = latest_completed(fs.parent(chk))
         hint = (f"; the latest completed checkpoint there is {fs.redact(latest)}"
                 if latest else "")
         raise CheckpointCorruptError(
-            f"{shown} has no {METADATA}: that checkpoint never completed, so it cannot be "
+            f"{shown} has no {METADATA}: that {kind} never completed, so it cannot be "
             f"restored{hint}"
         ) from None
     except (OSError, ValueError) as e:

@@ -108,6 +108,8 @@ class RunOptions:
     job_id: str | None = None
     on_progress: Callable[[Progress], None] | None = None
     allow_non_restored_state: bool = False
+    restore_kind: str = "checkpoint"
+    """What ``from_checkpoint`` was given as: ``checkpoint`` or ``savepoint`` (messages)."""
     bind_host: str = "127.0.0.1"
     """The host the control server binds: tasks on other machines must reach it."""
     rest: RestConfig | None = None
@@ -197,7 +199,7 @@ class JobMaster:
             "attempt": self.attempt, "restarts": len(self.failures),
             "records_read": self._total("read"), "records_written": self._total("written"),
             "started_at": self._started_wall, "launcher": self.options.launcher,
-            "parallelism": self.pipeline.parallelism,
+            "parallelism": self.pipeline.parallelism, "guarantee": self.guarantee,
         }
 
     def checkpoint_history(self) -> list[dict[str, Any]]:
@@ -210,15 +212,21 @@ class JobMaster:
         } for r in list(self.coordinator.history)]
 
     # ------------------------------------------------------------------ api
+    guarantee: str | None = None
+    """The end-to-end guarantee the job's parts allow (set when it runs)."""
+
     def run(self, guarantee: str) -> JobResult:
         started = self._started = time.monotonic()
         self.state = "running"
         status = "finished"
         if self.options.from_checkpoint:
-            self._started_from = load_checkpoint(
-                self.options.from_checkpoint, self.graph, self.options.allow_non_restored_state,
-                job_name=self.pipeline.name)
+            if self._started_from is None:  # prepare_job loaded it: validation
+                self._started_from = load_checkpoint(
+                    self.options.from_checkpoint, self.graph,
+                    self.options.allow_non_restored_state, job_name=self.pipeline.name,
+                    kind=self.options.restore_kind)
             self.coordinator.restored_from(self._started_from)
+        self.guarantee = guarantee
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
                  self.job_id, self.graph.num_tasks, guarantee, fs.redact(self.job_dir))
         served = serve_rest(self, self.options.rest)  # never raises
@@ -644,14 +652,14 @@ def check_sink_locations(meta: dict[str, Any], graph: JobGraph, chk: str,
 
 def load_checkpoint(path: str, graph: JobGraph,
                     allow_non_restored_state: bool = False,
-                    job_name: str | None = None) -> CompletedCheckpoint:
+                    job_name: str | None = None, kind: str = "checkpoint") -> CompletedCheckpoint:
     """Read a checkpoint or savepoint a job starts from and check it fits the job.
 
     State of an operator uid the job no longer has is refused, unless
     ``allow_non_restored_state`` (then it is dropped, with a warning).
     Operators the job added start empty."""
     chk = fs.absolute(path)
-    meta = storage.read_metadata(chk)
+    meta = storage.read_metadata(chk, kind)
     storage.verify_files(chk, meta)
     check_sink_locations(meta, graph, chk, job_name)
     old_name = meta.get("job_name")
@@ -740,7 +748,13 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
         options.bind_host = prepare_spark(spark, master, graph.num_tasks)
         if options.bind_host != "127.0.0.1":
             _warn_unshared_paths(pipeline, sources, sinks)
-    return JobMaster(pipeline, graph, options), guarantee
+    master = JobMaster(pipeline, graph, options)
+    if options.from_checkpoint:  # refused here, before anything starts, if it does not fit
+        options.restore_kind = "savepoint" if from_savepoint else "checkpoint"
+        master._started_from = load_checkpoint(
+            options.from_checkpoint, graph, allow_non_restored_state, job_name=pipeline.name,
+            kind=options.restore_kind)
+    return master, guarantee
 
 
 def _warn_unshared_paths(pipeline: Pipeline, sources: list[Any], sinks: list[Any]) -> None:

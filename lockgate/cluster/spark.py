@@ -183,7 +183,12 @@ def check_slots(sc: Any, num_tasks: int) -> None:
             f"needs {num_tasks} task slots at once, but the Spark application "
             f"(master {sc.master}) has {slots}. In local mode run with master "
             f"'local[{num_tasks}]' or more (slots need not match cores), e.g. "
-            f"Pipeline.run(launcher='spark', master='local[{num_tasks}]'); on a cluster give "
+            + ("spark-submit --master "
+               f"'local[{num_tasks}]' (or lockgate run --master 'local[{num_tasks}]')"
+               if "PYSPARK_GATEWAY_PORT" in os.environ else
+               f"lockgate run --master 'local[{num_tasks}]' or "
+               f"Pipeline.run(launcher='spark', master='local[{num_tasks}]')")
+            + "; on a cluster give "
             f"the application at least {num_tasks} slots (executors x spark.executor.cores / "
             "spark.task.cpus, e.g. --num-executors and --executor-cores), or lower the job's "
             "parallelism")

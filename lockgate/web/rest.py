@@ -3,7 +3,7 @@
 One HTTP server per driver process serves every job of that process (Flink's
 REST paths, JSON everywhere)::
 
-    GET   /jobs                              {"jobs": [{"id", "name", "status"}]}
+    GET   /jobs                              {"jobs": [{"id", "name", "status", "guarantee"}]}
     GET   /jobs/<id>                         the job's status
     GET   /jobs/<id>/checkpoints             {"counts": {...}, "history": [...]}
     POST  /jobs/<id>/savepoints              {"target-directory": D|null} -> {"request-id"}
@@ -275,7 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
             with rest.lock:
                 jobs = list(rest.jobs.values())
             return 200, {"jobs": [{"id": j.master.job_id, "name": j.master.pipeline.name,
-                                   "status": j.master.state} for j in jobs]}
+                                   "status": j.master.state,
+                                   "guarantee": j.master.guarantee} for j in jobs]}
         job = rest.job(seg[1])
         if job is None:
             with rest.lock:

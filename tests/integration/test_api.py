@@ -263,7 +263,7 @@ def test_at_least_once_mode_is_exact_without_failures(tmp_path: Path) -> None:
     result = p.run(launcher=LAUNCHER)
     check_running_sums(committed_lines(out), n, 3)
     assert hidden_files(out) == []
-    assert (result.guarantee, result.restarts) == ("at_least_once", 0)
+    assert (result.guarantee, result.restarts) == ("at_least_once", 0), result.failures
     assert (result.records_in, result.records_out) == (n, n)
     assert result.completed_checkpoints
 
