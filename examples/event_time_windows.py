@@ -4,6 +4,8 @@ out of order. A window is emitted once the watermark passes its end (at the
 latest at the end of the input); a click later than that is emitted as late.
 
     python examples/event_time_windows.py IN_DIR OUT_DIR
+    lockgate run examples/event_time_windows.py IN_DIR OUT_DIR
+    spark-submit examples/event_time_windows.py IN_DIR OUT_DIR
 """
 
 import sys
@@ -50,5 +52,12 @@ def build(in_dir: str, out_dir: str) -> Pipeline:
     return p
 
 
+def main() -> Pipeline:
+    """The pipeline of the command line's folders (``lockgate run`` calls this)."""
+    if len(sys.argv) != 3:
+        sys.exit(f"usage: {sys.argv[0]} IN_DIR OUT_DIR")
+    return build(sys.argv[1], sys.argv[2])
+
+
 if __name__ == "__main__":
-    build(sys.argv[1], sys.argv[2]).run()
+    main().run()

@@ -2,6 +2,8 @@
 each word was seen, over a folder of JSONL files.
 
     python examples/word_count_state.py IN_DIR OUT_DIR
+    lockgate run examples/word_count_state.py IN_DIR OUT_DIR
+    spark-submit examples/word_count_state.py IN_DIR OUT_DIR
 """
 
 import sys
@@ -44,5 +46,12 @@ def build(in_dir: str, out_dir: str) -> Pipeline:
     return p
 
 
+def main() -> Pipeline:
+    """The pipeline of the command line's folders (``lockgate run`` calls this)."""
+    if len(sys.argv) != 3:
+        sys.exit(f"usage: {sys.argv[0]} IN_DIR OUT_DIR")
+    return build(sys.argv[1], sys.argv[2])
+
+
 if __name__ == "__main__":
-    build(sys.argv[1], sys.argv[2]).run()
+    main().run()

@@ -32,6 +32,14 @@ def _run(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     namespace = runpy.run_path(path, run_name="lockgate_app")
     candidates = {k: v for k, v in namespace.items() if isinstance(v, Pipeline)}
+    if not name and not candidates and callable(namespace.get("main")):
+        name = "main"  # an app that builds its pipeline in main(), as the examples do
+    if name and name not in candidates and callable(namespace.get(name)):
+        built = namespace[name]()  # a function that builds it (reading sys.argv)
+        if not isinstance(built, Pipeline):
+            raise LockgateError(f"{path}:{name}() returned {type(built).__name__}, not a "
+                                "Pipeline: return the pipeline it builds")
+        candidates = {name: built}
     if name:
         if name not in candidates:
             print(f"error: {path} defines no Pipeline named {name!r} "
@@ -42,7 +50,8 @@ def _run(args: argparse.Namespace) -> int:
         pipeline = next(iter(candidates.values()))
     else:
         print(f"error: {path} defines {len(candidates)} Pipeline objects; "
-              f"name one as {path}:NAME", file=sys.stderr)
+              f"name one as {path}:NAME (a Pipeline, or a function that returns one)",
+              file=sys.stderr)
         return 2
     if args.parallelism:
         pipeline.parallelism = args.parallelism
@@ -357,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a pipeline defined in a Python file",
                          allow_abbrev=False)  # an app's --para is not --parallelism
-    run.add_argument("app", help="app.py or app.py:pipeline_variable")
+    run.add_argument("app", help="app.py, app.py:pipeline_variable, or app.py:function "
+                     "(called with no arguments, it returns the Pipeline; default main)")
     run.add_argument("--launcher", default="spark", choices=["spark", "local"],
                      help="spark (default): the tasks run as one Spark barrier stage; "
                      "local: one subprocess per task, no Spark")
@@ -429,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         args.path = unknown[0]  # savepoint inspect --json PATH: the flag came first
     elif unknown or after:
         parser.error(f"unrecognized arguments: {' '.join(unknown + after)}")
+    if args.verbose:  # Spark's own lines too
+        os.environ.setdefault("LOCKGATE_SPARK_LOG_LEVEL", "WARN")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -120,6 +120,7 @@ def spark_context(spark: Any, master: str | None, num_tasks: int) -> Any:
     # The workers must run this interpreter, or they cannot import Lockgate.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     ensure_java()
+    quiet_spark_logs()
     builder = SparkSession.builder.appName("lockgate")
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ and not stopped_own:
         pass  # under spark-submit (its JVM started this process): its --master
@@ -133,8 +134,27 @@ def spark_context(spark: Any, master: str | None, num_tasks: int) -> Any:
     for key, value in {**SESSION_CONF, OWNED: "true"}.items():
         builder = builder.config(key, value)
     sc = builder.getOrCreate().sparkContext
-    sc.setLogLevel(os.environ.get("LOCKGATE_SPARK_LOG_LEVEL", "ERROR"))
+    sc.setLogLevel(spark_log_level())
     return sc
+
+
+def spark_log_level() -> str:
+    """The level of Spark's own log lines: ``LOCKGATE_SPARK_LOG_LEVEL``, else
+    OFF (``lockgate -v`` sets WARN)."""
+    return os.environ.get("LOCKGATE_SPARK_LOG_LEVEL", "OFF").upper()
+
+
+def quiet_spark_logs() -> None:
+    """Before the JVM of a session Lockgate starts: Spark's log lines at
+    :func:`spark_log_level` from the first one on (its banner too), through
+    a log4j2 file of the package. A user's own ``PYSPARK_SUBMIT_ARGS`` or
+    ``spark-submit`` (which started the JVM already) are left alone."""
+    if "PYSPARK_SUBMIT_ARGS" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    config = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = (
+        f"--driver-java-options '-Dlog4j2.configurationFile=file:{config} "
+        f"-Dlockgate.spark.level={spark_log_level()}' pyspark-shell")
 
 
 def default_master(num_tasks: int) -> str:

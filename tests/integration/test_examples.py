@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -10,15 +11,46 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+WAYS = ["python", "lockgate run", "spark-submit"]
 
 
-def test_sums_by_remainder(tmp_path):
-    out = subprocess.run([sys.executable, str(EXAMPLES / "sums_by_remainder.py"), "20000"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "20000 running sums committed" in out.stdout and "exactly_once" in out.stdout
+def run_example(way: str, script: str, args: list[str], cwd: Path):
+    """Run ``examples/<script>`` as a user would, one of three ways: ``python``
+    (the local Spark session it starts), ``lockgate run`` (the local launcher),
+    or ``spark-submit`` (its own master)."""
+    path = str(EXAMPLES / script)
+    env = dict(os.environ)
+    if way == "python":
+        cmd = [sys.executable, path, *args]
+    elif way == "lockgate run":
+        cmd = [sys.executable, "-m", "lockgate.cli", "run", path, "--launcher", "local", "-q",
+               *args]
+    else:
+        import pyspark
+
+        from lockgate.cluster.java import ensure_java
+
+        ensure_java()
+        env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                   JAVA_HOME=os.environ.get("JAVA_HOME", env.get("JAVA_HOME", "")))
+        submit = Path(os.path.dirname(pyspark.__file__)) / "bin" / "spark-submit"
+        cmd = [str(submit), "--master", "local[4]", "--conf", "spark.ui.enabled=false",
+               path, *args]
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"{way}: {out.stderr[-3000:]}"
+    return out
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_sums_by_remainder(tmp_path, way):
+    out = run_example(way, "sums_by_remainder.py", ["20000"], tmp_path)
+    if way == "lockgate run":
+        assert "20000 records in, 20000 out" in out.stdout
+    else:
+        assert "20000 running sums committed" in out.stdout and "exactly_once" in out.stdout
     final: dict[int, list[int]] = {}
     writers = set()
     for f in sorted((tmp_path / "out").glob("part-*")):
@@ -31,16 +63,14 @@ def test_sums_by_remainder(tmp_path):
     assert writers == {"0", "1"}, "the quickstart's parallelism is not visible"
 
 
-def test_word_count_state(tmp_path):
+@pytest.mark.parametrize("way", WAYS)
+def test_word_count_state(tmp_path, way):
     src = tmp_path / "in"
     src.mkdir()
     texts = ["a b a", "c a", "b b"]
     (src / "lines.jsonl").write_text(
         "".join(json.dumps({"n": i, "text": t}) + "\n" for i, t in enumerate(texts)))
-    out = subprocess.run([sys.executable, str(EXAMPLES / "word_count_state.py"), str(src),
-                          str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    run_example(way, "word_count_state.py", [str(src), str(tmp_path / "out")], tmp_path)
     rows = pq.read_table(tmp_path / "out").to_pylist()
     best: dict[str, int] = {}
     for r in rows:
@@ -49,7 +79,8 @@ def test_word_count_state(tmp_path):
     assert sum(1 for r in rows if r["word"] == "<end>") == 2  # finish() once per task
 
 
-def test_event_time_windows(tmp_path):
+@pytest.mark.parametrize("way", WAYS)
+def test_event_time_windows(tmp_path, way):
     """Clicks up to 5 s out of order (within the 10 s bound): every window is
     emitted once, with the count computed here, and nothing is late."""
     rng = random.Random(3)
@@ -59,10 +90,7 @@ def test_event_time_windows(tmp_path):
     for c in clicks:
         c["ts"] -= rng.randint(0, 5_000)  # out of order, within the bound
     (src / "clicks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in clicks))
-    out = subprocess.run([sys.executable, str(EXAMPLES / "event_time_windows.py"), str(src),
-                          str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    run_example(way, "event_time_windows.py", [str(src), str(tmp_path / "out")], tmp_path)
     rows = [json.loads(line) for f in sorted((tmp_path / "out").glob("part-*"))
             for line in f.read_text().splitlines()]
     assert not [r for r in rows if "late" in r]

@@ -5,6 +5,7 @@ task's ``__main__`` is not the script: issue 10, item 5)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,13 @@ def test_script_classes_in_records_and_state_survive_a_kill(tmp_path: Path, laun
     assert run.stdout.split()[-2:] == ["finished", "1"], run.stdout + run.stderr[-3000:]
     check_running_sums(committed_lines(tmp_path / "out"), 12_000, 3)
     assert hidden_files(tmp_path / "out") == []
+    # quiet by default: Lockgate's restart line, none of Spark's log lines (its
+    # banner, the stack traces of the Python worker that was killed)
+    spark_lines = [line for line in run.stderr.splitlines()
+                   if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d ", line)
+                   or "Setting default log level" in line or line.startswith("\tat ")]
+    assert spark_lines == [], run.stderr[-3000:]
+    assert "attempt 0 failed" in run.stderr
 
 
 def test_script_classes_under_lockgate_run(tmp_path: Path):
