@@ -37,7 +37,7 @@ from lockgate.errors import (
     PipelineDefinitionError,
 )
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
-from lockgate.runtime.script_classes import script_classes
+from lockgate.runtime.script_classes import script_classes, script_traceback
 from lockgate.runtime.task import TaskSpec
 from lockgate.web.rest import attach as serve_rest
 from lockgate.web.rest import resolve_rest
@@ -270,13 +270,11 @@ class JobMaster:
                         ) from None
                     start = (fs.redact(self.coordinator.latest.path) if self.coordinator.latest
                              else "the beginning")
-                    if repeats > 1:
-                        where = getattr(e, "where", None)
-                        log.warning("attempt %d failed the same way again (%d times in a row, "
-                                    "restart %d of at most %s): %s%s; restarting in %.2f s "
-                                    "from %s", self.attempt, repeats, len(self.failures),
-                                    getattr(self.restart, "max_attempts", "?"), reason,
-                                    f", at {where}" if where else "", delay, start)
+                    if repeats > 1:  # the traceback and the input were printed already
+                        log.warning("attempt %d failed the same way again (%d in a row): %s; "
+                                    "restart %d of at most %s in %.2f s", self.attempt, repeats,
+                                    reason, len(self.failures),
+                                    getattr(self.restart, "max_attempts", "?"), delay)
                     else:
                         log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
                                     self.attempt, reason, delay, start)
@@ -551,7 +549,9 @@ class JobMaster:
                 log.debug("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
             else:
                 log.error("task %s failed%s:\n%s", self._task_name(task),
-                          f" at {where}" if where else "", msg.get("traceback", ""))
+                          f" at {where}" if where else "", script_traceback(
+                              str(msg.get("traceback", "")),
+                              *[(op.fn, op.key_selector) for op in self.graph.operators()]))
             failed = AttemptFailed(reason, task, msg.get("error_type"),
                                    reported=msg.get("error_type") != "ConnectionError")
             failed.where = where

@@ -14,11 +14,13 @@ name, so pickling by name works both ways, as it does in the driver.
 
 from __future__ import annotations
 
+import linecache
+import re
 import sys
 import types
 from typing import Any
 
-__all__ = ["register_script_classes", "register_class", "script_classes"]
+__all__ = ["register_script_classes", "register_class", "script_classes", "script_traceback"]
 
 SCRIPT = "__main__"
 
@@ -61,7 +63,37 @@ def script_classes(*roots: Any) -> list[type]:
     module's globals. The driver gives the classes of the whole pipeline to
     every task: a task may receive records of a class that none of its own
     functions names."""
+    return _walk(*roots)[0]
+
+
+_DYNAMIC = re.compile(r'File "<dynamic-code>", line (\d+), in (\S+)\n')
+
+
+def script_traceback(trace: str, *roots: Any) -> str:
+    """A task's traceback with the file and source line of the job script's
+    functions put back: cloudpickle sends them by value and names their file
+    ``<dynamic-code>``. ``roots`` are what the driver has of the pipeline; a
+    function name that is not unique is left as it is."""
+    files: dict[str, set[str]] = {}
+    for fn in _walk(*roots)[1]:
+        files.setdefault(fn.__code__.co_name, set()).add(fn.__code__.co_filename)
+
+    def restore(m: re.Match[str]) -> str:
+        line, name = int(m.group(1)), m.group(2)
+        where = files.get(name, set())
+        if len(where) != 1:
+            return m.group(0)
+        file = next(iter(where))
+        source = linecache.getline(file, line).strip()
+        return f'File "{file}", line {line}, in {name}\n' + (f"    {source}\n" if source else "")
+
+    return _DYNAMIC.sub(restore, trace)
+
+
+def _walk(*roots: Any) -> tuple[list[type], list[types.FunctionType]]:
+    """The classes and the functions of the job script reachable from ``roots``."""
     found: list[type] = []
+    functions: list[types.FunctionType] = []
     seen: set[int] = set()
     todo = list(roots)
     while todo:
@@ -79,6 +111,7 @@ def script_classes(*roots: Any) -> list[type]:
             if isinstance(obj, types.MethodType):
                 todo.append(obj.__self__)
             if _of_script(fn.__module__):
+                functions.append(fn)
                 todo.extend(fn.__globals__.values())
                 todo.extend(c.cell_contents for c in fn.__closure__ or ()
                             if _has_contents(c))
@@ -94,7 +127,7 @@ def script_classes(*roots: Any) -> list[type]:
         elif _of_script(type(obj).__module__):
             todo.append(type(obj))
             todo.extend(getattr(obj, "__dict__", {}).values())
-    return found
+    return found, functions
 
 
 def _has_contents(cell: Any) -> bool:

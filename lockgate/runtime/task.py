@@ -666,10 +666,15 @@ class Task:
         if self.control is None:
             return
         try:
+            # a user function's error: its own traceback (the user's frames),
+            # not the runtime's that wrapped it
+            cause = e.__cause__ if isinstance(e, UserFunctionError) else None
+            trace = ("".join(traceback.format_exception(cause)) if cause is not None
+                     else traceback.format_exc())
             self._send({"t": "failed", "error": f"{type(e).__name__}: {e}",
                         "error_type": type(e).__name__,
                         "where": getattr(e, "where", None),
-                        "traceback": traceback.format_exc()})
+                        "traceback": trace})
         except OSError:
             pass
 
