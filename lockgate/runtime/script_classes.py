@@ -15,6 +15,7 @@ name, so pickling by name works both ways, as it does in the driver.
 from __future__ import annotations
 
 import linecache
+import pickle
 import re
 import sys
 import types
@@ -128,6 +129,18 @@ def _walk(*roots: Any) -> tuple[list[type], list[types.FunctionType]]:
             todo.append(type(obj))
             todo.extend(getattr(obj, "__dict__", {}).values())
     return found, functions
+
+
+def dumps(obj: Any) -> bytes:
+    """``pickle.dumps``; a class of the job script that this process does not
+    know by name yet (one a task did not receive up front) is registered
+    first, then pickled again."""
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except (pickle.PicklingError, AttributeError):
+        if not register_script_classes(obj):
+            raise
+        return pickle.dumps(obj, protocol=5)
 
 
 def _has_contents(cell: Any) -> bool:

@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 import msgpack
 
 from lockgate.errors import AuthenticationError
+from lockgate.runtime import script_classes
 
 log = logging.getLogger("lockgate.wire")
 
@@ -141,16 +142,8 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes = b"") -> None:
 
 
 def encode_batch(records: list[Any]) -> bytes:
-    try:
-        return pickle.dumps(records, protocol=5)
-    except (pickle.PicklingError, AttributeError):
-        # a record of a class of the job script this task did not know by
-        # name yet: register it (see lockgate.runtime.script_classes), again
-        from lockgate.runtime.script_classes import register_script_classes
-
-        if not register_script_classes(records):
-            raise
-        return pickle.dumps(records, protocol=5)
+    # (records of the job script's classes: see lockgate.runtime.script_classes)
+    return script_classes.dumps(records)
 
 
 def decode_batch(payload: bytes) -> list[Any]:

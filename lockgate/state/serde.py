@@ -79,7 +79,11 @@ class StateSerializer:
         if t is decimal.Decimal:
             return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
         if self.allow_pickle:
-            return msgpack.ExtType(EXT_PICKLE, _pickle(obj))
+            # a class of the job script is registered first (a task's __main__
+            # is not the script): lockgate.runtime.script_classes
+            from lockgate.runtime.script_classes import dumps
+
+            return msgpack.ExtType(EXT_PICKLE, dumps(obj))
         raise StateSerializationError(
             f"cannot store a value of type {t.__module__}.{t.__qualname__} in state without "
             f"pickle: use plain types ({_PLAIN}) or opt in to pickle with "
@@ -123,20 +127,6 @@ class StateSerializer:
                 )
             return _ScriptUnpickler(io.BytesIO(data)).load()
         raise StateSerializationError(f"unknown msgpack extension type {code} in state")
-
-
-def _pickle(obj: Any) -> bytes:
-    """``pickle.dumps``; a class of the job script that this process does not
-    know by name yet (a task's ``__main__`` is not the script) is registered
-    first (see :mod:`lockgate.runtime.script_classes`)."""
-    try:
-        return pickle.dumps(obj, protocol=5)
-    except (pickle.PicklingError, AttributeError):
-        from lockgate.runtime.script_classes import register_script_classes
-
-        if not register_script_classes(obj):
-            raise
-        return pickle.dumps(obj, protocol=5)
 
 
 class _ScriptUnpickler(pickle.Unpickler):

@@ -224,8 +224,17 @@ def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list 
            str(parallelism), "--keys", str(keys), "--out", str(out), "--storage", str(chk),
            "--interval", str(interval), "--faults", json.dumps(faults or []),
            "--launcher", launcher] + (extra or [])
+    return drive(cmd, kills=kills, tasks=parallelism * 2, seed=seed, kill_delays=kill_delays,
+                 timeout=timeout)
+
+
+def drive(cmd: list[str], *, kills: int, tasks: int, seed: int,
+          kill_delays: tuple[float, float], timeout: float) -> tuple[dict, int]:
+    """Run the driver ``cmd`` while a :class:`RandomKiller` SIGKILLs ``kills``
+    of its ``tasks`` tasks; return the JobResult it printed last (as a dict)
+    and how many kills happened."""
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killer = RandomKiller(driver, kills, parallelism * 2, seed, *kill_delays)
+    killer = RandomKiller(driver, kills, tasks, seed, *kill_delays)
     if kills:
         killer.start()
     try:

@@ -12,19 +12,11 @@ that a later record changed while they were being written.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.fault.checks import (
-    HERE,
-    RandomKiller,
-    check_running_sums,
-    committed_lines,
-    hidden_files,
-)
+from tests.fault.checks import HERE, check_running_sums, committed_lines, drive, hidden_files
 from tests.fault.mutation_job import BRANCHES
 
 LAUNCHERS = ["local", "spark"]
@@ -35,19 +27,9 @@ def run(tmp_path, *, n, parallelism, keys, kills, seed, rate=None, launcher):
     cmd = [sys.executable, str(HERE / "mutation_job.py"), "--n", str(n), "--parallelism",
            str(parallelism), "--keys", str(keys), "--out", str(out), "--storage", str(chk),
            "--interval", "0.2", "--launcher", launcher] + (["--rate", str(rate)] if rate else [])
-    driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # tasks: the sources (with "pairs" chained) and one task per branch, each p times
-    killer = RandomKiller(driver, kills, parallelism * (1 + len(BRANCHES)), seed, 0.2, 0.8)
-    if kills:
-        killer.start()
-    try:
-        stdout, stderr = driver.communicate(timeout=300)
-    finally:
-        killer.stop.set()
-        if driver.poll() is None:
-            driver.kill()
-    assert driver.returncode == 0, f"driver failed ({driver.returncode}):\n{stderr[-4000:]}"
-    result = json.loads(stdout.strip().splitlines()[-1])
+    result, killed = drive(cmd, kills=kills, tasks=parallelism * (1 + len(BRANCHES)), seed=seed,
+                           kill_delays=(0.2, 0.8), timeout=300)
     for branch in BRANCHES:
         records = committed_lines(out / branch)
         pairs = [r if isinstance(r, list) else [r["k"], r["sum"]] for r in records]
@@ -57,7 +39,7 @@ def run(tmp_path, *, n, parallelism, keys, kills, seed, rate=None, launcher):
             raise AssertionError(f"branch {branch!r}: {e}") from None
         assert hidden_files(out / branch) == []
     assert result["status"] == "finished"
-    return result, killer.kills
+    return result, killed
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
