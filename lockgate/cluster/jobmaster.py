@@ -742,6 +742,12 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
         raise PipelineDefinitionError(
             f"a Spark session or master was given with launcher={launcher!r}; "
             "use launcher='spark' (the default) or drop them")
+    started_from = None
+    if options.from_checkpoint:  # refused here, before anything starts or is created
+        options.restore_kind = "savepoint" if from_savepoint else "checkpoint"
+        started_from = load_checkpoint(
+            options.from_checkpoint, graph, allow_non_restored_state, job_name=pipeline.name,
+            kind=options.restore_kind)
     if launcher == "spark":  # a SparkContext that can run every task at once, before anything
         from lockgate.cluster.spark import prepare_spark
 
@@ -749,11 +755,7 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
         if options.bind_host != "127.0.0.1":
             _warn_unshared_paths(pipeline, sources, sinks)
     master = JobMaster(pipeline, graph, options)
-    if options.from_checkpoint:  # refused here, before anything starts, if it does not fit
-        options.restore_kind = "savepoint" if from_savepoint else "checkpoint"
-        master._started_from = load_checkpoint(
-            options.from_checkpoint, graph, allow_non_restored_state, job_name=pipeline.name,
-            kind=options.restore_kind)
+    master._started_from = started_from
     return master, guarantee
 
 

@@ -524,3 +524,40 @@ def test_cli_names_the_pipeline_it_cannot_pick(tmp_path: Path) -> None:
     assert "app arguments: ['x', '--parallelism', '9']" in missing.stderr
     assert "no Pipeline named 'nope'" in missing.stderr and "pipeline" in missing.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "chk").exists()
+
+
+def test_cli_messages_a_new_user_meets(tmp_path: Path) -> None:
+    """Each mistake gets one line naming it and the fix, and no traceback; a
+    job that cannot start never says it starts."""
+    app = tmp_path / "app.py"
+    app.write_text(APP.format(chk=str(tmp_path / "chk"), out=str(tmp_path / "out")))
+
+    def fails(*args: str) -> str:
+        run = _cli(*args, cwd=tmp_path)
+        assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
+        assert " starts" not in run.stderr, run.stderr
+        return run.stderr
+
+    assert "missing.py does not exist" in fails("run", "missing.py")
+    assert "--parallelism: must be 1 or more, got 0" in fails(
+        "run", f"{app}:pipeline", "--launcher", "local", "--parallelism", "0")
+    nowhere = str(tmp_path / "nowhere")
+    assert f"savepoint folder {nowhere} does not exist" in fails(
+        "run", f"{app}:pipeline", "--launcher", "local", "--from-savepoint", nowhere)
+    # a job's checkpoint folder given for a checkpoint: names its latest
+    done = _cli("run", f"{app}:pipeline", "--launcher", "local", "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    job_dir = next((tmp_path / "chk").iterdir())
+    message = fails("run", f"{app}:pipeline", "--launcher", "local",
+                    "--from-checkpoint", str(job_dir))
+    assert "is a job's checkpoint folder, not a checkpoint" in message
+    assert str(storage.latest_completed(job_dir)) in message
+    # the flag before the path
+    info = _cli("savepoint", "inspect", "--json", str(storage.latest_completed(job_dir)),
+                cwd=tmp_path)
+    assert info.returncode == 0 and json.loads(info.stdout)["kind"] == "checkpoint", info.stderr
+    # a reader that goes away early: no BrokenPipeError
+    head = subprocess.run(f"{sys.executable} -m lockgate.cli savepoint inspect "
+                          f"{storage.latest_completed(job_dir)} | head -n 1", shell=True,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert head.stdout.startswith("checkpoint ") and "Error" not in head.stderr, head.stderr
