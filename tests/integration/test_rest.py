@@ -151,6 +151,9 @@ def test_cli_controls_a_running_job_and_resumes_it_exactly(tmp_path: Path) -> No
         listed = _ok(_cli(tmp_path, "list"))
         assert job in listed and "running" in listed and str(driver.proc.pid) in listed
         assert [j["id"] for j in json.loads(_ok(_cli(tmp_path, "list", "--json")))] == [job]
+        # the end-to-end guarantee the job's parts allow, in both views
+        assert "GUARANTEE" in listed.splitlines()[0] and "exactly_once" in listed
+        assert rest.call(driver.endpoint, "GET", f"/jobs/{job}")["guarantee"] == "exactly_once"
 
         # checkpoint history with alignment times (the keyed tasks have 2 inputs)
         table = _ok(_cli(tmp_path, "checkpoints", job[:8]))  # a unique prefix is enough
