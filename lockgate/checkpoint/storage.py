@@ -24,6 +24,7 @@ from typing import Any, BinaryIO
 
 from lockgate import fs
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
+from lockgate.untrusted import plain_name
 
 METADATA = "_metadata"
 FORMAT_VERSION = 1
@@ -126,7 +127,32 @@ def read_metadata(chk_dir: Location, kind: str = "checkpoint") -> dict[str, Any]
     for key in ("checkpoint_id", "operators", "max_parallelism"):
         if key not in meta:
             raise CheckpointCorruptError(f"{shown} lacks the field {key!r}: it is corrupt")
+    _check_state_files(meta, shown)
     return meta
+
+
+def _check_state_files(meta: dict[str, Any], shown: str) -> None:
+    """Every state file ``_metadata`` names is a plain name inside its folder
+    (untrusted input: see :mod:`lockgate.untrusted`), with integer sizes."""
+    operators = meta["operators"]
+    if not isinstance(operators, dict):
+        raise CheckpointCorruptError(f"{shown}: 'operators' is not a mapping: it is corrupt")
+    for uid, op in operators.items():
+        subtasks = op.get("subtasks") if isinstance(op, dict) else None
+        if not isinstance(subtasks, list):
+            raise CheckpointCorruptError(
+                f"{shown}: operator {uid!r} has no list of subtasks: it is corrupt")
+        for i, handle in enumerate(subtasks):
+            if handle is None:
+                continue
+            what = f"{shown}: the state file of operator {uid!r}, subtask {i},"
+            if not isinstance(handle, dict):
+                raise CheckpointCorruptError(f"{what} is described by {handle!r}: it is corrupt")
+            plain_name(handle.get("file"), what)
+            for field in ("size", "crc32"):
+                if type(handle.get(field)) is not int or handle[field] < 0:
+                    raise CheckpointCorruptError(
+                        f"{what} has {field} {handle.get(field)!r}: it is corrupt")
 
 
 def verify_files(chk_dir: Location, metadata: dict[str, Any]) -> None:

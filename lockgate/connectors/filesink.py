@@ -38,11 +38,13 @@ from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
 from lockgate.errors import (
+    CheckpointCorruptError,
     ConfigurationError,
     LockgateError,
     OutputLostError,
     SavepointMismatchError,
 )
+from lockgate.untrusted import plain_name
 
 __all__ = [
     "FileSink",
@@ -160,6 +162,27 @@ class FileSinkRecoveryPlan:
     next_seq: int = 0
 
 
+def check_handle(handle: Any, uid: str) -> None:
+    """A restored pre-commit handle of the sink ``uid`` names this sink's part
+    files and nothing else (untrusted input: :mod:`lockgate.untrusted`)."""
+    what = f"file sink {uid!r}: a pre-committed part's"
+    if not isinstance(handle, dict):
+        raise CheckpointCorruptError(f"{what} handle is {handle!r}, not a mapping: the "
+                                     "checkpoint or savepoint is damaged or was crafted")
+    final = plain_name(handle.get("final"), f"{what} final name")
+    pending = plain_name(handle.get("pending"), f"{what} pending name")
+    part = parse_part_name(final)
+    if part is None or part.kind != "final" or part.uid != uid or pending != pending_name(final):
+        raise CheckpointCorruptError(
+            f"{what} names are {pending!r} and {final!r}, not this sink's part files: the "
+            "checkpoint or savepoint is damaged or was crafted; it is not restored, and "
+            "nothing in the sink's folder was touched")
+    for key in ("task_index", "checkpoint_id"):
+        if type(handle.get(key)) is not int or handle[key] < 0:
+            raise CheckpointCorruptError(f"{what} {key} is {handle.get(key)!r}: the "
+                                         "checkpoint or savepoint is damaged or was crafted")
+
+
 def plan_file_sink_recovery(
     listing: list[str],
     handles: list[dict[str, Any]],
@@ -185,7 +208,10 @@ def plan_file_sink_recovery(
           a handle of any task names them;
         * never touch visible files or files of other uids.
     """
-    # Step 1. Index the listing and the names the handles protect.
+    # Step 1. Index the listing and the names the handles protect (after
+    # checking them: they come from a checkpoint).
+    for h in handles:
+        check_handle(h, uid)
     present = set(listing)
     named: set[str] = set()
     for h in handles:

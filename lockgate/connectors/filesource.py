@@ -32,6 +32,7 @@ from typing import IO, Any
 from lockgate import fs
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.errors import LockgateError
+from lockgate.untrusted import relative_path
 
 __all__ = ["FileSource", "FileSourceReader", "assign_file", "list_files"]
 
@@ -280,7 +281,8 @@ class FileSourceReader(SourceReader[Any]):
                     f"file source: restored state entry {entry!r} is not a file position; "
                     "restore with the source that wrote the checkpoint"
                 )
-            rel = entry["file"]
+            rel = relative_path(entry["file"], f"file source {self.info.uid!r}: a restored "
+                                "position's file")
             if not self._mine(rel):
                 continue
             # Step 2. Still there?
