@@ -86,6 +86,16 @@ def write_metadata(chk_dir: Location, metadata: dict[str, Any]) -> None:
     fs.write_atomic(fs.join(chk_dir, METADATA), json.dumps(metadata, sort_keys=True).encode())
 
 
+EARLIER = (
+    "an earlier checkpoint of the job can be restored instead, but it is not exactly-once: "
+    "its sinks write again what this one had already committed (duplicates in the "
+    "output). To keep the output exact, restore it with new uids (or new folders) for the "
+    "sinks and allow_non_restored_state=True (--allow-non-restored-state), and drop the old "
+    "output after what the earlier checkpoint covers")
+"""The advice for a damaged checkpoint: never a restore that silently breaks
+exactly-once."""
+
+
 def read_metadata(chk_dir: Location, kind: str = "checkpoint") -> dict[str, Any]:
     """Load and validate a checkpoint's (or savepoint's: ``kind``, for
     messages) ``_metadata``; clear errors otherwise."""
@@ -118,7 +128,7 @@ def read_metadata(chk_dir: Location, kind: str = "checkpoint") -> dict[str, Any]
         meta = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointCorruptError(
-            f"{shown} is corrupt ({e}); restore from an earlier checkpoint instead"
+            f"{shown} is corrupt ({e}); {EARLIER}"
         ) from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
         raise CheckpointCorruptError(
@@ -168,13 +178,13 @@ def verify_files(chk_dir: Location, metadata: dict[str, Any]) -> None:
             if size is None:
                 raise CheckpointCorruptError(
                     f"state file {p} of operator {uid!r} is missing: the checkpoint is damaged; "
-                    "restore from an earlier checkpoint"
+                    f"{EARLIER}"
                 )
             if size != handle["size"]:
                 raise CheckpointCorruptError(
                     f"state file {p} of operator {uid!r} has {size} bytes, "
                     f"the checkpoint recorded {handle['size']}: it is truncated or damaged; "
-                    "restore from an earlier checkpoint"
+                    f"{EARLIER}"
                 )
 
 
@@ -206,7 +216,7 @@ def read_state_file(chk_dir: Location, handle: dict[str, Any]) -> bytes:
     if len(data) != handle["size"] or zlib.crc32(data) != handle["crc32"]:
         raise CheckpointCorruptError(
             f"state file {p} is truncated or damaged (size {len(data)}, expected "
-            f"{handle['size']}; checksum mismatch); restore from an earlier checkpoint"
+            f"{handle['size']}; checksum mismatch); {EARLIER}"
         )
     return data
 

@@ -169,6 +169,9 @@ def test_damaged_checkpoint_is_refused_and_committed_output_kept(
     with pytest.raises(CheckpointCorruptError) as e:
         p.run(launcher=LAUNCHER, from_checkpoint=str(copy.checkpoint))
     assert str(named) in str(e.value) and words in str(e.value)
+    # advice that would break exactly-once says so, and how to stay exact
+    if "earlier checkpoint" in str(e.value):
+        assert "not exactly-once" in str(e.value) and "new uids" in str(e.value)
     assert visible_files(copy.out) == copy.output
     assert hidden_files(copy.out) == []
 
