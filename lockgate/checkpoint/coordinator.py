@@ -301,11 +301,18 @@ class CheckpointCoordinator:
         record.status = "failed"
         record.failure = f"{reason.value}: {detail}" if detail else reason.value
         kind = "savepoint" if p.savepoint_dir is not None else "checkpoint"
-        if reason in (CheckpointAbortReason.EXPIRED, CheckpointAbortReason.DECLINED):
+        # As Flink's CheckpointFailureManager: only periodic checkpoints that
+        # expire or are declined count towards failing the job; a failed
+        # savepoint fails the savepoint request, and nothing else.
+        counts = p.savepoint_dir is None and reason in (CheckpointAbortReason.EXPIRED,
+                                                        CheckpointAbortReason.DECLINED)
+        if counts:
             # the user must see these: enough in a row fail the job
             log.warning("%s %d failed (%d in a row, %d tolerated): %s", kind, p.checkpoint_id,
                         self.consecutive_failures + 1, self.config.tolerable_failed_checkpoints,
                         record.failure)
+        elif p.savepoint_dir is not None:
+            log.warning("savepoint %d failed: %s", p.checkpoint_id, record.failure)
         else:
             log.info("%s %d aborted: %s", kind, p.checkpoint_id, record.failure)
         if p.savepoint_dir is not None:
@@ -314,7 +321,7 @@ class CheckpointCoordinator:
         if notify and self.plan is not None:
             for task in self.plan.all_tasks:
                 self.send(self.plan.attempt, task, {"t": "abort", "cp": p.checkpoint_id})
-        if reason in (CheckpointAbortReason.EXPIRED, CheckpointAbortReason.DECLINED):
+        if counts:
             self.consecutive_failures += 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:
                 raise CheckpointFailureError(

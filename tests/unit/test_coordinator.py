@@ -168,3 +168,23 @@ def test_history_keeps_only_the_newest_records(tmp_path):
         ack_all(c, n)
     assert [r.checkpoint_id for r in c.history] == [3, 4, 5]
     assert c.completed_count == 5
+
+
+def test_failed_savepoints_do_not_count_towards_failing_the_job(env, tmp_path):
+    """As Flink's CheckpointFailureManager: a savepoint that expires or is
+    declined fails its request, never the job; periodic checkpoints count."""
+    c, clock, sent = env
+    for _ in range(3):  # tolerable_failed_checkpoints is 1
+        n = c.trigger(savepoint_dir=str(tmp_path / "sp"))
+        assert n is not None
+        c.on_decline(1, n, "busy")
+        assert isinstance(c.savepoint_results[n], Exception)
+    assert c.consecutive_failures == 0
+    clock.now += 1.0
+    c.tick()
+    clock.now += 5.1
+    c.tick()  # checkpoint expired: 1 in a row, tolerated
+    clock.now += 1.0
+    c.tick()
+    with pytest.raises(CheckpointFailureError, match="2 checkpoints failed in a row"):
+        c.on_decline(1, c.pending.checkpoint_id, "disk full")
