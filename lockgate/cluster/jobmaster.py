@@ -604,6 +604,28 @@ class JobMaster:
         return f"{'->'.join(uids)}[{i}] (task {task})"
 
 
+def _check_picklable(graph: JobGraph) -> None:
+    """Every operator's functions travel to the tasks pickled (cloudpickle):
+    one that cannot be is named with the reason and the fix, before the job
+    starts, instead of a raw ``TypeError`` from deep in the launcher."""
+    import cloudpickle
+
+    for op in graph.operators():
+        for what, obj in (("function", op.fn), ("key selector", op.key_selector),
+                          ("watermark strategy", op.watermarks)):
+            if obj is None:
+                continue
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as e:  # noqa: BLE001 - any reason it cannot travel
+                raise PipelineDefinitionError(
+                    f"the {what} of operator {op.uid!r} cannot be sent to the tasks: "
+                    f"{type(e).__name__}: {e}. It (or a global it uses) holds something that "
+                    "cannot be pickled, such as a lock, a connection or an open file: create "
+                    "that in open() (KeyedProcessFunction) or inside the function, not at "
+                    "module level") from None
+
+
 def _repeats(failures: list[str]) -> int:
     """How many times in a row the last failure happened."""
     n = 0
@@ -722,6 +744,7 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
     mode = pipeline.checkpoint.mode
     for op in sources + sinks:
         op.fn.validate()
+    _check_picklable(graph)
     not_replayable = [op.uid for op in sources if not op.fn.replayable]
     if not_replayable and mode == CheckpointingMode.EXACTLY_ONCE and not allow_non_replayable:
         raise PipelineDefinitionError(

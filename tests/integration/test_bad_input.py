@@ -37,7 +37,12 @@ from lockgate.checkpoint import storage
 from lockgate.cluster.result import Progress
 from lockgate.connectors import CollectSink, FileSink, SequenceSource, Sink, TaskInfo
 from lockgate.connectors.sequence import SequenceReader
-from lockgate.errors import CheckpointCorruptError, ConfigurationError, JobFailedError
+from lockgate.errors import (
+    CheckpointCorruptError,
+    ConfigurationError,
+    JobFailedError,
+    PipelineDefinitionError,
+)
 from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 from tests.fault.sums_job import build as build_sums
 
@@ -541,3 +546,21 @@ def test_a_deterministic_user_error_backs_off_and_prints_its_traceback_once(
     assert text.count("failed the same way again") == 2, text  # the last one ends the job
     assert "input records 1..300" in text or "its first record: 1" in text, text
     assert took >= 0.5 + 1.0, "no back-off between identical failures"
+
+
+def test_a_function_that_cannot_travel_to_the_tasks_is_named_before_the_job_starts(
+        tmp_path: Path) -> None:
+    import threading
+
+    lock = threading.Lock()  # captured by the map's closure: cannot be pickled
+    p = Pipeline("unpicklable", parallelism=1, restart=NoRestart(),
+                 checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")))
+    (p.source(SequenceSource(1, 100), uid="numbers")
+       .map(lambda x: (x, lock.locked()), uid="bad")
+       .sink(CollectSink(str(tmp_path / "collect")), uid="out"))
+    with pytest.raises(PipelineDefinitionError) as e:
+        p.run(launcher=LAUNCHER)
+    message = str(e.value)
+    assert "the function of operator 'bad' cannot be sent to the tasks" in message
+    assert "_thread.lock" in message and "open()" in message
+    assert not (tmp_path / "chk").exists() or not any((tmp_path / "chk").iterdir())
