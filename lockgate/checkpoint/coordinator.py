@@ -236,8 +236,14 @@ class CheckpointCoordinator:
             self.savepoint_results[p.checkpoint_id] = target
             log.info("savepoint %d completed: %s", p.checkpoint_id, fs.redact(target))
         else:
-            fs.makedirs(chk)
-            storage.write_metadata(chk, metadata)
+            try:
+                fs.makedirs(chk)
+                storage.write_metadata(chk, metadata)
+            except OSError as e:  # disk full, permissions, a flaky object store
+                # the checkpoint never existed: declined, counted, the job goes on
+                self._abort(CheckpointAbortReason.DECLINED,
+                            detail=f"its _metadata could not be written: {fs.explain(e, chk)}")
+                return
         self.pending = None
         now = self.clock()
         self.last_completion = now
@@ -283,12 +289,27 @@ class CheckpointCoordinator:
         doomed = set(keep)
         self.completed = [c for c in self.completed if c.checkpoint_id not in doomed]
         for n in doomed:
-            storage.discard(storage.checkpoint_dir(self.job_dir, n))
+            self._discard(n)
         # folders of failed checkpoints older than the newest completed one
         latest = self.completed[-1].checkpoint_id
-        for n, completed in storage.checkpoint_folders(self.job_dir).items():
+        try:
+            folders = storage.checkpoint_folders(self.job_dir)
+        except OSError as e:
+            log.warning("cannot list %s to clean up failed checkpoints: %s",
+                        fs.redact(self.job_dir), e)
+            return
+        for n, completed in folders.items():
             if not completed and n < latest:
-                storage.discard(storage.checkpoint_dir(self.job_dir, n))
+                self._discard(n)
+
+    def _discard(self, n: int) -> None:
+        """Delete checkpoint ``n``; a failure (a flaky store, something else
+        in the way) leaves it behind with a warning and never fails the job."""
+        chk = storage.checkpoint_dir(self.job_dir, n)
+        try:
+            storage.discard(chk)
+        except OSError as e:
+            log.warning("could not delete %s (left behind): %s", fs.redact(chk), e)
 
     def _abort(self, reason: CheckpointAbortReason, detail: str | None = None,
                notify: bool = True) -> None:

@@ -188,3 +188,24 @@ def test_failed_savepoints_do_not_count_towards_failing_the_job(env, tmp_path):
     c.tick()
     with pytest.raises(CheckpointFailureError, match="2 checkpoints failed in a row"):
         c.on_decline(1, c.pending.checkpoint_id, "disk full")
+
+
+def test_metadata_that_cannot_be_written_declines_the_checkpoint_and_the_job_goes_on(
+        env, tmp_path):
+    """A real write failure (a file where the checkpoint's folder must go):
+    the checkpoint fails and is counted, the tasks are told, the driver does
+    not crash, and the next checkpoint completes."""
+    c, clock, sent = env
+    (tmp_path / "job").mkdir(exist_ok=True)
+    (tmp_path / "job" / "chk-1").write_text("in the way")
+    clock.now += 1.0
+    c.tick()
+    ack_all(c, 1)
+    record = c.history[-1]
+    assert record.status == "failed" and "_metadata could not be written" in record.failure
+    assert {"t": "abort", "cp": 1} in [m for _, _, m in sent]
+    assert c.consecutive_failures == 1 and c.latest is None
+    clock.now += 1.0
+    c.tick()
+    ack_all(c, 2)
+    assert c.history[-1].status == "completed" and c.consecutive_failures == 0
