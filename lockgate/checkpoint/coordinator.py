@@ -321,7 +321,6 @@ class CheckpointCoordinator:
         record = self._record(p.checkpoint_id)
         record.status = "failed"
         record.failure = f"{reason.value}: {detail}" if detail else reason.value
-        kind = "savepoint" if p.savepoint_dir is not None else "checkpoint"
         # As Flink's CheckpointFailureManager: only periodic checkpoints that
         # expire or are declined count towards failing the job; a failed
         # savepoint fails the savepoint request, and nothing else.
@@ -329,13 +328,13 @@ class CheckpointCoordinator:
                                                         CheckpointAbortReason.DECLINED)
         if counts:
             # the user must see these: enough in a row fail the job
-            log.warning("%s %d failed (%d in a row, %d tolerated): %s", kind, p.checkpoint_id,
+            log.warning("checkpoint %d failed (%d in a row, %d tolerated): %s", p.checkpoint_id,
                         self.consecutive_failures + 1, self.config.tolerable_failed_checkpoints,
                         record.failure)
         elif p.savepoint_dir is not None:
             log.warning("savepoint %d failed: %s", p.checkpoint_id, record.failure)
         else:
-            log.info("%s %d aborted: %s", kind, p.checkpoint_id, record.failure)
+            log.info("checkpoint %d aborted: %s", p.checkpoint_id, record.failure)
         if p.savepoint_dir is not None:
             self.savepoint_results[p.checkpoint_id] = LockgateError(
                 f"savepoint {p.checkpoint_id} failed: {record.failure}")

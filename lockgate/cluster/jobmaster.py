@@ -108,8 +108,6 @@ class RunOptions:
     job_id: str | None = None
     on_progress: Callable[[Progress], None] | None = None
     allow_non_restored_state: bool = False
-    restore_kind: str = "checkpoint"
-    """What ``from_checkpoint`` was given as: ``checkpoint`` or ``savepoint`` (messages)."""
     bind_host: str = "127.0.0.1"
     """The host the control server binds: tasks on other machines must reach it."""
     rest: RestConfig | None = None
@@ -154,8 +152,10 @@ class JobMaster:
             graph.max_parallelism, self._send, job_name=pipeline.name,
             locations=sink_locations(graph))
         self.attempt = 0
-        self.script_classes = script_classes(
-            *[(op.fn, op.key_selector, op.watermarks) for op in graph.operators()])
+        self._user_code = [(op.fn, op.key_selector, op.watermarks) for op in graph.operators()]
+        """What the pipeline's user code is made of: the roots of its script's
+        classes (sent to the tasks) and functions (tracebacks)."""
+        self.script_classes = script_classes(*self._user_code)
         self.launcher: Any = None
         self.records: dict[str, dict[int, int]] = {"read": {}, "written": {}}
         self.failures: list[str] = []
@@ -219,12 +219,7 @@ class JobMaster:
         started = self._started = time.monotonic()
         self.state = "running"
         status = "finished"
-        if self.options.from_checkpoint:
-            if self._started_from is None:  # prepare_job loaded it: validation
-                self._started_from = load_checkpoint(
-                    self.options.from_checkpoint, self.graph,
-                    self.options.allow_non_restored_state, job_name=self.pipeline.name,
-                    kind=self.options.restore_kind)
+        if self._started_from is not None:  # loaded and checked by prepare_job
             self.coordinator.restored_from(self._started_from)
         self.guarantee = guarantee
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
@@ -268,8 +263,6 @@ class JobMaster:
                             f"({len(self.failures) - 1} restarts); "
                             f"last: {reason}"
                         ) from None
-                    start = (fs.redact(self.coordinator.latest.path) if self.coordinator.latest
-                             else "the beginning")
                     if repeats > 1:  # the traceback and the input were printed already
                         log.warning("attempt %d failed the same way again (%d in a row): %s; "
                                     "restart %d of at most %s in %.2f s", self.attempt, repeats,
@@ -277,7 +270,9 @@ class JobMaster:
                                     getattr(self.restart, "max_attempts", "?"), delay)
                     else:
                         log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
-                                    self.attempt, reason, delay, start)
+                                    self.attempt, reason, delay,
+                                    fs.redact(self.coordinator.latest.path)
+                                    if self.coordinator.latest else "the beginning")
                     time.sleep(delay)
                     self.attempt += 1
             self._end_attempt()
@@ -388,14 +383,8 @@ class JobMaster:
                 self._report_progress()
 
     def _other_job(self) -> str:
-        """`` It restored a savepoint of job ...`` when the job started from
-        another job's checkpoint or savepoint, else ``""``."""
-        meta = self._started_from.metadata if self._started_from else {}
-        name = meta.get("job_name")
-        if not isinstance(name, str) or name == self.pipeline.name:
-            return ""
-        return (f" It restored a {meta.get('kind', 'checkpoint')} of job {name!r} "
-                f"({meta.get('job_id')}); this job is {self.pipeline.name!r}.")
+        return other_job(self._started_from.metadata if self._started_from else {},
+                         self.pipeline.name)
 
     def _root_cause(self, failure: AttemptFailed) -> AttemptFailed:
         """A task that lost a channel most often only saw a peer die: the peer's
@@ -549,9 +538,8 @@ class JobMaster:
                 log.debug("task %s failed:\n%s", self._task_name(task), msg.get("traceback", ""))
             else:
                 log.error("task %s failed%s:\n%s", self._task_name(task),
-                          f" at {where}" if where else "", script_traceback(
-                              str(msg.get("traceback", "")),
-                              *[(op.fn, op.key_selector) for op in self.graph.operators()]))
+                          f" at {where}" if where else "",
+                          script_traceback(str(msg.get("traceback", "")), *self._user_code))
             failed = AttemptFailed(reason, task, msg.get("error_type"),
                                    reported=msg.get("error_type") != "ConnectionError")
             failed.where = where
@@ -647,6 +635,16 @@ def sink_locations(graph: JobGraph) -> dict[str, str]:
             if op.kind == "sink" and isinstance(getattr(op.fn, "path", None), str)}
 
 
+def other_job(meta: dict[str, Any], job_name: str | None) -> str:
+    """`` It is a savepoint of job 'sums' (sums-1a2b3c4d); this job is
+    'totals'.`` when ``_metadata`` (``meta``) is another job's, else ``""``."""
+    name = meta.get("job_name")
+    if not isinstance(name, str) or not job_name or name == job_name:
+        return ""
+    return (f" It is a {meta.get('kind', 'checkpoint')} of job {name!r} ({meta.get('job_id')}); "
+            f"this job is {job_name!r}.")
+
+
 def check_sink_locations(meta: dict[str, Any], graph: JobGraph, chk: str,
                          job_name: str | None) -> None:
     """Say so when a sink writes elsewhere than the one that took the
@@ -655,21 +653,17 @@ def check_sink_locations(meta: dict[str, Any], graph: JobGraph, chk: str,
     ``recover`` raising :class:`SavepointMismatchError`): name both
     locations, both jobs, and how to go on."""
     kind = meta.get("kind", "checkpoint")
-    old_name = meta.get("job_name")
     for uid, location in sink_locations(graph).items():
         op = meta["operators"].get(uid)
         old = op.get("location") if isinstance(op, dict) else None
         if not isinstance(old, str) or old == location:
             continue
-        other_job = (f" It is a {kind} of job {old_name!r} ({meta.get('job_id')}), "
-                     f"and this job is {job_name!r}."
-                     if isinstance(old_name, str) and job_name and old_name != job_name else "")
         log.warning(
             "sink %r wrote to %s when %s %s was taken, and now writes to %s.%s Unless the "
             "folder was moved there with its files, the restore fails: give the sink its old "
             "location, or a new uid and allow_non_restored_state=True "
             "(--allow-non-restored-state) to start it afresh", uid, old, kind, fs.redact(chk),
-            location, other_job)
+            location, other_job(meta, job_name))
 
 
 def load_checkpoint(path: str, graph: JobGraph,
@@ -767,10 +761,9 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
             "use launcher='spark' (the default) or drop them")
     started_from = None
     if options.from_checkpoint:  # refused here, before anything starts or is created
-        options.restore_kind = "savepoint" if from_savepoint else "checkpoint"
         started_from = load_checkpoint(
             options.from_checkpoint, graph, allow_non_restored_state, job_name=pipeline.name,
-            kind=options.restore_kind)
+            kind="savepoint" if from_savepoint else "checkpoint")
     if launcher == "spark":  # a SparkContext that can run every task at once, before anything
         from lockgate.cluster.spark import prepare_spark
 

@@ -70,6 +70,11 @@ def _split(entry: Any) -> dict[str, Any]:
             "step": entry["step"]}
 
 
+def _unfinished(split: dict[str, Any]) -> bool:
+    """The split has numbers left to read."""
+    return split["end"] is None or split["next"] <= split["end"]
+
+
 def _pieces(split: dict[str, Any], n: int) -> list[dict[str, Any]]:
     """What is left of ``split`` cut into at most ``n`` disjoint pieces whose
     union is the rest of the split: contiguous runs of a bounded split, ``n``
@@ -96,27 +101,15 @@ def deal_splits(entries: list[Any], task_index: int, parallelism: int) -> list[d
     every task: unfinished splits in a canonical order, round-robin when there
     are at least as many as tasks, else each one cut into ``parallelism``
     pieces first, so every task has work and every number is read once."""
-    if any(isinstance(e, dict) and "owner" not in e for e in entries):
+    splits = [_split(e) for e in entries]
+    if any("owner" not in e for e in entries):
         # A checkpoint of a version that dealt entries out itself (split
         # mode): these are this task's already.
-        return [_split(e) for e in entries]
-    splits = []
-    same = True
-    for e in entries:
-        s = _split(e)
-        owner, of = e.get("owner"), e.get("of")
-        same = same and owner is not None and of == parallelism
-        s["owner"] = owner
-        splits.append(s)
-    if same:
-        mine = [s for s in splits if s["owner"] == task_index]
-        for s in mine:
-            del s["owner"]
-        return mine
-    left = sorted(
-        ({"next": s["next"], "end": s["end"], "step": s["step"]} for s in splits
-         if s["end"] is None or s["next"] <= s["end"]),
-        key=lambda s: (s["next"], s["step"], -1 if s["end"] is None else s["end"]))
+        return splits
+    if all(e.get("of") == parallelism for e in entries):
+        return [s for s, e in zip(splits, entries, strict=True) if e["owner"] == task_index]
+    left = sorted((s for s in splits if _unfinished(s)),
+                  key=lambda s: (s["next"], s["step"], -1 if s["end"] is None else s["end"]))
     if 0 < len(left) < parallelism:
         left = [piece for s in left for piece in _pieces(s, parallelism)]
     for i, s in enumerate(left):
@@ -151,9 +144,9 @@ class SequenceReader(SourceReader[int]):
         # not starve the splits after it.
         for i in range(len(splits)):
             split = splits[(self._turn + i) % len(splits)]
-            nxt, end, step = split["next"], split["end"], split["step"]
-            if end is not None and nxt > end:
+            if not _unfinished(split):
                 continue
+            nxt, end, step = split["next"], split["end"], split["step"]
             self._turn = (self._turn + i + 1) % len(splits)
             self.last_split = split["split"]
             stop = nxt + max_records * step
@@ -166,7 +159,7 @@ class SequenceReader(SourceReader[int]):
         return None
 
     def unfinished_splits(self) -> list[Any]:
-        return [s["split"] for s in self.splits if s["end"] is None or s["next"] <= s["end"]]
+        return [s["split"] for s in self.splits if _unfinished(s)]
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         owner, of = self.info.task_index, self.info.parallelism
