@@ -58,36 +58,36 @@ def check_running_sums(records: list[list], n: int, keys: int,
         assert sorted(diffs) == inputs, f"key {k}: committed sums do not match the inputs"
 
 
-def split_positions(savepoint: str, uid: str = "numbers") -> dict[int, int]:
-    """The next number each ``SequenceSource`` split of the source ``uid`` would
-    read, from its operator state in a checkpoint or savepoint folder."""
+def operator_state(savepoint: str, uid: str) -> list[list]:
+    """Per subtask, the operator-state entries of operator ``uid`` in a
+    checkpoint or savepoint folder (``[]`` for a subtask without any)."""
     from lockgate.checkpoint import storage
     from lockgate.state.serde import StateSerializer
 
     meta = storage.read_metadata(savepoint)
-    positions: dict[int, int] = {}
+    out: list[list] = []
     for handle in meta["operators"][uid]["subtasks"]:
+        entries: list = []
         if handle and handle.get("op_state"):
             offset, length = handle["op_state"]
             data = storage.read_state_file(savepoint, handle)[offset:offset + length]
-            positions.update({s["split"]: s["next"] for s in StateSerializer().loads(data)})
-    return positions
+            entries = StateSerializer().loads(data)
+        out.append(entries)
+    return out
+
+
+def split_positions(savepoint: str, uid: str = "numbers") -> dict[int, int]:
+    """The next number each ``SequenceSource`` split of the source ``uid`` would
+    read, from its operator state in a checkpoint or savepoint folder."""
+    return {s["split"]: s["next"] for entries in operator_state(savepoint, uid)
+            for s in entries}
 
 
 def sequence_read(savepoint: str, n: int, uid: str = "numbers") -> list[int]:
     """The numbers of ``1..n`` a bounded ``SequenceSource`` had read before a
     checkpoint or savepoint: every number that no remaining split of its
     state would still read (splits are cut anew on rescaling)."""
-    from lockgate.checkpoint import storage
-    from lockgate.state.serde import StateSerializer
-
-    meta = storage.read_metadata(savepoint)
-    left: list[dict] = []
-    for handle in meta["operators"][uid]["subtasks"]:
-        if handle and handle.get("op_state"):
-            offset, length = handle["op_state"]
-            data = storage.read_state_file(savepoint, handle)[offset:offset + length]
-            left += StateSerializer().loads(data)
+    left = [s for entries in operator_state(savepoint, uid) for s in entries]
     ahead: set[int] = set()
     for s in left:
         if s["next"] <= s["end"]:

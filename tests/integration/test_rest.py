@@ -20,9 +20,8 @@ from pathlib import Path
 
 from lockgate.checkpoint import storage
 from lockgate.connectors import SequenceSource
-from lockgate.state.serde import StateSerializer
 from lockgate.web import rest
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
+from tests.fault.checks import check_running_sums, committed_lines, hidden_files, operator_state
 
 REPO = Path(__file__).resolve().parents[2]
 PARALLELISM = 2
@@ -129,15 +128,10 @@ def _consumed(savepoint: str) -> list[int]:
     """Every number the unbounded source read before ``savepoint``: per split,
     from its first number up to the position the savepoint holds (its
     `_metadata` names the state files; msgpack, read without running code)."""
-    meta = storage.read_metadata(savepoint)
     first = {s["split"]: s["next"] for s in SequenceSource(1).splits(PARALLELISM)}
     numbers: list[int] = []
-    for handle in meta["operators"]["numbers"]["subtasks"]:
-        if not handle:
-            continue
-        data = (Path(savepoint) / handle["file"]).read_bytes()
-        offset, length = handle["op_state"]
-        for split in StateSerializer().loads(data[offset:offset + length]):
+    for entries in operator_state(savepoint, "numbers"):
+        for split in entries:
             numbers += range(first[split["split"]], split["next"], split["step"])
     return numbers
 

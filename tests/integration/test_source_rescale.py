@@ -13,11 +13,14 @@ from pathlib import Path
 import pytest
 
 from lockgate import CheckpointConfig, Pipeline
-from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, FileSource, SequenceSource
 from lockgate.connectors.sequence import deal_splits
-from lockgate.state.serde import StateSerializer
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
+from tests.fault.checks import (
+    check_running_sums,
+    committed_lines,
+    hidden_files,
+    operator_state,
+)
 from tests.integration.spark_session import fresh_spark_session
 
 KEYS = 5
@@ -43,16 +46,7 @@ def build(tmp: Path, parallelism: int, source, key_of) -> Pipeline:
 
 def source_entries(savepoint: str) -> list[list[dict]]:
     """The source's state entries per subtask of a savepoint."""
-    meta = storage.read_metadata(savepoint)
-    out = []
-    for handle in meta["operators"]["numbers"]["subtasks"]:
-        entries = []
-        if handle and handle.get("op_state"):
-            offset, length = handle["op_state"]
-            data = storage.read_state_file(savepoint, handle)[offset:offset + length]
-            entries = StateSerializer().loads(data)
-        out.append(entries)
-    return out
+    return operator_state(savepoint, "numbers")
 
 
 def hop(tmp: Path, parallelism: int, source, key_of, savepoint: str | None,

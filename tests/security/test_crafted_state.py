@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from lockgate import CheckpointConfig, Pipeline
-from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, FileSource
 from lockgate.errors import CheckpointCorruptError, JobFailedError
 from lockgate.state.serde import StateSerializer
+from tests.fault.checks import operator_state
 from tests.fault.sums_job import build as build_sums
 
 
@@ -47,14 +47,7 @@ def stop_half_way(p: Pipeline, tmp: Path) -> str:
 
 def op_state(sp: str, uid: str) -> list[tuple[int, list]]:
     """Per subtask with state: (index, its operator-state entries)."""
-    meta = storage.read_metadata(sp)
-    out = []
-    for i, handle in enumerate(meta["operators"][uid]["subtasks"]):
-        if handle and handle.get("op_state"):
-            offset, length = handle["op_state"]
-            data = storage.read_state_file(sp, handle)[offset:offset + length]
-            out.append((i, StateSerializer().loads(data)))
-    return out
+    return [(i, entries) for i, entries in enumerate(operator_state(sp, uid)) if entries]
 
 
 def craft(sp: str, uid: str, index: int, entries: list) -> None:
