@@ -1,4 +1,4 @@
-"""Test-wide settings."""
+"""Test-wide settings; the shared fixtures are in ``tests/fixtures.py``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import atexit
 import os
 import shutil
 import tempfile
+
+pytest_plugins = ["tests.fixtures"]
 
 # Jobs started by the tests register with the REST API's discovery folder:
 # keep it away from the user's own (~/.local/state/lockgate), for every

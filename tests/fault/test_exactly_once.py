@@ -2,7 +2,9 @@
 
 Every kill here is a real SIGKILL of a task process: either from outside at a
 random moment (``RandomKiller``), or by the task itself at a named protocol
-point (fault injection as data, see ``lockgate.runtime.faults``).
+point (fault injection as data, see ``lockgate.runtime.faults``). Every test
+runs on both launchers: on Spark, the killed processes are the Spark Python
+workers that run the tasks.
 """
 
 from __future__ import annotations
@@ -12,10 +14,6 @@ import pytest
 from tests.fault.checks import check_running_sums, committed_lines, hidden_files, run_job
 
 N = 60_000
-
-LAUNCHERS = ["local", "spark"]
-"""Every fault test runs on both launchers: on Spark, the killed processes are
-the Spark Python workers that run the tasks."""
 
 
 def _check(tmp_path, result, n=N, keys=2):
@@ -27,7 +25,6 @@ def _check(tmp_path, result, n=N, keys=2):
     assert result["records_in"] == n and result["records_out"] == n, result
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("parallelism", [2, 3])
 def test_targeted_kills_at_protocol_points(tmp_path, parallelism, launcher):
     """One kill per attempt, each at another protocol point."""
@@ -48,7 +45,6 @@ def test_targeted_kills_at_protocol_points(tmp_path, parallelism, launcher):
     assert result["restarts"] == len(faults), result["failures"]
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("parallelism,seed", [(2, 1), (3, 2)])
 def test_random_kills(tmp_path, parallelism, seed, launcher):
     """SIGKILL random tasks at random moments, from outside."""
@@ -62,7 +58,6 @@ def test_random_kills(tmp_path, parallelism, seed, launcher):
     assert result["restarts"] >= kills - 1
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_failure_free_run_is_exact(tmp_path, launcher):
     result, _ = run_job(tmp_path, n=N, parallelism=2, launcher=launcher)
     _check(tmp_path, result)

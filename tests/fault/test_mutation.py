@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-
 from tests.fault.checks import HERE, check_running_sums, committed_lines, drive, hidden_files
 from tests.fault.mutation_job import BRANCHES
-
-LAUNCHERS = ["local", "spark"]
 
 
 def run(tmp_path, *, n, parallelism, keys, kills, seed, rate=None, launcher):
@@ -42,7 +38,6 @@ def run(tmp_path, *, n, parallelism, keys, kills, seed, rate=None, launcher):
     return result, killed
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_in_place_mutation_without_failures_is_exact(tmp_path, launcher):
     # full speed: batches of 1,024 records, many of one key in each
     result, _ = run(tmp_path, n=50_000, parallelism=2, keys=3, kills=0, seed=0,
@@ -50,7 +45,6 @@ def test_in_place_mutation_without_failures_is_exact(tmp_path, launcher):
     assert result["restarts"] == 0, result["failures"]
 
 
-@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_in_place_mutation_under_random_kills_is_exact(tmp_path, launcher):
     # 100,000 records at 25,000/s: at least 4 s of work, while 4 kills at most
     # 0.8 s apart leave at most 3.2 s of progress: every planned kill happens.

@@ -85,7 +85,6 @@ def test_sources_finishing_at_different_times_with_a_kill_in_between(tmp_path: P
     assert result.records_in == short + long
 
 
-@pytest.mark.parametrize("launcher", ["local", "spark"])
 def test_kill_during_a_savepoint(tmp_path: Path, launcher: str) -> None:
     """A task freezes (SIGSTOP) so a savepoint cannot complete, then dies
     (SIGKILL): the savepoint fails with a clear error, the job recovers, a
@@ -220,7 +219,6 @@ class _SumsThenMarker(KeyedProcessFunction):
         return [("finished", ctx.task_index)]
 
 
-@pytest.mark.parametrize("launcher", ["local", "spark"])
 def test_kill_after_the_final_checkpoint_completed(tmp_path: Path, launcher: str) -> None:
     """A task dies after the final checkpoint completed (its sinks committed
     everything), before the job ended. The next attempt restores that final

@@ -100,7 +100,6 @@ def windows_of(out: Path) -> dict[tuple[int, int], list]:
     return found
 
 
-@pytest.mark.parametrize("launcher", ["local", "spark"])
 def test_windows_fire_on_watermarks_and_the_last_at_the_end(tmp_path: Path,
                                                             launcher: str) -> None:
     """Every window exactly once with its exact count. Only each key's last

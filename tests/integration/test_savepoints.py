@@ -61,7 +61,6 @@ def _hop(tmp: Path, parallelism: int, launcher: str, drain: bool, savepoint: str
     return result
 
 
-@pytest.mark.parametrize("launcher", ["local", "spark"])
 def test_stop_with_savepoint_and_rescale_is_exact(tmp_path: Path, launcher: str) -> None:
     """p=2 -stop-> 1 -stop --drain-> 3 -stop-> 4 -stop-> 2 (runs to the end):
     down, up twice, and back; every record's running sum is committed exactly

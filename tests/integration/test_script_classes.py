@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 
 APP = '''
@@ -71,7 +69,6 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.mark.parametrize("launcher", ["local", "spark"])
 def test_script_classes_in_records_and_state_survive_a_kill(tmp_path: Path, launcher: str):
     (tmp_path / "app.py").write_text(APP)
     run = subprocess.run([sys.executable, "app.py", launcher], cwd=tmp_path,
