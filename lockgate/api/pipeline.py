@@ -27,6 +27,7 @@ from lockgate.api.watermarks import WatermarkStrategy
 from lockgate.config import CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Sink, Source
 from lockgate.errors import PipelineDefinitionError
+from lockgate.graph.types import OperatorKind, Partitioning
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
@@ -46,14 +47,13 @@ class Node:
     """One operator of the logical pipeline (before chaining)."""
 
     id: int
-    kind: str
-    """source | map | filter | flat_map | map_batch | reduce | process | sink"""
+    kind: OperatorKind
     fn: Any
     uid: str | None
     parallelism: int
     input: int | None = None
-    partitioning: str = "forward"
-    """How records reach this node from its input: forward | hash | rebalance."""
+    partitioning: Partitioning = Partitioning.FORWARD
+    """How records reach this node from its input."""
     key_selector: Callable[[Any], Any] | None = None
     name: str = ""
     consumers: list[int] = field(default_factory=list)
@@ -114,7 +114,7 @@ class Pipeline:
         if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
             raise PipelineDefinitionError(
                 f"watermarks= takes a WatermarkStrategy, got {type(watermarks).__name__}")
-        node = self._add("source", source, uid, parallelism, None)
+        node = self._add(OperatorKind.SOURCE, source, uid, parallelism, None)
         node.watermarks = watermarks
         return DataStream(self, node)
 
@@ -136,8 +136,8 @@ class Pipeline:
 
         return self.source(DataFrameSource(df, spark=spark), uid=uid, parallelism=parallelism)
 
-    def _add(self, kind: str, fn: Any, uid: str | None, parallelism: int | None,
-             upstream: Node | None, partitioning: str = "forward",
+    def _add(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
+             upstream: Node | None, partitioning: Partitioning = Partitioning.FORWARD,
              key_selector: Callable[[Any], Any] | None = None) -> Node:
         if uid is not None and not _UID_RE.match(uid):
             raise PipelineDefinitionError(
@@ -163,7 +163,7 @@ class Pipeline:
     # -- running ----------------------------------------------------------
     def run(self, *, launcher: str = "spark", from_checkpoint: str | None = None,
             from_savepoint: str | None = None, allow_non_restored_state: bool = False,
-            allow_non_replayable: bool = False, fault_injection: list[dict] | None = None,
+            allow_non_replayable: bool = False, fault_injection: list[dict[str, Any]] | None = None,
             job_id: str | None = None,
             on_progress: Callable[[Progress], None] | None = None,
             spark: Any = None, master: str | None = None,
@@ -220,45 +220,46 @@ class Pipeline:
 class DataStream(Generic[T]):
     """A stream of records of type ``T``."""
 
-    def __init__(self, pipeline: Pipeline, node: Node, partitioning: str = "forward") -> None:
+    def __init__(self, pipeline: Pipeline, node: Node,
+                 partitioning: Partitioning = Partitioning.FORWARD) -> None:
         self._p = pipeline
         self._node = node
         self._partitioning = partitioning
 
-    def _then(self, kind: str, fn: Any, uid: str | None, parallelism: int | None,
-              partitioning: str | None = None,
+    def _then(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
+              partitioning: Partitioning | None = None,
               key_selector: Callable[[Any], Any] | None = None) -> Node:
-        if self._node.kind == "sink":
+        if self._node.kind == OperatorKind.SINK:
             raise PipelineDefinitionError("a sink has no output stream")
         part = partitioning or self._partitioning
         p = parallelism or self._p.parallelism
-        if part == "forward" and p != self._node.parallelism:
-            part = "rebalance"
+        if part == Partitioning.FORWARD and p != self._node.parallelism:
+            part = Partitioning.REBALANCE
         return self._p._add(kind, fn, uid, parallelism, self._node, part, key_selector)
 
     def map(self, fn: Callable[[T], U], *, uid: str | None = None,
             parallelism: int | None = None) -> DataStream[U]:
         """Apply ``fn`` to every record."""
-        return DataStream(self._p, self._then("map", fn, uid, parallelism))
+        return DataStream(self._p, self._then(OperatorKind.MAP, fn, uid, parallelism))
 
     def filter(self, fn: Callable[[T], bool], *, uid: str | None = None,
                parallelism: int | None = None) -> DataStream[T]:
         """Keep the records for which ``fn`` is true."""
-        return DataStream(self._p, self._then("filter", fn, uid, parallelism))
+        return DataStream(self._p, self._then(OperatorKind.FILTER, fn, uid, parallelism))
 
     def flat_map(self, fn: Callable[[T], Iterable[U]], *, uid: str | None = None,
                  parallelism: int | None = None) -> DataStream[U]:
         """Replace every record by the records of the iterable ``fn`` returns."""
-        return DataStream(self._p, self._then("flat_map", fn, uid, parallelism))
+        return DataStream(self._p, self._then(OperatorKind.FLAT_MAP, fn, uid, parallelism))
 
     def map_batch(self, fn: Callable[[list[T]], list[U]], *, uid: str | None = None,
                   parallelism: int | None = None) -> DataStream[U]:
         """Apply ``fn`` to a whole batch (a list) at once; it returns a list."""
-        return DataStream(self._p, self._then("map_batch", fn, uid, parallelism))
+        return DataStream(self._p, self._then(OperatorKind.MAP_BATCH, fn, uid, parallelism))
 
     def rebalance(self) -> DataStream[T]:
         """Spread the records round-robin over the next operator's tasks."""
-        return DataStream(self._p, self._node, "rebalance")
+        return DataStream(self._p, self._node, Partitioning.REBALANCE)
 
     def key_by(self, key_selector: Callable[[T], Any]) -> KeyedStream[T]:
         """Partition by key: records with equal keys go to the same task."""
@@ -269,7 +270,7 @@ class DataStream(Generic[T]):
         """Write the stream to ``sink``."""
         if not isinstance(sink, Sink):
             raise PipelineDefinitionError(f"{sink!r} is not a lockgate Sink")
-        return DataStream(self._p, self._then("sink", sink, uid, parallelism))
+        return DataStream(self._p, self._then(OperatorKind.SINK, sink, uid, parallelism))
 
 
 class KeyedStream(Generic[T]):
@@ -280,8 +281,9 @@ class KeyedStream(Generic[T]):
         self._node = node
         self._key = key_selector
 
-    def _keyed(self, kind: str, fn: Any, uid: str | None, parallelism: int | None) -> Node:
-        return self._p._add(kind, fn, uid, parallelism, self._node, "hash", self._key)
+    def _keyed(self, kind: OperatorKind, fn: Any, uid: str | None,
+               parallelism: int | None) -> Node:
+        return self._p._add(kind, fn, uid, parallelism, self._node, Partitioning.HASH, self._key)
 
     def reduce(self, fn: Callable[[T, T], T], *, uid: str | None = None,
                parallelism: int | None = None) -> DataStream[T]:
@@ -297,11 +299,11 @@ class KeyedStream(Generic[T]):
         >>> totals = stream.key_by(lambda kv: kv[0]).reduce(
         ...     lambda a, b: (a[0], a[1] + b[1]), uid="totals")
         """
-        return DataStream(self._p, self._keyed("reduce", fn, uid, parallelism))
+        return DataStream(self._p, self._keyed(OperatorKind.REDUCE, fn, uid, parallelism))
 
     def process(self, fn: KeyedProcessFunction[T, U], *, uid: str | None = None,
                 parallelism: int | None = None) -> DataStream[U]:
         """Run a ``KeyedProcessFunction`` with keyed state."""
         if not isinstance(fn, KeyedProcessFunction):
             raise PipelineDefinitionError(f"{fn!r} is not a KeyedProcessFunction")
-        return DataStream(self._p, self._keyed("process", fn, uid, parallelism))
+        return DataStream(self._p, self._keyed(OperatorKind.PROCESS, fn, uid, parallelism))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import PipelineDefinitionError
+from lockgate.graph.types import OperatorKind, Partitioning
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Node, Pipeline
@@ -22,7 +23,7 @@ __all__ = ["OperatorSpec", "InputEdge", "OutputEdge", "JobVertex", "JobGraph", "
 @dataclass
 class OperatorSpec:
     uid: str
-    kind: str
+    kind: OperatorKind
     fn: Any
     key_selector: Any = None
     uid_generated: bool = False
@@ -34,14 +35,14 @@ class OperatorSpec:
 class InputEdge:
     upstream: int
     upstream_parallelism: int
-    partitioning: str
+    partitioning: Partitioning
 
 
 @dataclass
 class OutputEdge:
     downstream: int
     downstream_parallelism: int
-    partitioning: str
+    partitioning: Partitioning
     key_selector: Any = None
     downstream_uid: str = ""
     """The uid of the operator the edge leads to (whose key selector it applies)."""
@@ -61,7 +62,7 @@ class JobVertex:
 
     @property
     def is_source(self) -> bool:
-        return self.operators[0].kind == "source"
+        return self.operators[0].kind == OperatorKind.SOURCE
 
 
 @dataclass
@@ -122,7 +123,7 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
     if not nodes:
         raise PipelineDefinitionError("the pipeline is empty: add a source with p.source(...)")
     for n in nodes:
-        if n.kind != "sink" and not n.consumers:
+        if n.kind != OperatorKind.SINK and not n.consumers:
             uid = n.uid or f"{n.kind}-{n.id}"
             raise PipelineDefinitionError(
                 f"operator {uid!r} has no consumer: end every stream with .sink(...)"
@@ -136,7 +137,7 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
                             n.watermarks)
         chainable = (
             up is not None
-            and n.partitioning == "forward"
+            and n.partitioning == Partitioning.FORWARD
             and up.parallelism == n.parallelism
             and len(up.consumers) == 1
         )
@@ -152,8 +153,8 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
         if up is not None:
             uv = vertices[vertex_of[up.id]]
             part = n.partitioning
-            if part == "forward" and uv.parallelism != v.parallelism:
-                part = "rebalance"
+            if part == Partitioning.FORWARD and uv.parallelism != v.parallelism:
+                part = Partitioning.REBALANCE
             uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector, spec.uid))
             v.inputs.append(InputEdge(uv.id, uv.parallelism, part))
     return JobGraph(pipeline.name, pipeline.max_parallelism, vertices)

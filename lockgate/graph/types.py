@@ -1,0 +1,39 @@
+"""The vocabulary of the dataflow graph: operator kinds and partitionings.
+
+A leaf module (it imports nothing of Lockgate), shared by the API that builds
+a pipeline, the job graph, the runtime and the job master. ``StrEnum``
+members equal their strings (``Partitioning.HASH == "hash"``), so generated
+uids (``map-3``) and anything that compares with a literal are unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["OperatorKind", "Partitioning"]
+
+
+class OperatorKind(StrEnum):
+    """What an operator of the pipeline does (``Node.kind``, ``OperatorSpec.kind``)."""
+
+    SOURCE = "source"
+    MAP = "map"
+    FILTER = "filter"
+    FLAT_MAP = "flat_map"
+    MAP_BATCH = "map_batch"
+    REDUCE = "reduce"
+    """Keyed: combines each record with its key's running value."""
+    PROCESS = "process"
+    """Keyed: a ``KeyedProcessFunction``."""
+    SINK = "sink"
+
+
+class Partitioning(StrEnum):
+    """How records reach an operator from its input."""
+
+    FORWARD = "forward"
+    """Task ``i`` to task ``i``: equal parallelism (chained when possible)."""
+    HASH = "hash"
+    """By key group of the record's key: equal keys reach the same task."""
+    REBALANCE = "rebalance"
+    """Whole batches round-robin over the downstream tasks."""
