@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from typing import Any
 
+from lockgate.checkpoint.restore import OperatorStateMode
+
 
 class AckResult(Enum):
     SUCCESS = "success"
@@ -14,6 +16,13 @@ class AckResult(Enum):
     """The task is not one this checkpoint waits for."""
     DISCARDED = "discarded"
     """The checkpoint was already aborted."""
+
+
+class CheckpointKind(StrEnum):
+    """A periodic (or final) checkpoint, or a savepoint (``kind`` in ``_metadata``)."""
+
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
 
 
 class CheckpointAbortReason(StrEnum):
@@ -71,6 +80,11 @@ class PendingCheckpoint:
     def expired(self, now: float, timeout: float) -> bool:
         return now - self.started > timeout
 
+    @property
+    def kind(self) -> CheckpointKind:
+        return (CheckpointKind.SAVEPOINT if self.savepoint_dir is not None
+                else CheckpointKind.CHECKPOINT)
+
     def abort(self, reason: CheckpointAbortReason) -> None:
         self.aborted = reason
 
@@ -86,7 +100,7 @@ def build_metadata(
     pending: PendingCheckpoint,
     task_operators: dict[int, tuple[int, int, list[str]]],
     operator_parallelism: dict[str, int],
-    operator_modes: dict[str, str],
+    operator_modes: dict[str, OperatorStateMode],
     max_parallelism: int,
     baseline: tuple[int, int] = (0, 0),
     job_name: str | None = None,
@@ -121,7 +135,7 @@ def build_metadata(
         "job_id": job_id,
         **({"job_name": job_name} if job_name is not None else {}),
         "checkpoint_id": pending.checkpoint_id,
-        "kind": "savepoint" if pending.savepoint_dir is not None else "checkpoint",
+        "kind": pending.kind.value,
         "timestamp": pending.timestamp,
         "final": pending.is_final,
         "max_parallelism": max_parallelism,

@@ -1,18 +1,30 @@
 """Which parts of a checkpoint a task restores. Pure: no I/O.
 
 Keyed state: every key group in the task's range, from whichever old subtask
-wrote it. Operator state ("split"): with unchanged parallelism each task gets
-its own entries back; otherwise all entries are dealt round-robin. ("union"):
-every task gets every entry.
+wrote it. Operator state (``OperatorStateMode.SPLIT``): with unchanged
+parallelism each task gets its own entries back; otherwise all entries are
+dealt round-robin. (``UNION``): every task gets every entry.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from lockgate.errors import CheckpointCorruptError
 from lockgate.state.keygroups import key_group_range
+
+
+class OperatorStateMode(StrEnum):
+    """How an operator's state entries are redistributed on restore (its
+    ``operator_state_mode``, recorded per operator in ``_metadata``)."""
+
+    SPLIT = "split"
+    """Each task gets its own entries back at the same parallelism; at another
+    parallelism every entry goes to exactly one task, round-robin."""
+    UNION = "union"
+    """Every task gets every entry and keeps those it owns."""
 
 
 @dataclass
@@ -46,10 +58,12 @@ def plan_keyed_restore(
 
 
 def distribute_operator_state(
-    per_subtask: list[list[Any]], mode: str, task_index: int, parallelism: int
+    per_subtask: list[list[Any]], mode: OperatorStateMode | str, task_index: int,
+    parallelism: int
 ) -> list[Any]:
-    """The operator-state entries task ``task_index`` of ``parallelism`` receives."""
-    if mode == "union":
+    """The operator-state entries task ``task_index`` of ``parallelism`` receives
+    (``mode`` as read back from ``_metadata``: a string)."""
+    if mode == OperatorStateMode.UNION:
         return [e for entries in per_subtask for e in entries]
     if len(per_subtask) == parallelism:
         return list(per_subtask[task_index])

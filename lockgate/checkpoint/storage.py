@@ -20,11 +20,16 @@ import json
 import os
 import re
 import zlib
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
+from lockgate.checkpoint.pending import CheckpointKind
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 from lockgate.untrusted import plain_name
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 METADATA = "_metadata"
 FORMAT_VERSION = 1
@@ -36,7 +41,7 @@ Location = str | os.PathLike[str]
 class ChecksumWriter:
     """A write-only file wrapper that counts bytes and computes CRC-32."""
 
-    def __init__(self, raw: BinaryIO) -> None:
+    def __init__(self, raw: SupportsWrite[bytes]) -> None:
         self.raw = raw
         self.crc = 0
         self.size = 0
@@ -96,7 +101,8 @@ EARLIER = (
 exactly-once."""
 
 
-def read_metadata(chk_dir: Location, kind: str = "checkpoint") -> dict[str, Any]:
+def read_metadata(chk_dir: Location,
+                  kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> dict[str, Any]:
     """Load and validate a checkpoint's (or savepoint's: ``kind``, for
     messages) ``_metadata``; clear errors otherwise."""
     chk = fs.absolute(chk_dir)
@@ -188,13 +194,14 @@ def verify_files(chk_dir: Location, metadata: dict[str, Any]) -> None:
                 )
 
 
-def write_state_file(chk_dir: Location, name: str, write: Any) -> tuple[int, int]:
+def write_state_file(chk_dir: Location, name: str,
+                     write: Callable[[ChecksumWriter], object]) -> tuple[int, int]:
     """Write the state file ``name`` durably: ``write(out)`` writes its bytes
     into a :class:`ChecksumWriter`; returns ``(size, crc32)``. Local: fsynced.
     Object store: one object, visible only once complete."""
     f = fs.open_write(fs.join(chk_dir, name))
     try:
-        out = ChecksumWriter(f)  # type: ignore[arg-type]
+        out = ChecksumWriter(f)
         write(out)
     except BaseException:
         f.close()

@@ -3,28 +3,55 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from lockgate.checkpoint.coordinator import CheckpointRecord
 from lockgate.config import CheckpointingMode
 
 
+class Guarantee(StrEnum):
+    """What a job's output promises across failures and restarts."""
+
+    EXACTLY_ONCE = "exactly_once"
+    """Replayable sources, aligned checkpoints and transactional sinks: every
+    record's effect is in the output once."""
+    AT_LEAST_ONCE = "at_least_once"
+    """A restart may write again what was written since the last checkpoint."""
+    AT_MOST_ONCE = "at_most_once"
+    """A source that cannot replay loses what it read since the last checkpoint."""
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life (``JobResult.status``, the REST API's ``status``)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    FINISHED = "finished"
+    """Input done, or stopped with a drain."""
+    STOPPED = "stopped"
+    """Stopped with a savepoint, without a drain."""
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    """The restart strategy gave up."""
+
+
 def end_to_end_guarantee(sources_replayable: list[bool], sinks_exactly_once: list[bool],
-                         mode: CheckpointingMode) -> str:
+                         mode: CheckpointingMode | str) -> Guarantee:
     """The guarantee a job's parts allow (design: Recovery)."""
     if not all(sources_replayable):
-        return "at_most_once"
+        return Guarantee.AT_MOST_ONCE
     if mode == CheckpointingMode.EXACTLY_ONCE and all(sinks_exactly_once):
-        return "exactly_once"
-    return "at_least_once"
+        return Guarantee.EXACTLY_ONCE
+    return Guarantee.AT_LEAST_ONCE
 
 
 @dataclass
 class JobResult:
     job_id: str
-    status: str
+    status: JobStatus
     """``finished`` (input done, or stopped with a drain), ``stopped`` (stop with a
     savepoint, no drain) or ``cancelled``."""
-    guarantee: str
+    guarantee: Guarantee
     restarts: int
     failures: list[str]
     checkpoints: list[CheckpointRecord] = field(default_factory=list)

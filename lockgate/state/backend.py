@@ -20,14 +20,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO, ClassVar
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 from lockgate.errors import LockgateError
 from lockgate.state.keygroups import KeyGroupAssigner
 from lockgate.state.serde import StateSerializer
 from lockgate.state.values import ATOMIC, private_copy
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 __all__ = [
+    "StateKind",
     "ValueStateDescriptor",
     "ListStateDescriptor",
     "MapStateDescriptor",
@@ -44,6 +49,14 @@ class StateTypeError(LockgateError):
     """A state name is used with another kind of state than before."""
 
 
+class StateKind(StrEnum):
+    """The kind of a keyed state (``states`` of a state file's handle)."""
+
+    VALUE = "value"
+    LIST = "list"
+    MAP = "map"
+
+
 @dataclass(frozen=True)
 class ValueStateDescriptor:
     """A value per key; ``default`` is what ``value()`` returns for a key
@@ -52,19 +65,19 @@ class ValueStateDescriptor:
 
     name: str
     default: Any = None
-    kind: ClassVar[str] = "value"
+    kind: ClassVar[StateKind] = StateKind.VALUE
 
 
 @dataclass(frozen=True)
 class ListStateDescriptor:
     name: str
-    kind: ClassVar[str] = "list"
+    kind: ClassVar[StateKind] = StateKind.LIST
 
 
 @dataclass(frozen=True)
 class MapStateDescriptor:
     name: str
-    kind: ClassVar[str] = "map"
+    kind: ClassVar[StateKind] = StateKind.MAP
 
 
 Descriptor = ValueStateDescriptor | ListStateDescriptor | MapStateDescriptor
@@ -135,7 +148,8 @@ class MapState(_State):
     keys are hashable, so immutable for built-in types."""
 
     def _map(self) -> dict[Any, Any]:
-        return self._table.get(self._backend.current_key, {})
+        m: dict[Any, Any] = self._table.get(self._backend.current_key, {})
+        return m
 
     def get(self, key: Any, default: Any = None) -> Any:
         v = self._map().get(key, default)
@@ -192,12 +206,20 @@ class HeapKeyedStateBackend:
         self.serializer = serializer
         self.current_key: Any = None
         self._tables: dict[str, dict[Any, Any]] = {}
-        self._kinds: dict[str, str] = {}
+        self._kinds: dict[str, StateKind] = {}
         self._restored_kinds: dict[str, str] = {}
+        """As read back from a checkpoint: strings."""
         self._handles: dict[str, _State] = {}
         self._assigner = KeyGroupAssigner(max_parallelism)
 
-    def get_state(self, descriptor: Descriptor) -> Any:
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+
+    def get_state(self, descriptor: Descriptor) -> _State:
         name, kind = descriptor.name, descriptor.kind
         known = self._kinds.get(name) or self._restored_kinds.get(name)
         if known is not None and known != kind:
@@ -210,12 +232,13 @@ class HeapKeyedStateBackend:
         table = self._tables.setdefault(name, {})
         self._kinds[name] = kind
         handle: _State
-        if kind == "value":
-            handle = ValueState(self, table, descriptor.default)  # type: ignore[union-attr]
-        elif kind == "list":
-            handle = ListState(self, table)
-        else:
-            handle = MapState(self, table)
+        match descriptor:
+            case ValueStateDescriptor():
+                handle = ValueState(self, table, descriptor.default)
+            case ListStateDescriptor():
+                handle = ListState(self, table)
+            case MapStateDescriptor():
+                handle = MapState(self, table)
         self._handles[name] = handle
         return handle
 
@@ -237,9 +260,9 @@ class HeapKeyedStateBackend:
         kinds = self.state_kinds()
         for name, table in self._tables.items():
             kind = kinds[name]
-            if kind == "list":
+            if kind == StateKind.LIST:
                 tables[name] = {k: list(v) for k, v in table.items()}
-            elif kind == "map":
+            elif kind == StateKind.MAP:
                 tables[name] = {k: dict(v) for k, v in table.items()}
             else:
                 tables[name] = dict(table)
@@ -279,7 +302,7 @@ class KeyedStateSnapshot:
         self.assigner = assigner
         self.serializer = serializer
 
-    def write(self, out: BinaryIO) -> dict[str, Any]:
+    def write(self, out: SupportsWrite[bytes]) -> dict[str, Any]:
         """Write one block per non-empty key group, ascending; return offsets
         relative to the first byte written here and the state kinds."""
         groups: dict[int, dict[str, list[list[Any]]]] = defaultdict(dict)
@@ -295,4 +318,4 @@ class KeyedStateSnapshot:
             out.write(blob)
             offsets[kg] = [pos, len(blob)]
             pos += len(blob)
-        return {"key_groups": offsets, "states": dict(self.kinds)}
+        return {"key_groups": offsets, "states": {n: str(k) for n, k in self.kinds.items()}}
