@@ -18,12 +18,13 @@ from lockgate.state.backend import (
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
+OUT_contra = TypeVar("OUT_contra", contravariant=True)
 
 __all__ = ["RuntimeContext", "KeyedProcessFunction", "Collector"]
 
 
-class Collector(Protocol[OUT]):
-    def collect(self, record: OUT) -> None: ...
+class Collector(Protocol[OUT_contra]):
+    def collect(self, record: OUT_contra) -> None: ...
 
 
 class RuntimeContext(ABC):

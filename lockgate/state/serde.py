@@ -13,6 +13,7 @@ import datetime as dt
 import decimal
 import io
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -44,11 +45,11 @@ class StateSerializer:
 
     def __init__(self, allow_pickle: bool = False) -> None:
         self.allow_pickle = allow_pickle
-        self._packer = msgpack.Packer(default=self._default, strict_types=True,
-                                      use_bin_type=True, autoreset=True)
+        self._pack: Callable[[Any], bytes] = msgpack.Packer(
+            default=self._default, strict_types=True, use_bin_type=True, autoreset=True).pack
 
     def dumps(self, obj: Any) -> bytes:
-        return self._packer.pack(obj)
+        return self._pack(obj)
 
     def loads(self, data: bytes | memoryview) -> Any:
         return msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False,
@@ -92,7 +93,9 @@ class StateSerializer:
 
     def _inner(self, obj: Any) -> bytes:
         # a fresh packer: the shared one is in the middle of packing the outer value
-        return msgpack.packb(obj, default=self._default, strict_types=True, use_bin_type=True)
+        data: bytes = msgpack.packb(obj, default=self._default, strict_types=True,
+                                    use_bin_type=True)
+        return data
 
     # -- decoding ---------------------------------------------------------
     def _ext_hook(self, code: int, data: bytes) -> Any:
