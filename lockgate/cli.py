@@ -16,7 +16,7 @@ from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.cluster.result import Progress
 from lockgate.errors import LockgateError
-from lockgate.web import rest
+from lockgate.web import client, discovery
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -124,13 +124,13 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    jobs = rest.discover()
+    jobs = discovery.discover()
     statuses: dict[str, str] = {}
     guarantees: dict[str, str] = {}
     for url in dict.fromkeys(j.url for j in jobs):  # one request per driver process
         first = next(j for j in jobs if j.url == url)
         try:
-            answer = rest.call(first, "GET", "/jobs", timeout=5)
+            answer = client.call(first, "GET", "/jobs", timeout=5)
             statuses.update({j["id"]: j["status"] for j in answer.get("jobs", [])})
             guarantees.update({j["id"]: str(j.get("guarantee") or "-")
                                for j in answer.get("jobs", [])})
@@ -142,7 +142,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, indent=2))
     elif not found:
-        print(f"no running jobs (discovery files in {rest.jobs_dir()})", file=sys.stderr)
+        print(f"no running jobs (discovery files in {discovery.jobs_dir()})", file=sys.stderr)
     else:
         print(_table([["JOB", "NAME", "STATUS", "GUARANTEE", "PID", "URL", "STARTED"]] + [
             [f["id"], f["name"], f["status"], f["guarantee"], str(f["pid"]), f["url"],
@@ -151,16 +151,16 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _await_operation(job: rest.JobEndpoint, request_id: str, timeout: float,
+def _await_operation(job: discovery.JobEndpoint, request_id: str, timeout: float,
                      what: str) -> str:
     """Poll a savepoint or stop request; its savepoint's location."""
     path = f"/jobs/{job.job_id}/savepoints/{request_id}"
 
     def poll() -> dict[str, Any] | None:
-        answer = rest.call(job, "GET", path)
+        answer = client.call(job, "GET", path)
         return answer if answer["status"]["id"] == "COMPLETED" else None
 
-    answer = rest.wait_for(poll, timeout, f"the {what} of job {job.job_id}")
+    answer = client.wait_for(poll, timeout, f"the {what} of job {job.job_id}")
     failure = answer["operation"].get("failure-cause")
     if failure:
         raise LockgateError(f"the {what} of job {job.job_id} failed: {failure['message']}")
@@ -181,8 +181,8 @@ def _savepoint(args: argparse.Namespace) -> int:
     if args.path:
         raise LockgateError(f"unexpected argument {args.path!r}: `lockgate savepoint JOB "
                             "[--dir D]` takes one job id")
-    job = rest.find_job(args.job)
-    answer = rest.call(job, "POST", f"/jobs/{job.job_id}/savepoints",
+    job = discovery.find_job(args.job)
+    answer = client.call(job, "POST", f"/jobs/{job.job_id}/savepoints",
                        {"target-directory": _target(args.dir)})
     location = _await_operation(job, answer["request-id"], args.timeout, "savepoint")
     print(location)
@@ -194,8 +194,8 @@ def _stop(args: argparse.Namespace) -> int:
         raise LockgateError("`lockgate stop` ends the job with a savepoint it can resume from: "
                             "add --savepoint (and --drain to end the input first, so sinks "
                             "commit everything), or end it without one: lockgate cancel JOB")
-    job = rest.find_job(args.job)
-    answer = rest.call(job, "POST", f"/jobs/{job.job_id}/stop",
+    job = discovery.find_job(args.job)
+    answer = client.call(job, "POST", f"/jobs/{job.job_id}/stop",
                        {"targetDirectory": _target(args.dir), "drain": args.drain})
     location = _await_operation(job, answer["request-id"], args.timeout, "stop")
     print(f"job {job.job_id} {'finished (drained)' if args.drain else 'stopped'}",
@@ -205,28 +205,28 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    job = rest.find_job(args.job)
-    rest.call(job, "PATCH", f"/jobs/{job.job_id}?mode=cancel")
+    job = discovery.find_job(args.job)
+    client.call(job, "PATCH", f"/jobs/{job.job_id}?mode=cancel")
 
     def ended() -> str | None:
         try:
-            status = rest.call(job, "GET", f"/jobs/{job.job_id}", timeout=5)["status"]
-        except rest.RestRequestError as e:
+            status = client.call(job, "GET", f"/jobs/{job.job_id}", timeout=5)["status"]
+        except client.RestRequestError as e:
             if e.status == 404:  # the driver no longer serves it: it ended
                 return "cancelled"
             raise
         except LockgateError:  # the driver is gone with its job
             return "cancelled"
-        return status if status in rest.ENDED else None
+        return status if status in client.ENDED else None
 
-    status = rest.wait_for(ended, args.timeout, f"cancelling job {job.job_id}")
+    status = client.wait_for(ended, args.timeout, f"cancelling job {job.job_id}")
     print(f"job {job.job_id} {status}")
     return 0
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    job = rest.find_job(args.job)
-    answer = rest.call(job, "GET", f"/jobs/{job.job_id}/checkpoints")
+    job = discovery.find_job(args.job)
+    answer = client.call(job, "GET", f"/jobs/{job.job_id}/checkpoints")
     if args.json:
         print(json.dumps(answer, indent=2))
         return 0

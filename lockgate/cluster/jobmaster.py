@@ -39,8 +39,8 @@ from lockgate.errors import (
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
 from lockgate.runtime.script_classes import script_classes, script_traceback
 from lockgate.runtime.task import TaskSpec
-from lockgate.web.rest import attach as serve_rest
-from lockgate.web.rest import resolve_rest
+from lockgate.web.serving import attach as serve_rest
+from lockgate.web.serving import resolve_rest
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Pipeline

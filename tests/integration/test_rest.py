@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lockgate.checkpoint import storage
 from lockgate.connectors import SequenceSource
-from lockgate.web import rest
+from lockgate.web import client, discovery
 from tests.fault.checks import check_running_sums, committed_lines, hidden_files, operator_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,11 +77,11 @@ class Driver:
             raise
         self.job_id = self.discovery.stem
         d = json.loads(self.discovery.read_text())
-        self.endpoint = rest.JobEndpoint(d["job_id"], d["name"], d["pid"], d["url"],
+        self.endpoint = discovery.JobEndpoint(d["job_id"], d["name"], d["pid"], d["url"],
                                          d["token"], d["started_at"], self.discovery)
 
     def completed_checkpoints(self) -> int:
-        answer = rest.call(self.endpoint, "GET", f"/jobs/{self.job_id}/checkpoints")
+        answer = client.call(self.endpoint, "GET", f"/jobs/{self.job_id}/checkpoints")
         return int(answer["counts"]["completed"])
 
     def await_checkpoints(self, count: int) -> None:
@@ -147,7 +147,7 @@ def test_cli_controls_a_running_job_and_resumes_it_exactly(tmp_path: Path) -> No
         assert [j["id"] for j in json.loads(_ok(_cli(tmp_path, "list", "--json")))] == [job]
         # the end-to-end guarantee the job's parts allow, in both views
         assert "GUARANTEE" in listed.splitlines()[0] and "exactly_once" in listed
-        assert rest.call(driver.endpoint, "GET", f"/jobs/{job}")["guarantee"] == "exactly_once"
+        assert client.call(driver.endpoint, "GET", f"/jobs/{job}")["guarantee"] == "exactly_once"
 
         # checkpoint history with alignment times (the keyed tasks have 2 inputs)
         table = _ok(_cli(tmp_path, "checkpoints", job[:8]))  # a unique prefix is enough
@@ -320,9 +320,9 @@ def test_one_server_serves_every_job_of_a_driver_process(tmp_path: Path, monkeyp
                   rate=2000)
         return p.start(launcher="local", rest=served)
 
-    def discovered(ids: set[str]) -> list[rest.JobEndpoint]:
-        def poll() -> list[rest.JobEndpoint] | None:
-            found = rest.discover()
+    def discovered(ids: set[str]) -> list[discovery.JobEndpoint]:
+        def poll() -> list[discovery.JobEndpoint] | None:
+            found = discovery.discover()
             return found if {e.job_id for e in found} == ids else None
 
         return _await(poll, 30, f"discovery files of {sorted(ids)}")
@@ -331,18 +331,18 @@ def test_one_server_serves_every_job_of_a_driver_process(tmp_path: Path, monkeyp
     try:
         endpoints = discovered({a.job_id, b.job_id})
         assert {e.url for e in endpoints} == {f"http://127.0.0.1:{port}"}
-        served = rest.call(endpoints[0], "GET", "/jobs")["jobs"]
+        served = client.call(endpoints[0], "GET", "/jobs")["jobs"]
         assert {j["id"] for j in served} == {a.job_id, b.job_id}
         assert a.cancel(60).status == "cancelled"
         endpoints = discovered({b.job_id})
-        assert [j["id"] for j in rest.call(endpoints[0], "GET", "/jobs")["jobs"]] == [b.job_id]
+        assert [j["id"] for j in client.call(endpoints[0], "GET", "/jobs")["jobs"]] == [b.job_id]
     finally:
-        for client in (a, b, hidden):
-            client.master.submit("cancel")
-            client.result(60)
+        for job_client in (a, b, hidden):
+            job_client.master.submit("cancel")
+            job_client.result(60)
     again = start("d", config)
     try:
         assert discovered({again.job_id})[0].url == f"http://127.0.0.1:{port}"
     finally:
         assert again.cancel(60).status == "cancelled"
-    assert rest.discover() == []
+    assert discovery.discover() == []
