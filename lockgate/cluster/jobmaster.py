@@ -120,7 +120,7 @@ def make_launcher(name: str, events: queue.Queue[Event]) -> Any:
 
         return LocalLauncher(events)
     if name == "spark":
-        from lockgate.cluster.spark import SparkLauncher
+        from lockgate.cluster.spark_launcher import SparkLauncher
 
         return SparkLauncher(events)
     raise PipelineDefinitionError(f"unknown launcher {name!r}; use 'local' or 'spark'")
@@ -765,7 +765,7 @@ def prepare_job(pipeline: Pipeline, *, launcher: str = "spark",
             options.from_checkpoint, graph, allow_non_restored_state, job_name=pipeline.name,
             kind="savepoint" if from_savepoint else "checkpoint")
     if launcher == "spark":  # a SparkContext that can run every task at once, before anything
-        from lockgate.cluster.spark import prepare_spark
+        from lockgate.cluster.spark_session import prepare_spark
 
         options.bind_host = prepare_spark(spark, master, graph.num_tasks)
         if options.bind_host != "127.0.0.1":
