@@ -15,13 +15,9 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
-from lockgate.connectors.filesink import (
-    FileSinkWriter,
-    RecordFormat,
-    _fs_ensure_writable_dir,
-    parse_part_name,
-    part_sort_key,
-)
+from lockgate.connectors.filesink import FileSinkWriter, ensure_writable_dir
+from lockgate.connectors.filesink_plan import parse_part_name, part_sort_key
+from lockgate.connectors.formats import RecordFormat
 from lockgate.errors import LockgateError
 
 __all__ = ["CollectSink", "LgrecFormat", "read_lgrec"]
@@ -91,7 +87,7 @@ class CollectSink(Sink[Any]):
         """Called in the driver before the job starts: fix the folder."""
         if self.path is None:
             self.path = tempfile.mkdtemp(prefix="lockgate-collect-")
-        _fs_ensure_writable_dir(self.path, ".lockgate-probe-driver")
+        ensure_writable_dir(self.path, ".lockgate-probe-driver")
 
     def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
         """A two-phase-commit file writer of ``lgrec`` files for task ``info``."""

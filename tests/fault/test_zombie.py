@@ -23,7 +23,7 @@ from pathlib import Path
 
 from lockgate.cluster import jobmaster
 from lockgate.cluster.local import LocalLauncher
-from lockgate.connectors.filesink import parse_part_name
+from lockgate.connectors.filesink_plan import parse_part_name
 from tests.fault.checks import check_running_sums, committed_lines, hidden_files, process_state
 from tests.fault.sums_job import build
 

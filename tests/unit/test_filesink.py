@@ -14,10 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from lockgate.connectors.base import TaskInfo
-from lockgate.connectors.filesink import (
-    FileSink,
+from lockgate.connectors.filesink import FileSink, FileSinkWriter
+from lockgate.connectors.filesink_plan import (
     FileSinkRecoveryPlan,
-    FileSinkWriter,
     final_name,
     inprogress_name,
     parse_part_name,

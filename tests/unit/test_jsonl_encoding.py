@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 
-from lockgate.connectors.filesink import JsonlFormat
+from lockgate.connectors.formats import JsonlFormat
 
 
 def random_value(rng: random.Random, depth: int = 0):
