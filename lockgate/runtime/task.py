@@ -50,10 +50,10 @@ from lockgate.runtime.operators import (
     OperatorSnapshot,
     SourceOperator,
     StreamOperator,
-    processing_time,
 )
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.script_classes import register_script_classes
+from lockgate.runtime.timers import processing_time
 from lockgate.runtime.wire import Frame
 from lockgate.state.serde import StateSerializer
 

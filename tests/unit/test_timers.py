@@ -10,7 +10,7 @@ import time
 import pytest
 
 from lockgate import MAX_WATERMARK, WatermarkStrategy
-from lockgate.runtime.operators import PROCESSING_TIMERS_STATE, TIMERS_STATE, KeyedTimers
+from lockgate.runtime.timers import PROCESSING_TIMERS_STATE, TIMERS_STATE, KeyedTimers
 from lockgate.state.backend import HeapKeyedStateBackend
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
