@@ -197,24 +197,21 @@ class Pipeline:
                 :class:`~lockgate.config.RestConfig` and its environment
                 variables); ``False`` turns it off.
         """
-        args = self._run_args(locals())
-        from lockgate.cluster.jobmaster import run_pipeline
+        from lockgate.cluster.options import RunOptions
+        from lockgate.cluster.submission import run_pipeline
 
-        return run_pipeline(self, **args)
+        args = {k: v for k, v in locals().items() if k not in ("self", "RunOptions",
+                                                                "run_pipeline")}
+        return run_pipeline(self, RunOptions(**args))
 
     def start(self, **kwargs: Any) -> JobClient:
         """Start the job in a background thread and return a :class:`JobClient`
         (``savepoint()``, ``stop(drain=...)``, ``cancel()``, ``result()``).
         Takes the arguments of :meth:`run`."""
-        from lockgate.cluster.jobmaster import start_pipeline
+        from lockgate.cluster.options import RunOptions
+        from lockgate.cluster.submission import start_pipeline
 
-        return start_pipeline(self, **self._run_args({"self": self, **kwargs}))
-
-    @staticmethod
-    def _run_args(args: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in args.items() if k != "self"}
-        out["fault_injection"] = out.get("fault_injection") or []
-        return out
+        return start_pipeline(self, RunOptions(**kwargs))
 
 
 class DataStream(Generic[T]):

@@ -28,6 +28,14 @@ from lockgate.checkpoint.pending import (
 )
 from lockgate.config import CheckpointConfig
 from lockgate.errors import LockgateError
+from lockgate.protocol import (
+    ControlMessage,
+    Finish,
+    NotifyAborted,
+    NotifyComplete,
+    StateHandles,
+    TriggerCheckpoint,
+)
 
 log = logging.getLogger("lockgate.checkpoint")
 
@@ -80,7 +88,7 @@ class CheckpointCoordinator:
         operator_parallelism: dict[str, int],
         operator_modes: dict[str, str],
         max_parallelism: int,
-        send: Callable[[int, int, dict[str, Any]], None],
+        send: Callable[[int, int, ControlMessage], None],
         clock: Callable[[], float] = time.monotonic,
         job_name: str | None = None,
         locations: dict[str, str] | None = None,
@@ -179,11 +187,12 @@ class CheckpointCoordinator:
         self.history.append(CheckpointRecord(n, "final " + kind if final else kind,
                                              "in_progress", time.time()))
         for task in self.plan.source_tasks:
-            self.send(self.plan.attempt, task, {"t": "trigger", "cp": n})
+            self.send(self.plan.attempt, task, TriggerCheckpoint(n))
         return n
 
-    def final_checkpoint_is_savepoint(self, savepoint_dir: str) -> None:
-        """Stop with a drain: the final checkpoint is a savepoint in ``savepoint_dir``."""
+    def final_checkpoint_is_savepoint(self, savepoint_dir: str | None) -> None:
+        """Stop with a drain: the final checkpoint is a savepoint in
+        ``savepoint_dir`` (None: it is not, any more: the drain failed)."""
         self._final_savepoint_dir = savepoint_dir
 
     # -------------------------------------------------------------- events
@@ -192,7 +201,7 @@ class CheckpointCoordinator:
         if self._all_ended() and self.pending is None and not self.finished:
             self.trigger(final=True)
 
-    def on_ack(self, task: int, checkpoint_id: int, handles: dict[str, Any],
+    def on_ack(self, task: int, checkpoint_id: int, handles: StateHandles,
                counts: tuple[int, int] = (0, 0), finished: bool = False,
                alignment: float = 0.0) -> AckResult:
         p = self.pending
@@ -274,11 +283,11 @@ class CheckpointCoordinator:
                  record.duration, record.size)
         # Step 2.
         for task in self.plan.all_tasks:
-            self.send(self.plan.attempt, task, {"t": "complete", "cp": p.checkpoint_id})
+            self.send(self.plan.attempt, task, NotifyComplete(p.checkpoint_id))
         if p.is_final:
             self.finished = True
             for task in self.plan.all_tasks:
-                self.send(self.plan.attempt, task, {"t": "finish"})
+                self.send(self.plan.attempt, task, Finish())
         # Step 3.
         if self.completed:
             self._retain()
@@ -340,7 +349,7 @@ class CheckpointCoordinator:
                 f"savepoint {p.checkpoint_id} failed: {record.failure}")
         if notify and self.plan is not None:
             for task in self.plan.all_tasks:
-                self.send(self.plan.attempt, task, {"t": "abort", "cp": p.checkpoint_id})
+                self.send(self.plan.attempt, task, NotifyAborted(p.checkpoint_id))
         if counts:
             self.consecutive_failures += 1
             if self.consecutive_failures > self.config.tolerable_failed_checkpoints:

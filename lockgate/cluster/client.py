@@ -22,17 +22,17 @@ class JobClient:
     waits for the end and returns the ``JobResult`` (or raises the job's error).
     """
 
-    def __init__(self, master: JobMaster, guarantee: str) -> None:
+    def __init__(self, master: JobMaster) -> None:
         self.master = master
         self.job_id = master.job_id
         self._result: Future[JobResult] = Future()
-        self._thread = threading.Thread(target=self._run, args=(guarantee,), daemon=True,
+        self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"job-{self.job_id}")
         self._thread.start()
 
-    def _run(self, guarantee: str) -> None:
+    def _run(self) -> None:
         try:
-            self._result.set_result(self.master.run(guarantee))
+            self._result.set_result(self.master.run())
         except BaseException as e:  # noqa: BLE001 - handed to result()
             self._result.set_exception(e)
 

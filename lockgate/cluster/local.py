@@ -11,14 +11,14 @@ import threading
 
 import cloudpickle
 
-from lockgate.cluster.server import Event
-from lockgate.runtime.task import TaskSpec
+from lockgate.cluster.events import TaskEvent, TaskExited
+from lockgate.runtime.spec import TaskSpec
 
 
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, events: queue.Queue[Event]) -> None:
+    def __init__(self, events: queue.Queue[TaskEvent]) -> None:
         self.events = events
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -41,7 +41,7 @@ class LocalLauncher:
 
     def _watch(self, attempt: int, task: int, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
-        self.events.put(Event("exited", attempt, task, exit_code=code))
+        self.events.put(TaskExited(attempt, task, code))
 
     def pids(self) -> dict[int, int]:
         """Process id of every running task, by global task number (for tests)."""

@@ -10,26 +10,19 @@ import logging
 import queue
 import socket
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import BinaryIO, get_args
 
+from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskMessage
+from lockgate.protocol import ControlMessage, Hello, ProtocolError, ToDriver
 from lockgate.runtime import wire
 
 log = logging.getLogger("lockgate.driver")
 
-
-@dataclass
-class Event:
-    kind: str
-    """message | disconnected | exited | error"""
-    attempt: int
-    task: int
-    message: dict[str, Any] | None = None
-    exit_code: int | None = None
+TO_DRIVER = get_args(ToDriver)
 
 
 class ControlServer:
-    def __init__(self, secret: bytes, job_id: str, events: queue.Queue[Event],
+    def __init__(self, secret: bytes, job_id: str, events: queue.Queue[TaskEvent],
                  host: str = "127.0.0.1") -> None:
         self.secret = secret
         self.job_id = job_id
@@ -46,26 +39,32 @@ class ControlServer:
                          args=(self._sock, secret, "control", self._serve, 65536),
                          daemon=True, name="control-accept").start()
 
-    def _serve(self, sock: socket.socket, reader: Any, hello: dict[str, Any]) -> None:
-        if hello.get("job") != self.job_id or hello.get("role") != "task":
+    def _serve(self, sock: socket.socket, reader: BinaryIO, hello: Hello) -> None:
+        if hello.job != self.job_id or hello.role != "task":
             sock.close()
             return
-        attempt, task = int(hello["attempt"]), int(hello["task"])
+        attempt, task = hello.attempt, hello.task
         channel = wire.ControlChannel(sock, reader)
         with self._lock:
             self._channels[(attempt, task)] = channel
         try:
             while True:
-                self.events.put(Event("message", attempt, task, channel.recv()))
-        except (OSError, EOFError, ValueError):
-            self.events.put(Event("disconnected", attempt, task))
+                message = channel.recv()
+                if not isinstance(message, TO_DRIVER):
+                    raise ProtocolError(f"a task sent {message.tag!r}, which only the driver "
+                                        "sends")
+                self.events.put(TaskMessage(attempt, task, message))
+        except (OSError, EOFError, ValueError) as e:
+            if isinstance(e, ProtocolError):
+                log.warning("task %d of attempt %d broke the protocol: %s", task, attempt, e)
+            self.events.put(TaskDisconnected(attempt, task))
         finally:
             with self._lock:
                 if self._channels.get((attempt, task)) is channel:
                     del self._channels[(attempt, task)]
             channel.close()
 
-    def send(self, attempt: int, task: int, message: dict[str, Any]) -> bool:
+    def send(self, attempt: int, task: int, message: ControlMessage) -> bool:
         with self._lock:
             channel = self._channels.get((attempt, task))
         if channel is None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any
+
+from lockgate.protocol import ControlMessage, StreamElement
 
 CONTROL = -1
+"""The channel number :meth:`Mailbox.take` gives a control message."""
 
 
 class Mailbox:
@@ -21,48 +23,48 @@ class Mailbox:
         self._lock = threading.Lock()
         self._not_empty = threading.Condition(self._lock)
         self._not_full = threading.Condition(self._lock)
-        self._queues: list[deque[tuple[int, Any]]] = [deque() for _ in range(num_channels)]
-        self._control: deque[dict[str, Any]] = deque()
+        self._queues: list[deque[StreamElement]] = [deque() for _ in range(num_channels)]
+        self._control: deque[ControlMessage] = deque()
         self._capacity = capacity
         self._next = 0
         self._closed = False
         self.blocked: set[int] = set()
 
-    def put(self, channel: int, kind: int, item: Any) -> None:
+    def put(self, channel: int, element: StreamElement) -> None:
         """Called by a reader thread; blocks while the channel's queue is full."""
         with self._lock:
             q = self._queues[channel]
             while len(q) >= self._capacity and not self._closed:
                 self._not_full.wait()
-            q.append((kind, item))
+            q.append(element)
             self._not_empty.notify()
 
-    def put_control(self, message: dict[str, Any]) -> None:
+    def put_control(self, message: ControlMessage) -> None:
         with self._lock:
             self._control.append(message)
             self._not_empty.notify()
 
-    def take(self, timeout: float | None) -> tuple[int, int, Any] | None:
-        """Next element as ``(channel, kind, item)``; control messages first and
-        with ``channel == CONTROL``. ``None`` after ``timeout`` seconds."""
+    def take(self, timeout: float | None) -> tuple[int, StreamElement | ControlMessage] | None:
+        """Next ``(channel, element)``; control messages first, with
+        ``channel == CONTROL``. ``None`` after ``timeout`` seconds."""
         with self._lock:
             while True:
                 if self._control:
-                    return CONTROL, 0, self._control.popleft()
+                    return CONTROL, self._control.popleft()
                 n = len(self._queues)
                 for i in range(n):
                     ch = (self._next + i) % n
                     q = self._queues[ch]
                     if q and ch not in self.blocked:
-                        kind, item = q.popleft()
+                        element = q.popleft()
                         self._next = ch + 1
                         if len(q) == self._capacity - 1:
                             self._not_full.notify_all()
-                        return ch, kind, item
+                        return ch, element
                 if not self._not_empty.wait(timeout):
                     return None
 
-    def take_control(self) -> dict[str, Any] | None:
+    def take_control(self) -> ControlMessage | None:
         with self._lock:
             return self._control.popleft() if self._control else None
 

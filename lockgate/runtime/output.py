@@ -15,6 +15,7 @@ from typing import Any
 
 from lockgate.errors import UserFunctionError
 from lockgate.graph.jobgraph import OutputEdge
+from lockgate.protocol import StreamElement
 from lockgate.runtime import wire
 from lockgate.runtime.wire import Frame
 from lockgate.state.keygroups import KeyGroupAssigner
@@ -79,8 +80,9 @@ class OutputEdgeWriter:
                 self._send(i)
         self.last_flush = time.monotonic()
 
-    def broadcast(self, kind: int, payload: bytes, ignore_errors: bool = False) -> None:
-        """Send an in-band event on every channel, after the buffered records."""
+    def broadcast(self, element: StreamElement, ignore_errors: bool = False) -> None:
+        """Send an in-band element on every channel, after the buffered records."""
+        kind, payload = wire.element_frame(element)
         try:
             self.flush()
             for sock in self.sockets:

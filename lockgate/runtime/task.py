@@ -2,120 +2,101 @@
 
 Lifecycle (each step marked in ``Task.run``):
 
-1. listen for input channels, connect to the coordinator, register;
-2. open the operators and restore their state from the checkpoint, if any;
-3. wait for ``start`` (the addresses of every task of this attempt), connect
-   output channels, wait until every input channel is connected;
-4. the main loop: records, barriers, end of data, control messages;
-5. on ``finish`` (after the final checkpoint) or any error: close everything.
+1. listen for input channels, connect to the coordinator, :class:`Register`;
+2. open the operators and restore their state from the checkpoint, if any
+   (:mod:`lockgate.runtime.snapshots`);
+3. wait for :class:`Start` (the addresses of every task of this attempt),
+   connect output channels, wait until every input channel is connected
+   (:mod:`lockgate.runtime.channels`);
+4. the main loop: stream elements from the mailbox, control messages, the
+   source's polls and processing-time timers, one ``match`` each;
+5. on :class:`Finish` (after the final checkpoint) or any error: close everything.
 
-A task needs only its ``TaskSpec``, the coordinator's address and the job
-secret; it can start in a subprocess or in a Spark executor alike.
+Alongside the loop: barrier alignment is a ``BarrierHandler`` (this task is
+its ``Controller``), event time a ``WatermarkValve``, and snapshots are
+written by a ``SnapshotWriter`` thread. A task needs only its ``TaskSpec``,
+the coordinator's address and the job secret; it can start in a subprocess or
+in a Spark executor alike.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 import traceback
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-import msgpack
-
 from lockgate import fs
-from lockgate.api.watermarks import MAX_WATERMARK, MIN_WATERMARK
-from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
-from lockgate.checkpoint.storage import (
-    ChecksumWriter,
-    checkpoint_dir,
-    read_state_file,
-    write_state_file,
-)
+from lockgate.api.watermarks import MAX_WATERMARK
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import LockgateError, UserFunctionError
-from lockgate.graph.jobgraph import JobVertex
-from lockgate.runtime import wire
+from lockgate.protocol import (
+    END_OF_PARTITION,
+    Barrier,
+    Batch,
+    Cancel,
+    CancelBarrier,
+    ChannelLost,
+    ControlLost,
+    ControlMessage,
+    Decline,
+    Drain,
+    EndOfData,
+    EndOfPartition,
+    Failed,
+    Finish,
+    Finished,
+    Hello,
+    Idle,
+    InputEnded,
+    NotifyAborted,
+    NotifyComplete,
+    Register,
+    Running,
+    Start,
+    StreamElement,
+    TriggerCheckpoint,
+    Watermark,
+)
+from lockgate.runtime import channels, wire
 from lockgate.runtime.barriers import AbortReason, BarrierHandler
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.mailbox import CONTROL, Mailbox
-from lockgate.runtime.operators import (
-    OPERATORS,
-    OperatorSnapshot,
-    SourceOperator,
-    StreamOperator,
-)
+from lockgate.runtime.operators import OPERATORS, SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.script_classes import register_script_classes
+from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
+from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
 from lockgate.runtime.timers import processing_time
-from lockgate.runtime.wire import Frame
+from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")
 
-LOST = 99  # mailbox kind: an input connection broke
-
-
-@dataclass
-class TaskSpec:
-    """Everything a task needs to run, besides the coordinator address and secret.
-    Picklable (with cloudpickle, for the user's functions)."""
-
-    job_id: str
-    task_id: int
-    vertex: JobVertex
-    task_index: int
-    max_parallelism: int
-    attempt: int
-    aligned: bool
-    job_dir: str
-    """The job's checkpoint folder: a local path or a URL every task can reach
-    (:mod:`lockgate.fs`); with ``restore_dir``, all a task needs to find state."""
-    inputs: list[list[int]]
-    """Per input edge, the global numbers of the upstream tasks feeding this task."""
-    outputs: list[list[int]]
-    """Per output edge, the global numbers of all downstream tasks (by subtask index)."""
-    restore_dir: str | None = None
-    restore_metadata: dict[str, Any] | None = None
-    continues_final: bool = False
-    """The restored checkpoint is the final one of an earlier job that ran to its
-    end, and this job continues it (an incremental bounded run): every operator
-    runs on from its end. Otherwise operators restored as finished are skipped,
-    also after a failover to this job's own final checkpoint."""
-    allow_pickle: bool = False
-    script_classes: list[type] = field(default_factory=list)
-    """The classes of the job script the pipeline uses (sent by value): the
-    task makes them picklable by name (:mod:`lockgate.runtime.script_classes`)."""
-    batch_size: int = 1024
-    faults: list[dict[str, Any]] = field(default_factory=list)
-    bind_host: str = "127.0.0.1"
-
-    @property
-    def name(self) -> str:
-        return f"{self.vertex.name} ({self.task_index + 1}/{self.vertex.parallelism})"
-
 
 class Task:
-    def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes) -> None:
+    def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
+                 before_finished: Callable[[], None] | None = None) -> None:
         self.spec = spec
         self.coordinator = coordinator
         self.secret = secret
+        self.before_finished = before_finished
+        """Called just before the task says :class:`Finished` (the Spark
+        launcher's lease: from then on the task ends by itself)."""
         # classes of the job script: picklable by name here too (records, state)
         register_script_classes(spec.script_classes)
         self.channels = [t for edge in spec.inputs for t in edge]
-        self.channel_of = {t: i for i, t in enumerate(self.channels)}
         self.mailbox = Mailbox(len(self.channels))
         self.serializer = StateSerializer(allow_pickle=spec.allow_pickle)
         self.faults = FaultInjector(spec.faults, spec.task_id, spec.attempt)
         self.ops: list[StreamOperator] = []
         self.outputs: list[OutputEdgeWriter] = []
-        self.snapshot_pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self.inputs = channels.InputChannels(
+            spec, secret, {t: i for i, t in enumerate(self.channels)}, self.mailbox)
+        self.snapshots = SnapshotWriter(spec, self.serializer, self.faults, self._send)
         self.control: wire.ControlChannel | None = None
         self.ended_channels: set[int] = set()
         self.reached_end = False
@@ -125,51 +106,36 @@ class Task:
         self.skipped: set[str] = set()
         """Operators restored as finished (FLIP-147): they read nothing, and
         ``end_input``/``finish`` do not run again."""
-        self.watermark: float = MIN_WATERMARK
-        """This task's event time: its source's watermark, or the smallest of
-        its input channels' (``channel_watermarks``)."""
-        self.channel_watermarks = [MIN_WATERMARK] * len(self.channels)
-        self.channel_idle = [False] * len(self.channels)
-        """Input channels whose upstream declared itself idle (left out of the minimum)."""
-        self.idle = False
-        """Downstream was told this task is idle (and not yet that it is active again)."""
-        self._source_max_watermark: float = MIN_WATERMARK
-        """A source's watermark as of the records it read; emitted periodically."""
-        self._split_watermarks: dict[Any, float] = {}
-        """Per split, the watermark its records allow (readers that set ``last_split``)."""
-        self._watermark_due = 0.0
-        self._last_read = time.monotonic()
+        self.valve = WatermarkValve(len(self.channels), now=time.monotonic())
         self.done = False
         self.records_in = 0
         self.records_out = 0
-        self._input_sockets: list[socket.socket] = []
-        self._inputs_ready = threading.Event()
-        self._accept_error: BaseException | None = None
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
         try:
             # Step 1. Listen for inputs, connect to the coordinator, register.
-            listener = self._listen()
+            listener = channels.listen(self.spec, len(self.channels))
             self._connect_control(listener.getsockname()[1] if listener else 0)
             # Step 2. Open operators and restore their state.
             self._open_operators()
-            self._restore()
+            self.skipped = restore_operators(self.spec, self.ops, self.serializer)
             # Step 3. Wire the channels of this attempt.
             peers = self._await_start()
-            self._connect_outputs(peers)
+            self.outputs = channels.connect_outputs(self.spec, peers, self.secret)
             if listener is not None:
-                threading.Thread(target=self._accept_inputs, args=(listener,),
-                                 daemon=True, name="accept").start()
+                self.inputs.accept(listener)
                 self._await_inputs()
             # Step 4. Process until finished.
             self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned)
-            self._send({"t": "running"})
+            self._send(Running())
             self._loop()
             # Step 5. End: tell downstream and the coordinator.
             for out in self.outputs:
-                out.broadcast(Frame.END_OF_PARTITION, b"", ignore_errors=True)
-            self._send({"t": "finished", **self._counts()})
+                out.broadcast(END_OF_PARTITION, ignore_errors=True)
+            if self.before_finished is not None:
+                self.before_finished()
+            self._send(Finished(*self._counts()))
         except BaseException as e:  # report every failure, then die
             self._report_failure(e)
             raise
@@ -177,24 +143,14 @@ class Task:
             self._close()
 
     # ---------------------------------------------------------- set-up steps
-    def _listen(self) -> socket.socket | None:
-        if not self.channels:
-            return None
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind((self.spec.bind_host, 0))
-        s.listen(len(self.channels) + 8)
-        return s
-
     def _connect_control(self, data_port: int) -> None:
+        spec = self.spec
         sock = wire.connect(self.coordinator)
         reader = sock.makefile("rb", buffering=65536)
-        wire.authenticate_client(sock, reader, self.secret, {
-            "role": "task", "job": self.spec.job_id, "task": self.spec.task_id,
-            "attempt": self.spec.attempt,
-        })
+        wire.authenticate_client(sock, reader, self.secret,
+                                 Hello("task", spec.job_id, spec.attempt, spec.task_id))
         self.control = wire.ControlChannel(sock, reader)
-        self._send({"t": "register", "host": self.spec.bind_host, "port": data_port,
-                    "pid": os.getpid()})
+        self._send(Register(spec.bind_host, data_port, os.getpid()))
         threading.Thread(target=self._read_control, daemon=True, name="control").start()
 
     def _read_control(self) -> None:
@@ -203,7 +159,7 @@ class Task:
             while True:
                 self.mailbox.put_control(self.control.recv())
         except (OSError, EOFError, ValueError):
-            self.mailbox.put_control({"t": "lost"})
+            self.mailbox.put_control(ControlLost())
 
     def _open_operators(self) -> None:
         spec = self.spec
@@ -217,119 +173,27 @@ class Task:
             self.ops.append(op)
         self.source = self.ops[0] if isinstance(self.ops[0], SourceOperator) else None
         self.chain = self.ops[1:] if self.source else self.ops
-
-    def _restore(self) -> None:
-        spec = self.spec
-        meta = spec.restore_metadata
-        files: dict[str, bytes] = {}
-
-        def data_of(handle: dict[str, Any]) -> bytes:
-            if handle["file"] not in files:
-                assert spec.restore_dir is not None
-                files[handle["file"]] = read_state_file(spec.restore_dir, handle)
-            return files[handle["file"]]
-
-        for op in self.ops:
-            op_meta = meta["operators"].get(op.uid) if meta else None
-            if op_meta is None:
-                op.restore_operator_state(None)
-                continue
-            if op_meta.get("finished") and not (meta.get("final") and spec.continues_final):
-                self.skipped.add(op.uid)
-            p = spec.vertex.parallelism
-            if op.keyed and op.backend is not None:
-                plan = plan_keyed_restore(op_meta, spec.task_index, p, spec.max_parallelism)
-                for handle, offset, length in plan.blocks:
-                    op.backend.restore_block(data_of(handle)[offset:offset + length], plan.states)
-            per_subtask: list[list[Any]] = []
-            for handle in op_meta["subtasks"]:
-                if handle and handle.get("op_state"):
-                    off, length = handle["op_state"]
-                    per_subtask.append(self.serializer.loads(data_of(handle)[off:off + length]))
-                else:
-                    per_subtask.append([])
-            op.restore_operator_state(distribute_operator_state(
-                per_subtask, op_meta["operator_state_mode"], spec.task_index, p))
-        files.clear()
+        watermarks = self.source.spec.watermarks if self.source else None
+        if watermarks is not None:
+            self.valve.interval = watermarks.interval
+            self.valve.idle_timeout = watermarks.idle_timeout
 
     def _await_start(self) -> dict[int, tuple[str, int]]:
         while True:
             item = self.mailbox.take(None)
             assert item is not None
-            msg = item[2]
-            if msg["t"] == "start":
-                return {int(k): (v[0], v[1]) for k, v in msg["peers"].items()}
-            if msg["t"] in ("lost", "cancel"):
-                raise LockgateError("the coordinator went away before the job started")
-
-    def _connect_outputs(self, peers: dict[int, tuple[str, int]]) -> None:
-        spec = self.spec
-        hello = {"role": "data", "job": spec.job_id, "attempt": spec.attempt,
-                 "from": spec.task_id}
-        for edge, targets in zip(spec.vertex.outputs, spec.outputs, strict=True):
-            socks: list[socket.socket | None] = []
-            for index, target in enumerate(targets):
-                if edge.partitioning == "forward" and index != spec.task_index:
-                    socks.append(None)
-                    continue
-                sock = wire.connect(peers[target])
-                reader = sock.makefile("rb", buffering=0)
-                wire.authenticate_client(sock, reader, self.secret, hello)
-                socks.append(sock)
-            self.outputs.append(OutputEdgeWriter(edge, socks, spec.task_index,
-                                                 spec.max_parallelism, spec.batch_size))
-
-    def _accept_inputs(self, listener: socket.socket) -> None:
-        spec = self.spec
-        pending = set(self.channels)
-        try:
-            while pending:
-                sock, _ = listener.accept()
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader = sock.makefile("rb", buffering=1 << 20)
-                hello = wire.authenticate_server(sock, reader, self.secret)
-                if hello.get("job") != spec.job_id or hello.get("attempt") != spec.attempt:
-                    sock.close()  # a task of another job or an older attempt: fenced off
-                    continue
-                sender = hello.get("from")
-                if sender not in pending:
-                    sock.close()
-                    continue
-                pending.discard(sender)
-                self._input_sockets.append(sock)
-                ch = self.channel_of[sender]
-                threading.Thread(target=self._read_channel, args=(ch, reader),
-                                 daemon=True, name=f"in-{ch}").start()
-        except BaseException as e:
-            self._accept_error = e
-        finally:
-            listener.close()
-            self._inputs_ready.set()
+            match item[1]:
+                case Start(peers):
+                    return peers
+                case ControlLost() | Cancel():
+                    raise LockgateError("the coordinator went away before the job started")
 
     def _await_inputs(self) -> None:
-        while not self._inputs_ready.wait(0.05):
-            msg = self.mailbox.take_control()
-            if msg and msg["t"] in ("lost", "cancel"):
+        while not self.inputs.ready.wait(0.05):
+            if isinstance(self.mailbox.take_control(), ControlLost | Cancel):
                 raise LockgateError("job cancelled while connecting channels")
-        if self._accept_error is not None:
-            raise self._accept_error
-
-    def _read_channel(self, ch: int, reader: Any) -> None:
-        put = self.mailbox.put
-        try:
-            while True:
-                kind, payload = wire.read_frame(reader)
-                if kind == Frame.BATCH:
-                    put(ch, kind, wire.decode_batch(payload))
-                elif kind in (Frame.BARRIER, Frame.CANCEL_BARRIER, Frame.WATERMARK):
-                    put(ch, kind, msgpack.unpackb(payload))
-                elif kind == Frame.END_OF_PARTITION:
-                    put(ch, kind, None)
-                    return
-                else:
-                    put(ch, kind, payload)
-        except (OSError, EOFError) as e:
-            put(ch, LOST, str(e))
+        if self.inputs.error is not None:
+            raise self.inputs.error
 
     # ------------------------------------------------------------ main loop
     def _loop(self) -> None:
@@ -345,22 +209,7 @@ class Task:
                 if msg is not None:
                     self._on_control(msg)
                     continue
-                batch = (None if self.source.uid in self.skipped
-                         else self.source.poll(self.spec.batch_size))
-                if batch is None:
-                    self._end_of_input()
-                elif batch:
-                    self.records_in += len(batch)
-                    self._run_chain(batch, self.chain)
-                    if self.source.spec.watermarks is not None:
-                        self._source_watermark(batch)
-                else:
-                    if self.source.spec.watermarks is not None:
-                        self._source_watermark(batch)  # periodic emission, idleness
-                    self._flush_all()
-                    item = mailbox.take(0.01)
-                    if item is not None:
-                        self._on_element(*item)
+                self._poll_source(self.source)
                 continue
             item = mailbox.take(0)
             if item is None:
@@ -369,7 +218,23 @@ class Task:
                 item = mailbox.take(wait)  # <= 1 s; wakes up for the next timer
                 if item is None:
                     continue
-            self._on_element(*item)
+            self._on_item(*item)
+
+    def _poll_source(self, source: SourceOperator) -> None:
+        batch = None if source.uid in self.skipped else source.poll(self.spec.batch_size)
+        if batch is None:
+            self._end_of_input()
+            return
+        if batch:
+            self.records_in += len(batch)
+            self._run_chain(batch, self.chain)
+        if source.spec.watermarks is not None:
+            self._source_watermark(source, batch)  # also periodic emission, idleness
+        if not batch:
+            self._flush_all()
+            item = self.mailbox.take(0.01)
+            if item is not None:
+                self._on_item(*item)
 
     def _fire_processing_timers(self) -> float:
         """Fire the processing-time timers that are due (their output flows
@@ -393,37 +258,37 @@ class Task:
                 wait = min(wait, max(due - now, 0) / 1000)
         return wait
 
-    def _on_element(self, ch: int, kind: int, item: Any) -> None:
+    def _on_item(self, ch: int, item: StreamElement | ControlMessage) -> None:
         if ch == CONTROL:
+            assert isinstance(item, ControlMessage)
             self._on_control(item)
-        elif kind == Frame.BATCH:
-            self.records_in += len(item)
-            self._run_chain(item, self.chain)
-        elif kind == Frame.BARRIER:
-            if self.spec.aligned and len(self.barriers.live) > 1:
-                self.faults.hit("alignment")
-            self.barriers.barrier_received(ch, item[0])
-        elif kind == Frame.CANCEL_BARRIER:
-            self.barriers.cancel_received(ch, item[0])
-        elif kind == Frame.END_OF_DATA:
-            if msgpack.unpackb(item):
-                self.drained = True  # ended by stop --drain upstream
-            self.ended_channels.add(ch)
-            if len(self.ended_channels) == len(self.channels):
-                self._end_of_input()
-        elif kind == Frame.WATERMARK:
-            if item is None:  # the upstream task is idle
-                self.channel_idle[ch] = True
-            else:
-                self.channel_idle[ch] = False
-                self.channel_watermarks[ch] = item
-            self._combine_input_watermarks()
-        elif kind == Frame.END_OF_PARTITION:
-            self.barriers.end_of_partition(ch)
-        elif kind == LOST:
-            if not self.done:
-                up = self.channels[ch]
-                raise ConnectionError(f"input channel from task {up} broke: {item}")
+            return
+        match item:
+            case Batch(records):
+                self.records_in += len(records)
+                self._run_chain(records, self.chain)
+            case Barrier(checkpoint_id):
+                if self.spec.aligned and len(self.barriers.live) > 1:
+                    self.faults.hit("alignment")
+                self.barriers.barrier_received(ch, checkpoint_id)
+            case CancelBarrier(checkpoint_id):
+                self.barriers.cancel_received(ch, checkpoint_id)
+            case EndOfData(drained):
+                if drained:
+                    self.drained = True  # ended by stop --drain upstream
+                self.ended_channels.add(ch)
+                if len(self.ended_channels) == len(self.channels):
+                    self._end_of_input()
+            case Watermark(timestamp):
+                self._apply(self.valve.input_watermark(ch, timestamp))
+            case Idle():
+                self._apply(self.valve.input_idle(ch))
+            case EndOfPartition():
+                self.barriers.end_of_partition(ch)
+            case ChannelLost(reason):
+                if not self.done:
+                    raise ConnectionError(
+                        f"input channel from task {self.channels[ch]} broke: {reason}")
 
     def _run_chain(self, batch: list[Any], ops: list[StreamOperator]) -> None:
         given = batch
@@ -455,90 +320,45 @@ class Task:
                 f"{self.spec.vertex.parallelism}) in attempt {self.spec.attempt}; "
                 f"its first record: {first}")
 
-    def _source_watermark(self, batch: list[Any]) -> None:
-        """A source task's event time after a poll (``batch``, maybe empty):
-        its watermark is emitted when it advanced and the strategy's interval
-        is over; with no record for ``idle_timeout`` the task declares itself
-        idle, and its next records make it active again."""
-        assert self.source is not None
-        strategy = self.source.spec.watermarks
-        now = time.monotonic()
+    # ------------------------------------------------------------ event time
+    def _source_watermark(self, source: SourceOperator, batch: list[Any]) -> None:
+        """A source task's event time after a poll (``batch``, maybe empty)."""
+        strategy = source.spec.watermarks
+        assert strategy is not None
+        mark = None
         if batch:
-            self._last_read = now
             try:
-                watermark = strategy.watermark_after(batch)
+                mark = strategy.watermark_after(batch)
             except Exception as e:
                 raise UserFunctionError(
-                    f"operator {self.source.uid!r}: the watermark strategy's timestamp_of "
+                    f"operator {source.uid!r}: the watermark strategy's timestamp_of "
                     f"raised {type(e).__name__}: {e}") from e
-            split = self.source.reader.last_split
-            if split is None:
-                if watermark > self._source_max_watermark:
-                    self._source_max_watermark = watermark
-            elif watermark > self._split_watermarks.get(split, MIN_WATERMARK):
-                self._split_watermarks[split] = watermark
-            if self.idle:  # active again: say so now, with the watermark it has
-                self._watermark_due = 0.0
-        if self._split_watermarks:  # the smallest of the unfinished splits'
-            unfinished = self.source.reader.unfinished_splits()
-            marks = self._split_watermarks
-            watermark = (min(marks.get(s, MIN_WATERMARK) for s in unfinished) if unfinished
-                         else max(marks.values()))
-            if watermark > self._source_max_watermark:
-                self._source_max_watermark = watermark
-        going_idle = (not batch and strategy.idle_timeout is not None and not self.idle
-                      and now - self._last_read >= strategy.idle_timeout)
-        if (now >= self._watermark_due or going_idle) and (
-                self._source_max_watermark > self.watermark or self.idle and batch):
-            self._watermark_due = now + strategy.interval
-            self._advance_watermark(max(self._source_max_watermark, self.watermark))
-        if going_idle:  # (after the last watermark it can promise)
-            self._declare_idle()
+        reader = source.reader
+        self._apply(self.valve.source_polled(time.monotonic(), mark, reader.last_split,
+                                             reader.unfinished_splits))
 
-    def _combine_input_watermarks(self) -> None:
-        """This task's event time from its inputs': the smallest watermark of
-        the channels that are not idle. With every input idle, so is this task."""
-        active = [w for w, idle in zip(self.channel_watermarks, self.channel_idle, strict=True)
-                  if not idle]
-        if not active:
-            if not self.idle:
-                self._declare_idle()
-            return
-        combined = min(active)
-        if combined > self.watermark or self.idle:
-            self._advance_watermark(max(combined, self.watermark))
-
-    def _declare_idle(self) -> None:
-        """Tell downstream to leave this task out of their watermarks until it
-        sends one again."""
-        self.idle = True
-        for out in self.outputs:
-            out.broadcast(Frame.WATERMARK, msgpack.packb(None))
-
-    def _advance_watermark(self, watermark: float) -> None:
-        """Event time advanced: every operator of the chain fires its due
-        timers (their output flows through the rest of the chain first), then
-        the watermark goes downstream, after those records (also telling them
-        this task is active, if it was idle)."""
-        self.idle = False
-        self.watermark = watermark
-        chain = self.chain
-        for i, op in enumerate(chain):
-            fired = op.process_watermark(watermark)
-            if fired:
-                self._run_chain(fired, chain[i + 1:])
-        if self.outputs:
-            payload = msgpack.packb(watermark)
+    def _apply(self, emitted: Emitted) -> None:
+        """Do what the valve decided. A watermark: every operator of the chain
+        fires its due timers (their output flows through the rest of the chain
+        first), then the watermark goes downstream, after those records. Idle:
+        downstream leaves this task out of their watermarks until its next."""
+        for element in emitted:
+            if isinstance(element, Watermark):
+                chain = self.chain
+                for i, op in enumerate(chain):
+                    fired = op.process_watermark(element.timestamp)
+                    if fired:
+                        self._run_chain(fired, chain[i + 1:])
             for out in self.outputs:
-                out.broadcast(Frame.WATERMARK, payload)
+                out.broadcast(element)
 
     def _end_of_input(self) -> None:
         """Bounded input is exhausted (or drained): MAX_WATERMARK (every
         event-time timer fires), then end_input and finish every operator in
         chain order (each one's last output flows through the rest), then
         EndOfData downstream; the coordinator's final checkpoint follows."""
-        if self.watermark < MAX_WATERMARK:
-            self._advance_watermark(MAX_WATERMARK)
+        if self.valve.watermark < MAX_WATERMARK:
+            self._apply(self.valve.advance(MAX_WATERMARK))
         ops = self.ops
         for i, op in enumerate(ops):
             if op.uid in self.skipped:
@@ -548,9 +368,9 @@ class Task:
                 self._run_chain(tail, ops[i + 1:])
         self._flush_all()
         for out in self.outputs:
-            out.broadcast(Frame.END_OF_DATA, msgpack.packb(self.drained))
+            out.broadcast(EndOfData(self.drained))
         self.reached_end = True
-        self._send({"t": "end_of_data", **self._counts()})
+        self._send(InputEnded(*self._counts()))
         self.faults.hit("end_of_data")
 
     def _flush_all(self) -> None:
@@ -558,40 +378,42 @@ class Task:
             out.flush()
 
     # -------------------------------------------------------- control plane
-    def _on_control(self, msg: dict[str, Any]) -> None:
-        t = msg["t"]
-        if t == "trigger":
-            self.trigger_snapshot(msg["cp"])
-        elif t == "complete":
-            self.faults.hit("commit")
-            for op in self.ops:
-                op.notify_complete(msg["cp"])
-        elif t == "abort":
-            for op in self.ops:
-                op.notify_aborted(msg["cp"])
-        elif t == "finish":
-            self.faults.hit("finish")
-            self.done = True
-        elif t == "drain":
-            # stop --drain: this source ends its input now, as if exhausted
-            # (its position stays in state: a job resumed from the final
-            # savepoint reads on from there)
-            if self.source is not None and not self.reached_end:
-                self.drained = True
-                self._end_of_input()
-        elif t == "cancel":
-            raise LockgateError("cancelled by the driver")
-        elif t == "lost":
-            raise ConnectionError("lost the connection to the coordinator")
+    def _on_control(self, msg: ControlMessage) -> None:
+        match msg:
+            case TriggerCheckpoint(checkpoint_id):
+                self.trigger_snapshot(checkpoint_id)
+            case NotifyComplete(checkpoint_id):
+                self.faults.hit("commit")
+                for op in self.ops:
+                    op.notify_complete(checkpoint_id)
+            case NotifyAborted(checkpoint_id):
+                for op in self.ops:
+                    op.notify_aborted(checkpoint_id)
+            case Finish():
+                self.faults.hit("finish")
+                self.done = True
+            case Drain():
+                # stop --drain: this source ends its input now, as if exhausted
+                # (its position stays in state: a job resumed from the final
+                # savepoint reads on from there)
+                if self.source is not None and not self.reached_end:
+                    self.drained = True
+                    self._end_of_input()
+            case Cancel():
+                raise LockgateError("cancelled by the driver")
+            case ControlLost():
+                raise ConnectionError("lost the connection to the coordinator")
+            case _:
+                raise LockgateError(f"unexpected control message {msg.tag!r}")
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: ControlMessage) -> None:
         assert self.control is not None
         self.control.send(msg)
 
-    def _counts(self) -> dict[str, int]:
+    def _counts(self) -> tuple[int, int]:
         """Records this task read from its source and wrote to its sinks."""
-        return {"read": self.records_in if self.source is not None else 0,
-                "written": sum(getattr(op, "written", 0) for op in self.ops)}
+        return (self.records_in if self.source is not None else 0,
+                sum(getattr(op, "written", 0) for op in self.ops))
 
     # ------------------------------------ barrier handler's controller role
     def block(self, channel: int) -> None:
@@ -601,65 +423,22 @@ class Task:
         self.mailbox.unblock_all()
 
     def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
-        self._send({"t": "decline", "cp": checkpoint_id, "reason": reason.value})
-        payload = msgpack.packb([checkpoint_id])
+        self._send(Decline(checkpoint_id, reason.value))
         for out in self.outputs:
-            out.broadcast(Frame.CANCEL_BARRIER, payload)
+            out.broadcast(CancelBarrier(checkpoint_id))
 
     def trigger_snapshot(self, checkpoint_id: int) -> None:
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
         snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
         self._flush_all()
-        payload = msgpack.packb([checkpoint_id, "checkpoint", time.time()])
+        barrier = Barrier(checkpoint_id, "checkpoint", time.time())
         for out in self.outputs:
-            out.broadcast(Frame.BARRIER, payload)
-        self.snapshot_pool.submit(self._write_snapshot, checkpoint_id, snaps,
-                                  {**self._counts(),
-                                   "finished": self.reached_end and not self.drained,
-                                   "alignment": self.barriers.take_alignment()},
-                                  "final_snapshot" if self.reached_end else "snapshot")
-
-    def _write_snapshot(self, checkpoint_id: int,
-                        snaps: list[tuple[StreamOperator, OperatorSnapshot]],
-                        counts: dict[str, int], fault_point: str) -> None:
-        try:
-            chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
-            fs.makedirs(chk)
-            handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
-            self.faults.hit(fault_point)  # before the ack: never races it
-            self._send({"t": "ack", "cp": checkpoint_id, "handles": handles, **counts})
-            self.faults.hit("acked")
-        except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
-            log.exception("snapshot %d failed", checkpoint_id)
-            try:
-                self._send({"t": "decline", "cp": checkpoint_id,
-                            "reason": f"writing the snapshot failed: {type(e).__name__}: {e}",
-                            "error_type": type(e).__name__})
-            except OSError:
-                pass
-
-    def _write_state_file(self, chk: str, uid: str,
-                          snap: OperatorSnapshot) -> dict[str, Any] | None:
-        """Write one operator's state file (durable: fsynced locally, one
-        completed object on an object store) and return its handle."""
-        if snap.keyed is None and not snap.operator_state:
-            return None
-        name = f"{uid}-{self.spec.task_index}.state"
-        handle: dict[str, Any] = {"file": name, "keyed_offset": 0}
-
-        def write(out: ChecksumWriter) -> None:
-            if snap.keyed is not None:
-                handle.update(snap.keyed.write(out))  # type: ignore[arg-type]
-            if snap.operator_state:
-                blob = self.serializer.dumps(snap.operator_state)
-                handle["op_state"] = [out.tell(), len(blob)]
-                out.write(blob)
-
-        handle["size"], handle["crc32"] = write_state_file(chk, name, write)
-        if "key_groups" in handle:
-            handle["key_groups"] = {str(k): v for k, v in handle["key_groups"].items()}
-        return handle
+            out.broadcast(barrier)
+        read, written = self._counts()
+        self.snapshots.submit(checkpoint_id, snaps, read=read, written=written,
+                              finished=self.reached_end and not self.drained,
+                              alignment=self.barriers.take_alignment(), final=self.reached_end)
 
     # ---------------------------------------------------------------- end
     def _report_failure(self, e: BaseException) -> None:
@@ -671,16 +450,14 @@ class Task:
             cause = e.__cause__ if isinstance(e, UserFunctionError) else None
             trace = ("".join(traceback.format_exception(cause)) if cause is not None
                      else traceback.format_exc())
-            self._send({"t": "failed", "error": f"{type(e).__name__}: {e}",
-                        "error_type": type(e).__name__,
-                        "where": getattr(e, "where", None),
-                        "traceback": trace})
+            self._send(Failed(f"{type(e).__name__}: {e}", type(e).__name__,
+                              getattr(e, "where", None), trace))
         except OSError:
             pass
 
     def _close(self) -> None:
         self.mailbox.close()
-        self.snapshot_pool.shutdown(wait=True)
+        self.snapshots.close()
         for op in self.ops:
             try:
                 op.close()
@@ -688,45 +465,13 @@ class Task:
                 log.exception("closing %s failed", op.uid)
         for out in self.outputs:
             out.close()
-        for s in self._input_sockets:
-            s.close()
+        self.inputs.close()
         if self.control is not None:
             self.control.close()
 
 
-def run_task(spec: TaskSpec, coordinator: tuple[str, int], secret: bytes) -> None:
+def run_task(spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
+             before_finished: Callable[[], None] | None = None) -> None:
     """The task entry point of every launcher."""
     with process_name(task_process_name(spec)):
-        Task(spec, coordinator, secret).run()
-
-
-TASK_PROCESS_PREFIX = "lgtask-"
-
-
-def task_process_name(spec: TaskSpec) -> str:
-    """What ``ps -o comm``/``top`` show for a running task: ``lgtask-<attempt>-<task>``
-    (Linux keeps 15 characters)."""
-    return f"{TASK_PROCESS_PREFIX}{spec.attempt}-{spec.task_id}"[:15]
-
-
-@contextlib.contextmanager
-def process_name(name: str) -> Iterator[None]:
-    """Name this process ``name`` while the block runs (Linux ``/proc/self/comm``;
-    elsewhere nothing), and give it its old name back after: a Spark Python
-    worker runs other tasks afterwards."""
-    try:
-        with open("/proc/self/comm") as f:
-            old = f.read().strip()
-        with open("/proc/self/comm", "w") as f:
-            f.write(name)
-    except OSError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            with open("/proc/self/comm", "w") as f:
-                f.write(old)
-        except OSError:
-            pass
+        Task(spec, coordinator, secret, before_finished).run()

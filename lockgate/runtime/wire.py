@@ -2,9 +2,10 @@
 
 A frame is ``length:u32 | type:u8 | payload``. Every connection opens with a
 mutual HMAC-SHA256 challenge on the job secret; nothing a peer sends is decoded
-before it passed. Control frames carry msgpack only (the driver never unpickles
-what a task sends); data frames between authenticated tasks carry pickled
-batches of records.
+before it passed. Control frames carry a :mod:`lockgate.protocol` message as
+msgpack (the driver never unpickles what a task sends); on a data channel
+each stream element is a frame of its own type (:func:`element_frame`,
+:func:`decode_element`), a batch of records pickled.
 """
 
 from __future__ import annotations
@@ -24,6 +25,23 @@ from typing import Any, BinaryIO
 import msgpack
 
 from lockgate.errors import AuthenticationError
+from lockgate.protocol import (
+    END_OF_PARTITION,
+    IDLE,
+    Barrier,
+    Batch,
+    CancelBarrier,
+    ControlMessage,
+    EndOfData,
+    EndOfPartition,
+    Hello,
+    Idle,
+    ProtocolError,
+    StreamElement,
+    Watermark,
+    decode_control,
+    encode_control,
+)
 from lockgate.runtime import script_classes
 
 log = logging.getLogger("lockgate.wire")
@@ -42,6 +60,7 @@ class Frame(IntEnum):
     END_OF_PARTITION = 4
     CANCEL_BARRIER = 5
     WATERMARK = 6
+    IDLE = 7
     CONTROL = 10
     HELLO = 11
 
@@ -61,7 +80,7 @@ def _recv_exact(reader: BinaryIO, n: int) -> bytes:
     return data
 
 
-def authenticate_server(sock: socket.socket, reader: BinaryIO, secret: bytes) -> dict[str, Any]:
+def authenticate_server(sock: socket.socket, reader: BinaryIO, secret: bytes) -> Hello:
     """Challenge a connecting peer, prove ourselves, and return its hello message."""
     nonce = os.urandom(NONCE_BYTES)
     sock.sendall(nonce)
@@ -72,15 +91,18 @@ def authenticate_server(sock: socket.socket, reader: BinaryIO, secret: bytes) ->
     kind, payload = read_frame(reader)
     if kind != Frame.HELLO:
         raise AuthenticationError(f"expected a hello frame, got {kind}")
-    hello = msgpack.unpackb(payload)
-    if not isinstance(hello, dict):
-        raise AuthenticationError("malformed hello")
+    try:
+        hello = decode_control(payload)
+    except ProtocolError as e:
+        raise AuthenticationError(f"malformed hello: {e}") from None
+    if not isinstance(hello, Hello):
+        raise AuthenticationError(f"expected a hello, got {hello.tag}")
     return hello
 
 
 def serve_connections(
     listener: socket.socket, secret: bytes, what: str,
-    handle: Callable[[socket.socket, BinaryIO, dict[str, Any]], None],
+    handle: Callable[[socket.socket, BinaryIO, Hello], None],
     buffering: int = 0,
 ) -> None:
     """Accept connections on ``listener`` until it is closed; authenticate each
@@ -107,9 +129,8 @@ def serve_connections(
         threading.Thread(target=serve, args=(sock,), daemon=True, name=f"{what}-conn").start()
 
 
-def authenticate_client(
-    sock: socket.socket, reader: BinaryIO, secret: bytes, hello: dict[str, Any]
-) -> None:
+def authenticate_client(sock: socket.socket, reader: BinaryIO, secret: bytes,
+                        hello: Hello) -> None:
     """Answer the server's challenge, check its proof, then send ``hello``."""
     nonce = _recv_exact(reader, NONCE_BYTES)
     mine = os.urandom(NONCE_BYTES)
@@ -119,7 +140,7 @@ def authenticate_client(
         raise AuthenticationError(
             "server failed the HMAC challenge: it does not hold the job secret"
         )
-    send_frame(sock, Frame.HELLO, msgpack.packb(hello))
+    send_frame(sock, Frame.HELLO, encode_control(hello))
 
 
 def read_frame(reader: BinaryIO) -> tuple[int, bytes]:
@@ -150,6 +171,56 @@ def decode_batch(payload: bytes) -> list[Any]:
     return pickle.loads(payload)
 
 
+def element_frame(element: StreamElement) -> tuple[Frame, bytes]:
+    """The frame of an in-band element other than a batch (batches are sent
+    by the output buffers, :func:`encode_batch`)."""
+    match element:
+        case Barrier(checkpoint_id, kind, timestamp):
+            return Frame.BARRIER, msgpack.packb([checkpoint_id, kind, timestamp])
+        case CancelBarrier(checkpoint_id):
+            return Frame.CANCEL_BARRIER, msgpack.packb(checkpoint_id)
+        case Watermark(timestamp):
+            return Frame.WATERMARK, msgpack.packb(timestamp)
+        case Idle():
+            return Frame.IDLE, b""
+        case EndOfData(drained):
+            return Frame.END_OF_DATA, msgpack.packb(drained)
+        case EndOfPartition():
+            return Frame.END_OF_PARTITION, b""
+    raise TypeError(f"{element!r} is not sent as an element frame")
+
+
+def decode_element(kind: int, payload: bytes) -> StreamElement:
+    """The stream element in a data channel's frame; :class:`ProtocolError`
+    for a frame type or payload that a data channel never carries."""
+    if kind == Frame.BATCH:
+        return Batch(decode_batch(payload))
+    try:
+        value = msgpack.unpackb(payload) if payload else None
+    except Exception as e:  # noqa: BLE001 - msgpack raises several kinds
+        raise ProtocolError(f"undecodable frame of type {kind}: {e}") from None
+    if kind == Frame.BARRIER and isinstance(value, list) and len(value) == 3 \
+            and _is_int(value[0]) and isinstance(value[1], str) \
+            and isinstance(value[2], int | float):
+        return Barrier(value[0], value[1], value[2])
+    if kind == Frame.CANCEL_BARRIER and _is_int(value):
+        return CancelBarrier(value)
+    if kind == Frame.WATERMARK and isinstance(value, int | float) \
+            and not isinstance(value, bool):
+        return Watermark(value)
+    if kind == Frame.IDLE and value is None:
+        return IDLE
+    if kind == Frame.END_OF_DATA and isinstance(value, bool):
+        return EndOfData(value)
+    if kind == Frame.END_OF_PARTITION and value is None:
+        return END_OF_PARTITION
+    raise ProtocolError(f"a data channel carried a frame of type {kind} with {value!r:.80}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def connect(address: tuple[str, int], timeout: float = 10.0) -> socket.socket:
     sock = socket.create_connection(address, timeout=timeout)
     sock.settimeout(None)
@@ -158,23 +229,26 @@ def connect(address: tuple[str, int], timeout: float = 10.0) -> socket.socket:
 
 
 class ControlChannel:
-    """A msgpack message channel over an authenticated socket; sends are thread-safe."""
+    """A channel of :mod:`lockgate.protocol` control messages over an
+    authenticated socket; sends are thread-safe."""
 
     def __init__(self, sock: socket.socket, reader: BinaryIO) -> None:
         self.sock = sock
         self.reader = reader
         self._lock = threading.Lock()
 
-    def send(self, message: dict[str, Any]) -> None:
-        payload = msgpack.packb(message, use_bin_type=True)
+    def send(self, message: ControlMessage) -> None:
+        payload = encode_control(message)
         with self._lock:
             send_frame(self.sock, Frame.CONTROL, payload)
 
-    def recv(self) -> dict[str, Any]:
+    def recv(self) -> ControlMessage:
+        """The next message; :class:`ProtocolError` (a ``ValueError``) for
+        one that breaks the protocol."""
         kind, payload = read_frame(self.reader)
         if kind != Frame.CONTROL:
             raise ConnectionClosed(f"unexpected frame {kind} on a control channel")
-        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return decode_control(payload)
 
     def close(self) -> None:
         try:

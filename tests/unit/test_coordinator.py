@@ -15,6 +15,7 @@ from lockgate.checkpoint.coordinator import (
     CheckpointFailureError,
 )
 from lockgate.config import CheckpointConfig
+from lockgate.protocol import Finish, NotifyAborted, NotifyComplete, TriggerCheckpoint
 
 TASK_OPERATORS = {0: (0, 0, ["src"]), 1: (1, 0, ["sum"]), 2: (1, 1, ["sum"])}
 
@@ -51,7 +52,7 @@ def test_triggers_on_interval_and_completes_on_last_ack(env, tmp_path):
     assert sent == []
     clock.now += 1.0
     c.tick()
-    assert sent == [(0, 0, {"t": "trigger", "cp": 1})]
+    assert sent == [(0, 0, TriggerCheckpoint(1))]
     c.tick()  # one checkpoint at a time
     assert len(sent) == 1
     c.on_ack(0, 1, {"src": None})
@@ -60,7 +61,7 @@ def test_triggers_on_interval_and_completes_on_last_ack(env, tmp_path):
     c.on_ack(2, 1, {"sum": None})
     meta = json.loads((tmp_path / "job" / "chk-1" / "_metadata").read_text())
     assert meta["checkpoint_id"] == 1
-    assert [m for _, _, m in sent[1:]] == [{"t": "complete", "cp": 1}] * 3
+    assert [m for _, _, m in sent[1:]] == [NotifyComplete(1)] * 3
     assert c.history[-1].status == "completed"
 
 
@@ -84,7 +85,7 @@ def test_timeout_aborts_and_too_many_failures_fail_the_job(env, caplog):
     # visible at the default level, with the reason and how near the job is to failing
     assert [r.getMessage() for r in caplog.records] == [
         "checkpoint 1 failed (1 in a row, 1 tolerated): expired before every task acknowledged"]
-    assert {"t": "abort", "cp": 1} in [m for _, _, m in sent]
+    assert NotifyAborted(1) in [m for _, _, m in sent]
     assert c.history[-1].status == "failed" and "expired" in c.history[-1].failure
     clock.now += 1.0
     c.tick()  # checkpoint 2
@@ -111,14 +112,14 @@ def test_final_checkpoint_after_every_task_reached_end_of_data(env):
     c.tick()  # a periodic checkpoint is in flight
     for t in (0, 1, 2):
         c.on_end_of_data(t)
-    assert sent[-1] == (0, 0, {"t": "trigger", "cp": 1})  # final waits for it
+    assert sent[-1] == (0, 0, TriggerCheckpoint(1))  # final waits for it
     ack_all(c, 1)
     c.tick()
-    assert sent[-1] == (0, 0, {"t": "trigger", "cp": 2})
+    assert sent[-1] == (0, 0, TriggerCheckpoint(2))
     assert c.pending is not None and c.pending.is_final
     ack_all(c, 2)
     assert c.finished
-    assert [m for _, _, m in sent[-3:]] == [{"t": "finish"}] * 3
+    assert [m for _, _, m in sent[-3:]] == [Finish()] * 3
 
 
 def test_attempt_after_a_completed_final_checkpoint_takes_its_own(env):
@@ -135,11 +136,11 @@ def test_attempt_after_a_completed_final_checkpoint_takes_its_own(env):
     assert not c.finished
     for t in (0, 1, 2):
         c.on_end_of_data(t)
-    assert sent[-1] == (1, 0, {"t": "trigger", "cp": 2})
+    assert sent[-1] == (1, 0, TriggerCheckpoint(2))
     assert c.pending is not None and c.pending.is_final
     ack_all(c, 2)
     assert c.finished
-    assert [m for a, _, m in sent[-3:] if a == 1] == [{"t": "finish"}] * 3
+    assert [m for a, _, m in sent[-3:] if a == 1] == [Finish()] * 3
 
 
 def test_progress_adds_the_restored_baseline(env, tmp_path):
@@ -203,7 +204,7 @@ def test_metadata_that_cannot_be_written_declines_the_checkpoint_and_the_job_goe
     ack_all(c, 1)
     record = c.history[-1]
     assert record.status == "failed" and "_metadata could not be written" in record.failure
-    assert {"t": "abort", "cp": 1} in [m for _, _, m in sent]
+    assert NotifyAborted(1) in [m for _, _, m in sent]
     assert c.consecutive_failures == 1 and c.latest is None
     clock.now += 1.0
     c.tick()

@@ -1,41 +1,23 @@
 """Which failure an attempt reports when one task's error breaks its peers'
-channels: the reports come through separate connections, in any order."""
+channels: the reports come through separate connections, in any order.
+``root_cause`` is a pure function of the events that follow."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-from lockgate import CheckpointConfig, KeyedProcessFunction, NoRestart, Pipeline
-from lockgate.cluster.jobmaster import AttemptFailed, JobMaster, prepare_job
-from lockgate.cluster.server import Event
-from lockgate.connectors import CollectSink, SequenceSource
+from lockgate.cluster.events import TaskDisconnected, TaskMessage
+from lockgate.cluster.failures import AttemptFailed, restart_delay, root_cause
+from lockgate.config import FixedDelayRestart
+from lockgate.protocol import Failed
 
 SOURCE, DOWN_0, DOWN_1 = 1, 2, 3  # parallelism 2: tasks 0-1 read, 2-3 process
 
 
-class Echo(KeyedProcessFunction):
-    def process_element(self, value, ctx):
-        return [value]
+def name(task: int) -> str:
+    return f"t{task}"
 
 
-@pytest.fixture
-def master(tmp_path: Path):
-    p = Pipeline("cause", parallelism=2, restart=NoRestart(),
-                 checkpoint=CheckpointConfig(storage=str(tmp_path / "chk")))
-    (p.source(SequenceSource(1, 10), uid="numbers")
-       .key_by(lambda x: x % 3)
-       .process(Echo(), uid="echo")
-       .sink(CollectSink(str(tmp_path / "collect")), uid="out"))
-    master, _ = prepare_job(p, launcher="local", rest=False)
-    yield master
-    master.server.close()
-
-
-def failed(task: int, error_type: str, error: str) -> Event:
-    return Event("message", 0, task, {"t": "failed", "error_type": error_type,
-                                      "error": f"{error_type}: {error}", "traceback": ""})
+def failed(task: int, error_type: str, error: str) -> TaskMessage:
+    return TaskMessage(0, task, Failed(f"{error_type}: {error}", error_type, None, ""))
 
 
 def broken_channel(task: int) -> AttemptFailed:
@@ -43,22 +25,42 @@ def broken_channel(task: int) -> AttemptFailed:
                          f"{SOURCE} broke", task, "ConnectionError")
 
 
-def test_a_peer_that_reported_a_broken_channel_is_no_silent_death(master: JobMaster) -> None:
+def test_a_peer_that_reported_a_broken_channel_is_no_silent_death() -> None:
     """The order seen in CI: both downstream tasks report the broken channel
     and disconnect before the source's own report arrives. The second one's
     disconnection is not a death without a report: the source's error is the cause."""
-    for ev in (failed(DOWN_1, "ConnectionError", "input channel from task 1 broke"),
-               Event("disconnected", 0, DOWN_1),
-               failed(SOURCE, "UserFunctionError", "the key selector broke"),
-               Event("disconnected", 0, SOURCE)):
-        master.events.put(ev)
-    cause = master._root_cause(broken_channel(DOWN_0))
+    events = [failed(DOWN_1, "ConnectionError", "input channel from task 1 broke"),
+              TaskDisconnected(0, DOWN_1),
+              failed(SOURCE, "UserFunctionError", "the key selector broke"),
+              TaskDisconnected(0, SOURCE)]
+    cause = root_cause(broken_channel(DOWN_0), events, set(), name)
     assert (cause.task, cause.error_type) == (SOURCE, "UserFunctionError"), cause.reason
     assert "the key selector broke" in cause.reason
+    assert cause.report is not None and cause.reported
 
 
-def test_a_peer_that_disconnects_without_a_report_died(master: JobMaster) -> None:
+def test_a_peer_that_disconnects_without_a_report_died() -> None:
     """A task gone without saying why (SIGKILL) is the cause."""
-    master.events.put(Event("disconnected", 0, SOURCE))
-    cause = master._root_cause(broken_channel(DOWN_0))
+    cause = root_cause(broken_channel(DOWN_0), [TaskDisconnected(0, SOURCE)], set(), name)
     assert cause.task == SOURCE and "lost its connection" in cause.reason
+
+
+def test_a_finished_task_that_disconnects_did_not_die() -> None:
+    failure = broken_channel(DOWN_0)
+    assert root_cause(failure, [TaskDisconnected(0, SOURCE)], {SOURCE}, name) is failure
+
+
+def test_a_failure_that_is_no_broken_channel_is_its_own_cause() -> None:
+    failure = AttemptFailed("task 1 failed: ValueError: x", 1, "ValueError", reported=True)
+    events = iter([TaskDisconnected(0, SOURCE)])
+    assert root_cause(failure, events, set(), name) is failure
+    assert next(events, None) is not None  # nothing was waited for
+
+
+def test_the_same_reported_failure_backs_off_doubling_to_a_cap() -> None:
+    strategy = FixedDelayRestart(max_attempts=100, delay_s=0.0)
+    delays = [restart_delay(strategy, ["boom"] * n, reported=True) for n in range(1, 8)]
+    assert delays == [0.0, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    assert restart_delay(strategy, ["boom"] * 5, reported=False) == 0.0  # a death: at once
+    assert restart_delay(FixedDelayRestart(max_attempts=2, delay_s=0.0), ["a", "b", "c"],
+                         reported=True) is None

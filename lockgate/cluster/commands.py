@@ -1,0 +1,151 @@
+"""Savepoint, stop and cancel: requests from outside the job master's event
+loop (the REST API, a ``JobClient``), served by the loop between its ticks so
+that the coordinator stays single-threaded."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from lockgate import fs
+from lockgate.checkpoint.coordinator import CheckpointCoordinator
+from lockgate.cluster.failures import JobEnds
+from lockgate.cluster.result import JobStatus
+from lockgate.errors import LockgateError
+
+
+class CommandKind(StrEnum):
+    SAVEPOINT = "savepoint"
+    STOP = "stop"
+    CANCEL = "cancel"
+
+
+@dataclass
+class Command:
+    """A request: ``savepoint`` (``dir``), ``stop`` (``dir``, ``drain``) or ``cancel``."""
+
+    kind: CommandKind
+    args: dict[str, Any] = field(default_factory=dict)
+    future: Future[dict[str, Any]] = field(default_factory=Future)
+
+
+class Commands:
+    """The queue of requests and the savepoints, stop and drain they started."""
+
+    def __init__(self, job_id: str, coordinator: CheckpointCoordinator,
+                 savepoint_dir: str | None, drain_sources: Callable[[], None]) -> None:
+        self.job_id = job_id
+        self.coordinator = coordinator
+        self.savepoint_dir = savepoint_dir
+        self.drain_sources = drain_sources
+        """Sends :class:`~lockgate.protocol.Drain` to every source task of the attempt."""
+        self.queue: queue.Queue[Command] = queue.Queue()
+        self._deferred: list[Command] = []
+        self._savepoint_waiters: dict[int, Future[dict[str, Any]]] = {}
+        self._stop_id: int | None = None
+        """The savepoint a stop without drain waits for."""
+        self.drain: Command | None = None
+        self.end_futures: list[tuple[Future[dict[str, Any]], dict[str, Any]]] = []
+        """Answered when the job has ended (a stop's, a cancel's)."""
+        self.savepoint_path: str | None = None
+        """The savepoint the job stopped with."""
+
+    def submit(self, kind: str, args: dict[str, Any], accepting: bool,
+               status: str) -> Future[dict[str, Any]]:
+        cmd = Command(CommandKind(kind), args)
+        if not accepting:
+            cmd.future.set_exception(LockgateError(f"job {self.job_id} is {status}"))
+        else:
+            self.queue.put(cmd)
+        return cmd.future
+
+    def pending(self) -> list[Command]:
+        """Take every command not served yet."""
+        cmds, self._deferred = self._deferred, []
+        while True:
+            try:
+                cmds.append(self.queue.get_nowait())
+            except queue.Empty:
+                return cmds
+
+    def serve(self) -> None:
+        """Step 1. Resolve completed or failed savepoints (a stop's savepoint ends the job).
+        Step 2. Start what was asked for: a savepoint waits for a pending checkpoint;
+                a drain tells the sources to end their input, and the final
+                checkpoint becomes the savepoint; a cancel ends the job now."""
+        # Step 1.
+        for n, future in list(self._savepoint_waiters.items()):
+            res = self.coordinator.savepoint_results.get(n)
+            if res is None:
+                continue
+            del self._savepoint_waiters[n]
+            if isinstance(res, BaseException):
+                future.set_exception(res)
+                if n == self._stop_id:
+                    self._stop_id = None  # the job goes on
+            elif n == self._stop_id:
+                self.savepoint_path = res
+                self.end_futures.append((future, {"checkpoint_id": n, "path": res}))
+                raise JobEnds(JobStatus.STOPPED)
+            else:
+                future.set_result({"checkpoint_id": n, "path": res})
+        # Step 2.
+        for cmd in self.pending():
+            if cmd.kind == CommandKind.CANCEL:
+                self.end_futures.append((cmd.future, {"status": JobStatus.CANCELLED.value}))
+                raise JobEnds(JobStatus.CANCELLED)
+            if self._stop_id is not None or self.drain is not None:
+                cmd.future.set_exception(LockgateError(f"job {self.job_id} is stopping"))
+                continue
+            target = cmd.args.get("dir") or self.savepoint_dir
+            if not target:
+                cmd.future.set_exception(LockgateError(
+                    "no savepoint folder: pass one (--dir D) or set "
+                    "CheckpointConfig(savepoint_dir=...)"))
+                continue
+            target = fs.absolute(target)
+            if cmd.kind == CommandKind.STOP and cmd.args.get("drain"):
+                self.drain = cmd
+                self.coordinator.final_checkpoint_is_savepoint(target)
+                self.drain_sources()
+                continue
+            n = self.coordinator.trigger(savepoint_dir=target)
+            if n is None:  # a checkpoint is in progress: after it
+                self._deferred.append(cmd)
+                continue
+            self._savepoint_waiters[n] = cmd.future
+            if cmd.kind == CommandKind.STOP:
+                self._stop_id = n
+
+    def attempt_failed(self) -> None:
+        """A failed attempt aborts savepoints in progress and a drain."""
+        for n, future in list(self._savepoint_waiters.items()):
+            res = self.coordinator.savepoint_results.get(n)
+            future.set_exception(res if isinstance(res, BaseException) else LockgateError(
+                f"savepoint {n} failed: the attempt failed; the job restarts, ask again"))
+        self._savepoint_waiters.clear()
+        self._stop_id = None
+        if self.drain is not None:
+            self.drain.future.set_exception(LockgateError(
+                "the job failed while it was draining; it restarts: ask to stop again"))
+            self.drain = None
+            self.coordinator.final_checkpoint_is_savepoint(None)
+
+    def job_ended(self, status: str, error: BaseException | None) -> None:
+        """Answer everything still open: the end futures with their values, and
+        every other request with why it cannot be done."""
+        if error is not None:
+            for cmd in self.pending():
+                cmd.future.set_exception(LockgateError(f"the job failed: {error}"))
+        for future, value in self.end_futures:
+            future.set_result(value)
+        for cmd in self.pending():  # asked for while the job was ending
+            cmd.future.set_exception(LockgateError(f"job {self.job_id} has ended ({status})"))
+        for future in self._savepoint_waiters.values():  # in flight when a cancel ended it
+            if not future.done():
+                future.set_exception(LockgateError(
+                    f"job {self.job_id} ended ({status}) before the savepoint completed"))

@@ -1,0 +1,37 @@
+"""What starts a job attempt's tasks: the ``local`` and ``spark`` launchers."""
+
+from __future__ import annotations
+
+import queue
+from typing import Protocol
+
+from lockgate.cluster.events import TaskEvent
+from lockgate.runtime.spec import TaskSpec
+
+
+class Launcher(Protocol):
+    """Starts every task of one attempt and reports each one's exit as a
+    :class:`~lockgate.cluster.events.TaskExited` event."""
+
+    name: str
+
+    def start(self, specs: list[TaskSpec], coordinator: tuple[str, int],
+              secret: bytes) -> None: ...
+
+    def pids(self) -> dict[int, int]:
+        """Process id of every running task, by global task number (for tests)."""
+        ...
+
+    def stop(self) -> None:
+        """End every task of the attempt; when it returns none of them runs."""
+        ...
+
+
+def make_launcher(name: str, events: queue.Queue[TaskEvent]) -> Launcher:
+    if name == "local":
+        from lockgate.cluster.local import LocalLauncher
+
+        return LocalLauncher(events)
+    from lockgate.cluster.spark_launcher import SparkLauncher
+
+    return SparkLauncher(events)

@@ -1,0 +1,52 @@
+"""How a job runs: the options of ``Pipeline.run``/``Pipeline.start`` and
+``lockgate run``, in one keyword-only type that the job master keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lockgate.cluster.result import Progress
+from lockgate.config import RestConfig
+from lockgate.errors import PipelineDefinitionError
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """The arguments of :meth:`lockgate.Pipeline.run` (documented there)."""
+
+    launcher: str = "spark"
+    from_checkpoint: str | None = None
+    from_savepoint: str | None = None
+    allow_non_restored_state: bool = False
+    allow_non_replayable: bool = False
+    fault_injection: list[dict[str, Any]] | None = None
+    job_id: str | None = None
+    on_progress: Callable[[Progress], None] | None = None
+    spark: Any = None
+    master: str | None = None
+    rest: RestConfig | bool | None = None
+    bind_host: str = "127.0.0.1"
+    """Set by the job master: the host the control server binds (tasks on
+    other machines must reach it)."""
+
+    def __post_init__(self) -> None:
+        if self.from_checkpoint and self.from_savepoint:
+            raise PipelineDefinitionError("give from_checkpoint or from_savepoint, not both")
+        if self.launcher not in ("local", "spark"):
+            raise PipelineDefinitionError(
+                f"unknown launcher {self.launcher!r}; use 'local' or 'spark'")
+        if self.launcher != "spark" and (self.spark is not None or self.master is not None):
+            raise PipelineDefinitionError(
+                f"a Spark session or master was given with launcher={self.launcher!r}; "
+                "use launcher='spark' (the default) or drop them")
+
+    @property
+    def restore_from(self) -> str | None:
+        """The checkpoint or savepoint the job starts from."""
+        return self.from_checkpoint or self.from_savepoint
+
+    @property
+    def restore_kind(self) -> str:
+        return "savepoint" if self.from_savepoint else "checkpoint"

@@ -1,0 +1,156 @@
+"""A job from its definition to a job master ready to run (in the driver).
+
+Everything that can be refused is refused here, before Spark starts or a job
+folder is made: the pipeline's connectors, functions that cannot be sent to
+the tasks, a non-replayable source under exactly-once, and the checkpoint or
+savepoint the job starts from (read, verified, matched to the job by uid and
+sink location). Then the end-to-end guarantee the job's parts allow is
+known, and the Spark context (for the ``spark`` launcher) is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from lockgate import fs
+from lockgate.checkpoint import storage
+from lockgate.checkpoint.coordinator import CompletedCheckpoint
+from lockgate.cluster.jobmaster import JobMaster
+from lockgate.cluster.options import RunOptions
+from lockgate.cluster.provenance import check_sink_locations
+from lockgate.cluster.result import JobResult, end_to_end_guarantee
+from lockgate.config import CheckpointingMode
+from lockgate.errors import CheckpointCorruptError, PipelineDefinitionError
+from lockgate.graph.jobgraph import JobGraph, build_job_graph
+from lockgate.graph.types import OperatorKind
+
+if TYPE_CHECKING:
+    from lockgate.api.pipeline import Pipeline
+    from lockgate.cluster.client import JobClient
+
+log = logging.getLogger("lockgate.driver")
+
+
+def run_pipeline(pipeline: Pipeline, options: RunOptions) -> JobResult:
+    """Run a job to its end in this thread (``Pipeline.run``)."""
+    master = prepare_job(pipeline, options)
+    return master.run()
+
+
+def start_pipeline(pipeline: Pipeline, options: RunOptions) -> JobClient:
+    """Start a job in a background thread of the driver (``Pipeline.start``)."""
+    from lockgate.cluster.client import JobClient
+
+    return JobClient(prepare_job(pipeline, options))
+
+
+def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
+    """Check a pipeline and make its job master (nothing runs yet)."""
+    graph = build_job_graph(pipeline)
+    sources = [op for op in graph.operators() if op.kind == OperatorKind.SOURCE]
+    sinks = [op for op in graph.operators() if op.kind == OperatorKind.SINK]
+    mode = pipeline.checkpoint.mode
+    for op in sources + sinks:
+        op.fn.validate()
+    check_picklable(graph)
+    not_replayable = [op.uid for op in sources if not op.fn.replayable]
+    if (not_replayable and mode == CheckpointingMode.EXACTLY_ONCE
+            and not options.allow_non_replayable):
+        raise PipelineDefinitionError(
+            f"source(s) {not_replayable} cannot be replayed, so the job cannot be exactly-once: "
+            "after a failure their records in flight would be lost. Use a replayable source, "
+            "or run with allow_non_replayable=True to accept at-most-once for those records"
+        )
+    guarantee = end_to_end_guarantee(
+        [op.fn.replayable for op in sources], [op.fn.exactly_once for op in sinks], mode)
+    if guarantee != "exactly_once":
+        log.warning("job %s runs with end-to-end guarantee %s", pipeline.name,
+                    guarantee.replace("_", "-").upper())
+    started_from = None
+    if options.restore_from:  # refused here, before anything starts or is created
+        started_from = load_checkpoint(
+            options.restore_from, graph, options.allow_non_restored_state,
+            job_name=pipeline.name, kind=options.restore_kind)
+    if options.launcher == "spark":  # a SparkContext that runs every task at once, first
+        from lockgate.cluster.spark_session import prepare_spark
+
+        options.bind_host = prepare_spark(options.spark, options.master, graph.num_tasks)
+        if options.bind_host != "127.0.0.1":
+            _warn_unshared_paths(pipeline, sources, sinks)
+    return JobMaster(pipeline, graph, options, guarantee, started_from)
+
+
+def check_picklable(graph: JobGraph) -> None:
+    """Every operator's functions travel to the tasks pickled (cloudpickle):
+    one that cannot be is named with the reason and the fix, before the job
+    starts, instead of a raw ``TypeError`` from deep in the launcher."""
+    import cloudpickle
+
+    for op in graph.operators():
+        for what, obj in (("function", op.fn), ("key selector", op.key_selector),
+                          ("watermark strategy", op.watermarks)):
+            if obj is None:
+                continue
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as e:  # noqa: BLE001 - any reason it cannot travel
+                raise PipelineDefinitionError(
+                    f"the {what} of operator {op.uid!r} cannot be sent to the tasks: "
+                    f"{type(e).__name__}: {e}. It (or a global it uses) holds something that "
+                    "cannot be pickled, such as a lock, a connection or an open file: create "
+                    "that in open() (KeyedProcessFunction) or inside the function, not at "
+                    "module level") from None
+
+
+def load_checkpoint(path: str, graph: JobGraph,
+                    allow_non_restored_state: bool = False,
+                    job_name: str | None = None, kind: str = "checkpoint") -> CompletedCheckpoint:
+    """Read a checkpoint or savepoint a job starts from and check it fits the job.
+
+    State of an operator uid the job no longer has is refused, unless
+    ``allow_non_restored_state`` (then it is dropped, with a warning).
+    Operators the job added start empty."""
+    chk = fs.absolute(path)
+    meta = storage.read_metadata(chk, kind)
+    storage.verify_files(chk, meta)
+    check_sink_locations(meta, graph, chk, job_name)
+    old_name = meta.get("job_name")
+    if isinstance(old_name, str) and job_name is not None and old_name != job_name:
+        log.info("job %r restores %s of job %r", job_name, fs.redact(chk), old_name)
+    known = {op.uid for op in graph.operators()}
+    unknown = sorted(set(meta["operators"]) - known)
+    kind = meta.get("kind", "checkpoint")
+    if unknown and not allow_non_restored_state:
+        raise CheckpointCorruptError(
+            f"{kind} {fs.redact(chk)} holds state of operator uid(s) {unknown} that the job "
+            f"does not have (its uids: {sorted(known)}); give the operators their old uids, or "
+            "drop that state with allow_non_restored_state=True (--allow-non-restored-state)"
+        )
+    if unknown:
+        log.warning("dropping the state of operator uid(s) %s from %s: the job has no such "
+                    "operator (allow_non_restored_state)", unknown, fs.redact(chk))
+        meta = {**meta, "operators": {u: o for u, o in meta["operators"].items()
+                                      if u not in unknown}}
+    added = sorted(known - set(meta["operators"]))
+    if added:
+        log.info("operator uid(s) %s have no state in %s: they start empty", added,
+                 fs.redact(chk))
+    if meta["max_parallelism"] != graph.max_parallelism:
+        raise CheckpointCorruptError(
+            f"checkpoint {chk} was taken with max_parallelism {meta['max_parallelism']}, the "
+            f"job has {graph.max_parallelism}; it fixes the key groups: use the same value"
+        )
+    return CompletedCheckpoint(int(meta["checkpoint_id"]), chk, meta)
+
+
+def _warn_unshared_paths(pipeline: Pipeline, sources: list[Any], sinks: list[Any]) -> None:
+    """On a cluster, a plain local path is most often a mistake: each executor
+    would see its own folder. ``file://`` says "a shared mount" explicitly."""
+    paths = [("checkpoint storage", pipeline.checkpoint.storage if pipeline.checkpoint else None)]
+    paths += [(f"{op.kind} {op.uid!r}", getattr(op.fn, "path", None)) for op in sources + sinks]
+    for what, path in paths:
+        if isinstance(path, str) and not fs.is_url(path):
+            log.warning("%s is the plain local path %s, but the job runs on a Spark cluster: "
+                        "every executor must reach the same folder. Use s3://, hdfs://, or "
+                        "file://%s if it is a shared mount", what, path, fs.absolute(path))

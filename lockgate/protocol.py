@@ -1,0 +1,358 @@
+"""Every message between Lockgate's processes: one frozen type each.
+
+Two families travel on the same framing (:mod:`lockgate.runtime.wire`):
+
+* **stream elements**, in band on a data channel from one task to the next,
+  in order: :class:`Batch`, :class:`Barrier`, :class:`CancelBarrier`,
+  :class:`Watermark`, :class:`Idle`, :class:`EndOfData`,
+  :class:`EndOfPartition` (and :class:`ChannelLost`, which a task's own
+  reader thread puts in its mailbox when a connection breaks);
+* **control messages** between the driver and a task: from the driver
+  :class:`Start`, :class:`TriggerCheckpoint`, :class:`NotifyComplete`,
+  :class:`NotifyAborted`, :class:`Finish`, :class:`Drain`, :class:`Cancel`
+  (and :class:`ControlLost`, a task's own note that the driver went away);
+  from a task :class:`Register`, :class:`Running`, :class:`Ack`,
+  :class:`Decline`, :class:`InputEnded`, :class:`Finished`, :class:`Failed`.
+
+A receiver handles them with one ``match``. Control messages are encoded here
+(:func:`encode_control`, :func:`decode_control`) as a msgpack list
+``[tag, field, ...]``; decoding checks the tag, the number of fields and
+each field's type, so a malformed message is a :class:`ProtocolError`, never
+a ``KeyError`` deep in the driver. Nothing here is pickled.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeAlias
+
+import msgpack
+
+from lockgate.errors import LockgateError
+
+Address: TypeAlias = tuple[str, int]
+StateHandles: TypeAlias = dict[str, dict[str, Any] | None]
+"""Per operator uid, the handle of its state file in one checkpoint (as stored
+in ``_metadata``: file, size, crc32, key-group offsets, operator state), or
+None for an operator without state."""
+
+
+class ProtocolError(LockgateError, ValueError):
+    """A message that does not follow the protocol (unknown type, wrong fields)."""
+
+
+# --------------------------------------------------------------- stream elements
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Records, many at once: the unit that moves on a channel."""
+
+    records: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Splits a channel into before and after checkpoint ``checkpoint_id``."""
+
+    checkpoint_id: int
+    kind: str = "checkpoint"
+    timestamp: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelBarrier:
+    """An upstream task gave checkpoint ``checkpoint_id`` up: so does this one."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """No record with an event time at or below ``timestamp`` follows (ms)."""
+
+    timestamp: float
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """The upstream task has no input for a while: leave it out of the
+    watermark until it sends one again."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfData:
+    """The upstream task's input ended; ``drained``: by ``stop --drain``
+    (nothing is finished: a job resumed from the savepoint reads on)."""
+
+    drained: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfPartition:
+    """The upstream task ends; nothing follows on this channel."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelLost:
+    """Task-local: the connection of an input channel broke."""
+
+    reason: str
+
+
+StreamElement: TypeAlias = (Batch | Barrier | CancelBarrier | Watermark | Idle | EndOfData
+                            | EndOfPartition | ChannelLost)
+IDLE = Idle()
+END_OF_PARTITION = EndOfPartition()
+
+
+# -------------------------------------------------------------- control messages
+@dataclass(frozen=True, slots=True)
+class ControlMessage:
+    """Base of the messages between the driver and a task."""
+
+    tag: ClassVar[str] = ""
+
+
+# driver -> task
+@dataclass(frozen=True, slots=True)
+class Start(ControlMessage):
+    """Every task of the attempt registered: here is where each one listens."""
+
+    tag: ClassVar[str] = "start"
+    peers: dict[int, Address]
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerCheckpoint(ControlMessage):
+    """To a source task: snapshot and send ``Barrier(checkpoint_id)``."""
+
+    tag: ClassVar[str] = "trigger"
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyComplete(ControlMessage):
+    """Checkpoint ``checkpoint_id`` exists (its ``_metadata`` is written): commit."""
+
+    tag: ClassVar[str] = "complete"
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyAborted(ControlMessage):
+    tag: ClassVar[str] = "abort"
+    checkpoint_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finish(ControlMessage):
+    """The final checkpoint completed: the task may end."""
+
+    tag: ClassVar[str] = "finish"
+
+
+@dataclass(frozen=True, slots=True)
+class Drain(ControlMessage):
+    """To a source task (``stop --drain``): end the input now, as if exhausted."""
+
+    tag: ClassVar[str] = "drain"
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(ControlMessage):
+    tag: ClassVar[str] = "cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlLost(ControlMessage):
+    """Task-local: the connection to the driver broke."""
+
+    tag: ClassVar[str] = "lost"
+
+
+# task -> driver
+@dataclass(frozen=True, slots=True)
+class Register(ControlMessage):
+    """A task is up: its data listener (port 0: it has no inputs) and pid."""
+
+    tag: ClassVar[str] = "register"
+    host: str
+    port: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Running(ControlMessage):
+    """Every channel of the task is connected; it processes."""
+
+    tag: ClassVar[str] = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(ControlMessage):
+    """The task's state for ``checkpoint_id`` is durable (``handles``), with its
+    record counts, whether it finished (FLIP-147) and its alignment time."""
+
+    tag: ClassVar[str] = "ack"
+    checkpoint_id: int
+    handles: StateHandles
+    read: int
+    written: int
+    finished: bool
+    alignment: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decline(ControlMessage):
+    """The task cannot take ``checkpoint_id``; ``error_type`` names the
+    exception class when an error caused it."""
+
+    tag: ClassVar[str] = "decline"
+    checkpoint_id: int
+    reason: str
+    error_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InputEnded(ControlMessage):
+    """The task's input ended (bounded, or drained) and it sent ``EndOfData``."""
+
+    tag: ClassVar[str] = "end_of_data"
+    read: int
+    written: int
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(ControlMessage):
+    tag: ClassVar[str] = "finished"
+    read: int
+    written: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed(ControlMessage):
+    """The task fails: the error, its class name, where in the input a user
+    function failed (or None) and the traceback to show."""
+
+    tag: ClassVar[str] = "failed"
+    error: str
+    error_type: str
+    where: str | None
+    traceback: str
+
+
+# a connection's first message, after the HMAC challenge
+@dataclass(frozen=True, slots=True)
+class Hello(ControlMessage):
+    """Who connects: ``role`` ``task`` (control), ``data`` (a channel from task
+    ``task``) or ``lease`` (a Spark task's lease, with its ``pid`` and ``host``),
+    for which job and attempt (connections of another attempt are refused)."""
+
+    tag: ClassVar[str] = "hello"
+    role: str
+    job: str
+    attempt: int
+    task: int
+    pid: int = 0
+    host: str = ""
+
+
+# a Spark task's lease (cluster.spark_launcher)
+@dataclass(frozen=True, slots=True)
+class LeaseGranted(ControlMessage):
+    tag: ClassVar[str] = "lease_granted"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRefused(ControlMessage):
+    tag: ClassVar[str] = "lease_refused"
+
+
+@dataclass(frozen=True, slots=True)
+class Finishing(ControlMessage):
+    """The task is about to say ``finished`` and end by itself (answered with
+    :class:`FinishingSeen`)."""
+
+    tag: ClassVar[str] = "finishing"
+
+
+@dataclass(frozen=True, slots=True)
+class FinishingSeen(ControlMessage):
+    tag: ClassVar[str] = "finishing_seen"
+
+
+@dataclass(frozen=True, slots=True)
+class Exited(ControlMessage):
+    """The task's code ended with ``code`` (0: normally)."""
+
+    tag: ClassVar[str] = "exited"
+    code: int
+
+
+ToTask: TypeAlias = (Start | TriggerCheckpoint | NotifyComplete | NotifyAborted | Finish | Drain
+                     | Cancel | ControlLost)
+ToDriver: TypeAlias = Register | Running | Ack | Decline | InputEnded | Finished | Failed
+
+_MESSAGES: dict[str, type[ControlMessage]] = {
+    cls.tag: cls for cls in (Start, TriggerCheckpoint, NotifyComplete, NotifyAborted, Finish,
+                             Drain, Cancel, Register, Running, Ack, Decline, InputEnded,
+                             Finished, Failed, Hello, LeaseGranted, LeaseRefused, Finishing,
+                             FinishingSeen, Exited)
+}
+
+
+def _runtime_types(hint: Any) -> tuple[type, ...]:
+    """The Python types a decoded field of type ``hint`` may have."""
+    if hint is Any:
+        return (object,)
+    if hint is float:
+        return (int, float)
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return tuple(t for arg in typing.get_args(hint) for t in _runtime_types(arg))
+    if hint is type(None):
+        return (type(None),)
+    return (origin or hint,)
+
+
+_SCHEMAS: dict[type[ControlMessage], list[tuple[str, tuple[type, ...]]]] = {
+    cls: [(f.name, _runtime_types(typing.get_type_hints(cls)[f.name])) for f in fields(cls)]
+    for cls in _MESSAGES.values()
+}
+
+
+def encode_control(message: ControlMessage) -> bytes:
+    """``[tag, field, ...]`` as msgpack."""
+    values = [getattr(message, name) for name, _ in _SCHEMAS[type(message)]]
+    return msgpack.packb([message.tag, *values], use_bin_type=True)
+
+
+def decode_control(payload: bytes) -> ControlMessage:
+    """The message in ``payload``; :class:`ProtocolError` unless it is one of
+    the protocol's, with the right number and types of fields."""
+    try:
+        data = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as e:  # noqa: BLE001 - msgpack raises several kinds
+        raise ProtocolError(f"undecodable control message: {type(e).__name__}: {e}") from None
+    if not isinstance(data, list) or not data or not isinstance(data[0], str):
+        raise ProtocolError("a control message must be a list starting with its type")
+    cls = _MESSAGES.get(data[0])
+    if cls is None:
+        raise ProtocolError(f"unknown control message type {data[0][:40]!r}")
+    schema = _SCHEMAS[cls]
+    values = data[1:]
+    if len(values) != len(schema):
+        raise ProtocolError(f"{data[0]}: {len(values)} fields, expected {len(schema)}")
+    for (name, allowed), value in zip(schema, values, strict=True):
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed
+                                              and object not in allowed):
+            raise ProtocolError(f"{data[0]}: field {name} has type {type(value).__name__}")
+    if cls is Start:
+        peers = values[0]
+        if not all(isinstance(t, int) and isinstance(a, list) and len(a) == 2
+                   and isinstance(a[0], str) and isinstance(a[1], int)
+                   for t, a in peers.items()):
+            raise ProtocolError("start: peers must map task numbers to [host, port]")
+        return Start({t: (a[0], a[1]) for t, a in peers.items()})
+    return cls(*values)

@@ -1,0 +1,139 @@
+"""A task's state on its way to and from checkpoint storage.
+
+* :func:`restore_operators`: give each operator of the chain its state from
+  the checkpoint the attempt starts from (keyed state: the key-group blocks of
+  the task's range, :func:`plan_keyed_restore`; operator state: split or
+  union, :func:`distribute_operator_state`).
+* :class:`SnapshotWriter`: the asynchronous part of a snapshot. The task
+  thread captures the operators' state (``StreamOperator.snapshot``) and hands
+  it over; one background thread serializes it, writes
+  ``chk-<n>/<uid>-<subtask>.state`` durably, and acknowledges with the state
+  handles (:class:`~lockgate.protocol.Ack`), or declines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lockgate import fs
+from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
+from lockgate.checkpoint.storage import (
+    ChecksumWriter,
+    checkpoint_dir,
+    read_state_file,
+    write_state_file,
+)
+from lockgate.protocol import Ack, ControlMessage, Decline
+from lockgate.runtime.faults import FaultInjector
+from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
+from lockgate.runtime.spec import TaskSpec
+from lockgate.state.serde import StateSerializer
+
+log = logging.getLogger("lockgate.task")
+
+
+def restore_operators(spec: TaskSpec, ops: list[StreamOperator],
+                      serializer: StateSerializer) -> set[str]:
+    """Restore every operator's state; returns the uids of the operators
+    restored as finished (FLIP-147), which read nothing and do not run
+    ``end_input``/``finish`` again."""
+    meta = spec.restore_metadata
+    files: dict[str, bytes] = {}
+    skipped: set[str] = set()
+
+    def data_of(handle: dict[str, Any]) -> bytes:
+        if handle["file"] not in files:
+            assert spec.restore_dir is not None
+            files[handle["file"]] = read_state_file(spec.restore_dir, handle)
+        return files[handle["file"]]
+
+    for op in ops:
+        op_meta = meta["operators"].get(op.uid) if meta else None
+        if op_meta is None:
+            op.restore_operator_state(None)
+            continue
+        assert meta is not None
+        if op_meta.get("finished") and not (meta.get("final") and spec.continues_final):
+            skipped.add(op.uid)
+        p = spec.vertex.parallelism
+        if op.keyed and op.backend is not None:
+            plan = plan_keyed_restore(op_meta, spec.task_index, p, spec.max_parallelism)
+            for handle, offset, length in plan.blocks:
+                op.backend.restore_block(data_of(handle)[offset:offset + length], plan.states)
+        per_subtask: list[list[Any]] = []
+        for handle in op_meta["subtasks"]:
+            if handle and handle.get("op_state"):
+                off, length = handle["op_state"]
+                per_subtask.append(serializer.loads(data_of(handle)[off:off + length]))
+            else:
+                per_subtask.append([])
+        op.restore_operator_state(distribute_operator_state(
+            per_subtask, op_meta["operator_state_mode"], spec.task_index, p))
+    return skipped
+
+
+class SnapshotWriter:
+    """Writes snapshots in the background, one at a time and in order, and
+    sends each one's :class:`Ack` (or :class:`Decline`) through ``send``."""
+
+    def __init__(self, spec: TaskSpec, serializer: StateSerializer, faults: FaultInjector,
+                 send: Callable[[ControlMessage], None]) -> None:
+        self.spec = spec
+        self.serializer = serializer
+        self.faults = faults
+        self.send = send
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+
+    def submit(self, checkpoint_id: int, snaps: list[tuple[StreamOperator, OperatorSnapshot]],
+               *, read: int, written: int, finished: bool, alignment: float,
+               final: bool) -> None:
+        """Write ``snaps`` (captured by the task thread) and acknowledge."""
+        self._pool.submit(self._write, checkpoint_id, snaps, read, written, finished, alignment,
+                          "final_snapshot" if final else "snapshot")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _write(self, checkpoint_id: int, snaps: list[tuple[StreamOperator, OperatorSnapshot]],
+               read: int, written: int, finished: bool, alignment: float,
+               fault_point: str) -> None:
+        try:
+            chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
+            fs.makedirs(chk)
+            handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
+            self.faults.hit(fault_point)  # before the ack: never races it
+            self.send(Ack(checkpoint_id, handles, read, written, finished, alignment))
+            self.faults.hit("acked")
+        except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
+            log.exception("snapshot %d failed", checkpoint_id)
+            try:
+                self.send(Decline(checkpoint_id,
+                                  f"writing the snapshot failed: {type(e).__name__}: {e}",
+                                  type(e).__name__))
+            except OSError:
+                pass
+
+    def _write_state_file(self, chk: str, uid: str,
+                          snap: OperatorSnapshot) -> dict[str, Any] | None:
+        """Write one operator's state file (durable: fsynced locally, one
+        completed object on an object store) and return its handle."""
+        if snap.keyed is None and not snap.operator_state:
+            return None
+        name = f"{uid}-{self.spec.task_index}.state"
+        handle: dict[str, Any] = {"file": name, "keyed_offset": 0}
+
+        def write(out: ChecksumWriter) -> None:
+            if snap.keyed is not None:
+                handle.update(snap.keyed.write(out))  # type: ignore[arg-type]
+            if snap.operator_state:
+                blob = self.serializer.dumps(snap.operator_state)
+                handle["op_state"] = [out.tell(), len(blob)]
+                out.write(blob)
+
+        handle["size"], handle["crc32"] = write_state_file(chk, name, write)
+        if "key_groups" in handle:
+            handle["key_groups"] = {str(k): v for k, v in handle["key_groups"].items()}
+        return handle

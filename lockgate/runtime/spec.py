@@ -1,0 +1,83 @@
+"""What a launcher needs to start a task: its :class:`TaskSpec`, and the
+name a running task gives its process. Launchers and the driver import this,
+never the task loop (:mod:`lockgate.runtime.task`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockgate.graph.jobgraph import JobVertex
+
+
+@dataclass
+class TaskSpec:
+    """Everything a task needs to run, besides the coordinator address and secret.
+    Picklable (with cloudpickle, for the user's functions)."""
+
+    job_id: str
+    task_id: int
+    vertex: JobVertex
+    task_index: int
+    max_parallelism: int
+    attempt: int
+    aligned: bool
+    job_dir: str
+    """The job's checkpoint folder: a local path or a URL every task can reach
+    (:mod:`lockgate.fs`); with ``restore_dir``, all a task needs to find state."""
+    inputs: list[list[int]]
+    """Per input edge, the global numbers of the upstream tasks feeding this task."""
+    outputs: list[list[int]]
+    """Per output edge, the global numbers of all downstream tasks (by subtask index)."""
+    restore_dir: str | None = None
+    restore_metadata: dict[str, Any] | None = None
+    continues_final: bool = False
+    """The restored checkpoint is the final one of an earlier job that ran to its
+    end, and this job continues it (an incremental bounded run): every operator
+    runs on from its end. Otherwise operators restored as finished are skipped,
+    also after a failover to this job's own final checkpoint."""
+    allow_pickle: bool = False
+    script_classes: list[type] = field(default_factory=list)
+    """The classes of the job script the pipeline uses (sent by value): the
+    task makes them picklable by name (:mod:`lockgate.runtime.script_classes`)."""
+    batch_size: int = 1024
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    bind_host: str = "127.0.0.1"
+
+    @property
+    def name(self) -> str:
+        return f"{self.vertex.name} ({self.task_index + 1}/{self.vertex.parallelism})"
+
+
+TASK_PROCESS_PREFIX = "lgtask-"
+
+
+def task_process_name(spec: TaskSpec) -> str:
+    """What ``ps -o comm``/``top`` show for a running task: ``lgtask-<attempt>-<task>``
+    (Linux keeps 15 characters)."""
+    return f"{TASK_PROCESS_PREFIX}{spec.attempt}-{spec.task_id}"[:15]
+
+
+@contextlib.contextmanager
+def process_name(name: str) -> Iterator[None]:
+    """Name this process ``name`` while the block runs (Linux ``/proc/self/comm``;
+    elsewhere nothing), and give it its old name back after: a Spark Python
+    worker runs other tasks afterwards."""
+    try:
+        with open("/proc/self/comm") as f:
+            old = f.read().strip()
+        with open("/proc/self/comm", "w") as f:
+            f.write(name)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            with open("/proc/self/comm", "w") as f:
+                f.write(old)
+        except OSError:
+            pass
