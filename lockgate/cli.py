@@ -14,6 +14,8 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.checkpoint import storage
+from lockgate.cli_format import format_duration, format_size, format_table
+from lockgate.cli_savepoint import print_savepoint
 from lockgate.cluster.result import Progress
 from lockgate.errors import LockgateError
 from lockgate.web import client, discovery
@@ -101,28 +103,6 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------- running jobs (REST)
-def _size(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
-
-
 def _list(args: argparse.Namespace) -> int:
     jobs = discovery.discover()
     statuses: dict[str, str] = {}
@@ -144,7 +124,7 @@ def _list(args: argparse.Namespace) -> int:
     elif not found:
         print(f"no running jobs (discovery files in {discovery.jobs_dir()})", file=sys.stderr)
     else:
-        print(_table([["JOB", "NAME", "STATUS", "GUARANTEE", "PID", "URL", "STARTED"]] + [
+        print(format_table([["JOB", "NAME", "STATUS", "GUARANTEE", "PID", "URL", "STARTED"]] + [
             [f["id"], f["name"], f["status"], f["guarantee"], str(f["pid"]), f["url"],
              time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f["started_at"]))]
             for f in found]))
@@ -177,7 +157,7 @@ def _savepoint(args: argparse.Namespace) -> int:
         if not args.path:
             raise LockgateError("`lockgate savepoint inspect` needs the savepoint's folder: "
                                 "lockgate savepoint inspect PATH")
-        return _savepoint_inspect(args.path, args.json)
+        return print_savepoint(args.path, args.json)
     if args.path:
         raise LockgateError(f"unexpected argument {args.path!r}: `lockgate savepoint JOB "
                             "[--dir D]` takes one job id")
@@ -238,114 +218,13 @@ def _checkpoints(args: argparse.Namespace) -> int:
              "REASON"]]
     for h in history:
         acks = " ".join(f"{t}:{v * 1000:.0f}" for t, v in h["ack_times"].items())
-        rows.append([str(h["id"]), h["kind"], h["status"], _ms(h["duration"]),
-                     _size(h["size"]) if h["status"] == "completed" else "-",
-                     _ms(h["alignment"]), acks or "-", h["failure"] or "-"])
-    print(_table(rows))
+        rows.append([str(h["id"]), h["kind"], h["status"], format_duration(h["duration"]),
+                     format_size(h["size"]) if h["status"] == "completed" else "-",
+                     format_duration(h["alignment"]), acks or "-", h["failure"] or "-"])
+    print(format_table(rows))
     counts = answer["counts"]
     print(f"{counts['completed']} completed, {counts['failed']} failed, "
           f"{counts['in_progress']} in progress")
-    return 0
-
-
-# ---------------------------------------------------------- savepoint inspect
-def describe_savepoint(path: str) -> dict[str, Any]:
-    """What a savepoint (or checkpoint) folder holds, from its ``_metadata``
-    and a listing of its files: nothing is deserialized, no code runs."""
-    location = fs.absolute(path)
-    meta = storage.read_metadata(location)
-    try:
-        storage.verify_files(location, meta)
-        files = "ok"
-    except LockgateError as e:
-        files = str(e)
-    operators = []
-    for uid, op in meta["operators"].items():
-        subtasks = []
-        states: dict[str, str] = {}
-        groups: set[int] = set()
-        for index, h in enumerate(op["subtasks"]):
-            if not h:
-                subtasks.append({"index": index, "file": None, "size": 0,
-                                 "key_groups": [], "operator_state_bytes": 0})
-                continue
-            kgs = sorted(int(k) for k in h.get("key_groups", {}))
-            groups.update(kgs)
-            states.update(h.get("states", {}))
-            subtasks.append({"index": index, "file": h["file"], "size": h["size"],
-                             "key_groups": kgs,
-                             "operator_state_bytes": (h.get("op_state") or [0, 0])[1]})
-        operators.append({
-            "uid": uid, "parallelism": op["parallelism"],
-            "finished": bool(op.get("finished", False)),
-            "operator_state_mode": op.get("operator_state_mode"),
-            "keyed_states": states, "key_groups": len(groups),
-            "operator_state_bytes": sum(s["operator_state_bytes"] for s in subtasks),
-            "size": sum(s["size"] for s in subtasks), "subtasks": subtasks,
-        })
-    return {
-        "path": fs.redact(location), "kind": meta.get("kind", "checkpoint"),
-        "job_id": meta.get("job_id"), "checkpoint_id": meta["checkpoint_id"],
-        "timestamp": meta.get("timestamp"), "final": bool(meta.get("final", False)),
-        "parallelism": max((o["parallelism"] for o in operators), default=0),
-        "max_parallelism": meta["max_parallelism"], "progress": meta.get("progress"),
-        "size": sum(o["size"] for o in operators),
-        "state_files": sum(1 for o in operators for s in o["subtasks"] if s["file"]),
-        "files": files, "operators": operators,
-    }
-
-
-def _ranges(values: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
-    out: list[str] = []
-    for v in values:
-        if out and int(out[-1].rpartition("-")[2]) == v - 1:
-            out[-1] = f"{out[-1].partition('-')[0]}-{v}"
-        else:
-            out.append(str(v))
-    return ",".join(out)
-
-
-def _savepoint_inspect(path: str, as_json: bool) -> int:
-    d = describe_savepoint(path)
-    if as_json:
-        print(json.dumps(d, indent=2))
-        return 0
-    taken = (time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(d["timestamp"]))
-             if d["timestamp"] else "?")
-    progress = d["progress"] or {}
-    print(f"{d['kind']} {d['path']}")
-    print(f"  job {d['job_id']}, checkpoint {d['checkpoint_id']}"
-          f"{' (final)' if d['final'] else ''}, taken {taken}")
-    print(f"  parallelism {d['parallelism']} (max_parallelism {d['max_parallelism']}: "
-          f"key groups 0-{d['max_parallelism'] - 1})")
-    if progress:
-        print(f"  progress: {progress.get('read', 0):,} records read, "
-              f"{progress.get('written', 0):,} written")
-    print(f"  {_size(d['size'])} in {d['state_files']} state files: "
-          f"{'all present, sizes match' if d['files'] == 'ok' else d['files']}")
-    print()
-    rows = [["OPERATOR", "PARALLELISM", "STATE", "KEY GROUPS", "SIZE"]]
-    for o in d["operators"]:
-        what = [f"keyed {n} ({k})" for n, k in sorted(o["keyed_states"].items())]
-        if o["operator_state_bytes"]:
-            what.append(f"operator state ({o['operator_state_mode']})")
-        rows.append([o["uid"] + (" (finished)" if o["finished"] else ""),
-                     str(o["parallelism"]), ", ".join(what) or "none",
-                     f"{o['key_groups']} non-empty" if o["keyed_states"] else "-",
-                     _size(o["size"])])
-    print(_table(rows))
-    print()
-    rows = [["SUBTASK", "FILE", "SIZE", "KEY GROUPS", "OPERATOR STATE"]]
-    for o in d["operators"]:
-        for s in o["subtasks"]:
-            if s["file"]:
-                rows.append([f"{o['uid']}[{s['index']}]", s["file"], _size(s["size"]),
-                             _ranges(s["key_groups"]) or "-",
-                             _size(s["operator_state_bytes"]) if s["operator_state_bytes"]
-                             else "-"])
-    if len(rows) > 1:
-        print(_table(rows))
     return 0
 
 

@@ -23,7 +23,7 @@ from lockgate import (
     Pipeline,
     TimeDomain,
 )
-from lockgate.cli import describe_savepoint
+from lockgate.cli_savepoint import describe_savepoint
 from lockgate.cluster.result import Progress
 from lockgate.connectors import FileSink, FileSource
 from lockgate.spark import _load_metadata, _read_entries
