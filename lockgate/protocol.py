@@ -325,7 +325,8 @@ _SCHEMAS: dict[type[ControlMessage], list[tuple[str, tuple[type, ...]]]] = {
 def encode_control(message: ControlMessage) -> bytes:
     """``[tag, field, ...]`` as msgpack."""
     values = [getattr(message, name) for name, _ in _SCHEMAS[type(message)]]
-    return msgpack.packb([message.tag, *values], use_bin_type=True)
+    payload: bytes = msgpack.packb([message.tag, *values], use_bin_type=True)
+    return payload
 
 
 def decode_control(payload: bytes) -> ControlMessage:

@@ -113,13 +113,13 @@ class Commands:
                 self.coordinator.final_checkpoint_is_savepoint(target)
                 self.drain_sources()
                 continue
-            n = self.coordinator.trigger(savepoint_dir=target)
-            if n is None:  # a checkpoint is in progress: after it
+            started = self.coordinator.trigger(savepoint_dir=target)
+            if started is None:  # a checkpoint is in progress: after it
                 self._deferred.append(cmd)
                 continue
-            self._savepoint_waiters[n] = cmd.future
+            self._savepoint_waiters[started] = cmd.future
             if cmd.kind == CommandKind.STOP:
-                self._stop_id = n
+                self._stop_id = started
 
     def attempt_failed(self) -> None:
         """A failed attempt aborts savepoints in progress and a drain."""

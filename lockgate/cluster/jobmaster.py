@@ -47,10 +47,11 @@ from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
 from lockgate.cluster.server import ControlServer
+from lockgate.cluster.specs import task_specs
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
 from lockgate.errors import JobFailedError
 from lockgate.graph.jobgraph import JobGraph
-from lockgate.graph.types import OperatorKind, Partitioning
+from lockgate.graph.types import OperatorKind
 from lockgate.protocol import (
     Ack,
     ControlMessage,
@@ -65,7 +66,6 @@ from lockgate.protocol import (
     ToDriver,
 )
 from lockgate.runtime.script_classes import script_classes, script_traceback
-from lockgate.runtime.spec import TaskSpec
 from lockgate.web.serving import attach as serve_rest
 from lockgate.web.serving import resolve_rest
 
@@ -199,7 +199,7 @@ class JobMaster:
                 served.detach()
         latest = self.coordinator.latest
         return JobResult(
-            job_id=self.job_id, status=status.value, guarantee=self.guarantee,
+            job_id=self.job_id, status=status, guarantee=self.guarantee,
             savepoint=self.commands.savepoint_path,
             restarts=len(self.failures), failures=list(self.failures),
             checkpoints=list(self.coordinator.history),
@@ -253,33 +253,6 @@ class JobMaster:
         self.attempt += 1
 
     # ------------------------------------------------------------ attempts
-    def _specs(self) -> list[TaskSpec]:
-        latest = self.coordinator.latest
-        specs = []
-        for v in self.graph.vertices:
-            for i in range(v.parallelism):
-                inputs = [
-                    [self.offsets[e.upstream] + i] if e.partitioning == Partitioning.FORWARD
-                    else [self.offsets[e.upstream] + j for j in range(e.upstream_parallelism)]
-                    for e in v.inputs
-                ]
-                outputs = [[self.offsets[e.downstream] + j for j in range(e.downstream_parallelism)]
-                           for e in v.outputs]
-                specs.append(TaskSpec(
-                    job_id=self.job_id, task_id=self.offsets[v.id] + i, vertex=v, task_index=i,
-                    max_parallelism=self.graph.max_parallelism, attempt=self.attempt,
-                    aligned=self.config.mode == CheckpointingMode.EXACTLY_ONCE,
-                    job_dir=str(self.job_dir), inputs=inputs, outputs=outputs,
-                    restore_dir=str(latest.path) if latest else None,
-                    restore_metadata=latest.metadata if latest else None,
-                    continues_final=latest is not None and latest is self._started_from,
-                    allow_pickle=self.pipeline.allow_pickle,
-                    script_classes=self.script_classes,
-                    batch_size=self.pipeline.batch_size,
-                    faults=list(self.options.fault_injection or []),
-                ))
-        return specs
-
     def _run_attempt(self) -> None:
         n = self.graph.num_tasks
         self.records = {"read": {}, "written": {}}
@@ -288,7 +261,13 @@ class JobMaster:
         self._finished = set()
         self.exit_codes = {}
         self.launcher = make_launcher(self.options.launcher, self.events)
-        self.launcher.start(self._specs(), self.server.address, self.secret)
+        latest = self.coordinator.latest
+        specs = task_specs(
+            self.graph, self.job_id, self.job_dir, self.attempt, self.pipeline,
+            aligned=self.config.mode == CheckpointingMode.EXACTLY_ONCE, restore=latest,
+            continues_final=latest is not None and latest is self._started_from,
+            script_classes=self.script_classes, faults=self.options.fault_injection or [])
+        self.launcher.start(specs, self.server.address, self.secret)
         running = False
         while len(self._finished) < n:
             try:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lockgate.checkpoint.pending import CheckpointKind
 from lockgate.cluster.result import Progress
 from lockgate.config import RestConfig
 from lockgate.errors import PipelineDefinitionError
@@ -48,5 +49,5 @@ class RunOptions:
         return self.from_checkpoint or self.from_savepoint
 
     @property
-    def restore_kind(self) -> str:
-        return "savepoint" if self.from_savepoint else "checkpoint"
+    def restore_kind(self) -> CheckpointKind:
+        return CheckpointKind.SAVEPOINT if self.from_savepoint else CheckpointKind.CHECKPOINT

@@ -310,7 +310,7 @@ def _executor_host() -> str:
 def _take_lease(address: tuple[str, int], secret: bytes,
                 spec: TaskSpec) -> wire.ControlChannel | None:
     sock = wire.connect(address)
-    reader = sock.makefile("rb", buffering=0)
+    reader = wire.reader_of(sock, 0)
     wire.authenticate_client(sock, reader, secret, Hello(
         "lease", spec.job_id, spec.attempt, spec.task_id, os.getpid(), spec.bind_host))
     channel = wire.ControlChannel(sock, reader)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.coordinator import CompletedCheckpoint
+from lockgate.checkpoint.pending import CheckpointKind
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import check_sink_locations
@@ -105,7 +106,8 @@ def check_picklable(graph: JobGraph) -> None:
 
 def load_checkpoint(path: str, graph: JobGraph,
                     allow_non_restored_state: bool = False,
-                    job_name: str | None = None, kind: str = "checkpoint") -> CompletedCheckpoint:
+                    job_name: str | None = None,
+                    kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> CompletedCheckpoint:
     """Read a checkpoint or savepoint a job starts from and check it fits the job.
 
     State of an operator uid the job no longer has is refused, unless

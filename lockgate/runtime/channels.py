@@ -45,7 +45,7 @@ def connect_outputs(spec: TaskSpec, peers: dict[int, Address],
                 socks.append(None)
                 continue
             sock = wire.connect(peers[target])
-            reader = sock.makefile("rb", buffering=0)
+            reader = wire.reader_of(sock, 0)
             wire.authenticate_client(sock, reader, secret, hello)
             socks.append(sock)
         writers.append(OutputEdgeWriter(edge, socks, spec.task_index,
@@ -80,7 +80,7 @@ class InputChannels:
             while pending:
                 sock, _ = listener.accept()
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader = sock.makefile("rb", buffering=1 << 20)
+                reader = wire.reader_of(sock, 1 << 20)
                 hello = wire.authenticate_server(sock, reader, self.secret)
                 if (hello.role != "data" or hello.job != spec.job_id
                         or hello.attempt != spec.attempt or hello.task not in pending):

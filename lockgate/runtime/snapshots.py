@@ -127,7 +127,7 @@ class SnapshotWriter:
 
         def write(out: ChecksumWriter) -> None:
             if snap.keyed is not None:
-                handle.update(snap.keyed.write(out))  # type: ignore[arg-type]
+                handle.update(snap.keyed.write(out))
             if snap.operator_state:
                 blob = self.serializer.dumps(snap.operator_state)
                 handle["op_state"] = [out.tell(), len(blob)]

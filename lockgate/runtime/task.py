@@ -63,6 +63,7 @@ from lockgate.protocol import (
 )
 from lockgate.runtime import channels, wire
 from lockgate.runtime.barriers import AbortReason, BarrierHandler
+from lockgate.runtime.chain import OperatorChain
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.mailbox import CONTROL, Mailbox
 from lockgate.runtime.operators import OPERATORS, SourceOperator, StreamOperator
@@ -70,7 +71,6 @@ from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.script_classes import register_script_classes
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
-from lockgate.runtime.timers import processing_time
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.serde import StateSerializer
 
@@ -103,13 +103,8 @@ class Task:
         self.drained = False
         """The input ended by ``stop --drain``, not exhausted: a job resumed from
         the final savepoint reads on, so nothing is recorded as finished."""
-        self.skipped: set[str] = set()
-        """Operators restored as finished (FLIP-147): they read nothing, and
-        ``end_input``/``finish`` do not run again."""
         self.valve = WatermarkValve(len(self.channels), now=time.monotonic())
         self.done = False
-        self.records_in = 0
-        self.records_out = 0
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
@@ -119,10 +114,11 @@ class Task:
             self._connect_control(listener.getsockname()[1] if listener else 0)
             # Step 2. Open operators and restore their state.
             self._open_operators()
-            self.skipped = restore_operators(self.spec, self.ops, self.serializer)
+            skipped = restore_operators(self.spec, self.ops, self.serializer)
             # Step 3. Wire the channels of this attempt.
             peers = self._await_start()
             self.outputs = channels.connect_outputs(self.spec, peers, self.secret)
+            self.chain.start(self.outputs, skipped)
             if listener is not None:
                 self.inputs.accept(listener)
                 self._await_inputs()
@@ -146,7 +142,7 @@ class Task:
     def _connect_control(self, data_port: int) -> None:
         spec = self.spec
         sock = wire.connect(self.coordinator)
-        reader = sock.makefile("rb", buffering=65536)
+        reader = wire.reader_of(sock, 65536)
         wire.authenticate_client(sock, reader, self.secret,
                                  Hello("task", spec.job_id, spec.attempt, spec.task_id))
         self.control = wire.ControlChannel(sock, reader)
@@ -171,8 +167,8 @@ class Task:
             op = OPERATORS[op_spec.kind](op_spec, info)
             op.open(self.serializer)
             self.ops.append(op)
-        self.source = self.ops[0] if isinstance(self.ops[0], SourceOperator) else None
-        self.chain = self.ops[1:] if self.source else self.ops
+        self.chain = OperatorChain(spec, self.ops, self.faults)
+        self.source = self.chain.source
         watermarks = self.source.spec.watermarks if self.source else None
         if watermarks is not None:
             self.valve.interval = watermarks.interval
@@ -199,11 +195,13 @@ class Task:
     def _loop(self) -> None:
         mailbox = self.mailbox
         outputs = self.outputs
-        self._timed = [i for i, op in enumerate(self.chain)
-                       if op.has_processing_timers and op.uid not in self.skipped]
-        timers = self._fire_processing_timers if self._timed else None
+        timers = self.chain.has_processing_timers
         while not self.done:
-            wait = timers() if timers is not None else 1.0
+            # Once the input ended, no processing-time timer fires any more
+            # (FLIP-147, as in Flink: the clock has not reached them, and
+            # finish() came first).
+            wait = (self.chain.fire_processing_timers() if timers and not self.reached_end
+                    else 1.0)
             if self.source is not None and not self.reached_end:
                 msg = mailbox.take_control()
                 if msg is not None:
@@ -221,13 +219,12 @@ class Task:
             self._on_item(*item)
 
     def _poll_source(self, source: SourceOperator) -> None:
-        batch = None if source.uid in self.skipped else source.poll(self.spec.batch_size)
+        batch = None if source.uid in self.chain.skipped else source.poll(self.spec.batch_size)
         if batch is None:
             self._end_of_input()
             return
         if batch:
-            self.records_in += len(batch)
-            self._run_chain(batch, self.chain)
+            self.chain.process(batch)
         if source.spec.watermarks is not None:
             self._source_watermark(source, batch)  # also periodic emission, idleness
         if not batch:
@@ -236,28 +233,6 @@ class Task:
             if item is not None:
                 self._on_item(*item)
 
-    def _fire_processing_timers(self) -> float:
-        """Fire the processing-time timers that are due (their output flows
-        through the rest of the chain); returns the seconds until the next one.
-        Once the input ended, none fires any more (FLIP-147, as in Flink: the
-        clock has not reached them, and finish() came first)."""
-        if self.reached_end:
-            return 1.0
-        now = processing_time()
-        wait = 1.0
-        chain = self.chain
-        for i in self._timed:
-            op = chain[i]
-            due = op.next_processing_timer()
-            if due is not None and due <= now:
-                fired = op.process_processing_time(now)
-                if fired:
-                    self._run_chain(fired, chain[i + 1:])
-                due = op.next_processing_timer()
-            if due is not None:
-                wait = min(wait, max(due - now, 0) / 1000)
-        return wait
-
     def _on_item(self, ch: int, item: StreamElement | ControlMessage) -> None:
         if ch == CONTROL:
             assert isinstance(item, ControlMessage)
@@ -265,8 +240,7 @@ class Task:
             return
         match item:
             case Batch(records):
-                self.records_in += len(records)
-                self._run_chain(records, self.chain)
+                self.chain.process(records)
             case Barrier(checkpoint_id):
                 if self.spec.aligned and len(self.barriers.live) > 1:
                     self.faults.hit("alignment")
@@ -289,36 +263,6 @@ class Task:
                 if not self.done:
                     raise ConnectionError(
                         f"input channel from task {self.channels[ch]} broke: {reason}")
-
-    def _run_chain(self, batch: list[Any], ops: list[StreamOperator]) -> None:
-        given = batch
-        for op in ops:
-            try:
-                batch = op.process(batch)
-            except LockgateError:
-                raise
-            except Exception as e:
-                error = UserFunctionError(f"operator {op.uid!r} raised {type(e).__name__}: {e}")
-                error.where = self._input_position(given)
-                raise error from e
-            if not batch:
-                return
-        self.faults.hit("batch")
-        self.records_out += len(batch)
-        for out in self.outputs:
-            out.add(batch)
-
-    def _input_position(self, batch: list[Any]) -> str:
-        """Where in this task's input ``batch`` was (for a user function's error):
-        records are processed a batch at a time, so the batch is named."""
-        last = self.records_in
-        first = repr(batch[0]) if batch else "-"
-        if len(first) > 200:
-            first = first[:200] + "..."
-        return (f"a batch of {len(batch)} records, input records {last - len(batch) + 1:,}.."
-                f"{last:,} of task {self.spec.vertex.name} ({self.spec.task_index + 1}/"
-                f"{self.spec.vertex.parallelism}) in attempt {self.spec.attempt}; "
-                f"its first record: {first}")
 
     # ------------------------------------------------------------ event time
     def _source_watermark(self, source: SourceOperator, batch: list[Any]) -> None:
@@ -344,11 +288,7 @@ class Task:
         downstream leaves this task out of their watermarks until its next."""
         for element in emitted:
             if isinstance(element, Watermark):
-                chain = self.chain
-                for i, op in enumerate(chain):
-                    fired = op.process_watermark(element.timestamp)
-                    if fired:
-                        self._run_chain(fired, chain[i + 1:])
+                self.chain.advance(element.timestamp)
             for out in self.outputs:
                 out.broadcast(element)
 
@@ -359,13 +299,7 @@ class Task:
         EndOfData downstream; the coordinator's final checkpoint follows."""
         if self.valve.watermark < MAX_WATERMARK:
             self._apply(self.valve.advance(MAX_WATERMARK))
-        ops = self.ops
-        for i, op in enumerate(ops):
-            if op.uid in self.skipped:
-                continue  # it finished before the checkpoint this attempt restored
-            tail = op.end_input() + op.finish()
-            if tail:
-                self._run_chain(tail, ops[i + 1:])
+        self.chain.end_input()
         self._flush_all()
         for out in self.outputs:
             out.broadcast(EndOfData(self.drained))
@@ -412,8 +346,8 @@ class Task:
 
     def _counts(self) -> tuple[int, int]:
         """Records this task read from its source and wrote to its sinks."""
-        return (self.records_in if self.source is not None else 0,
-                sum(getattr(op, "written", 0) for op in self.ops))
+        return (self.chain.records_in if self.source is not None else 0,
+                self.chain.written())
 
     # ------------------------------------ barrier handler's controller role
     def block(self, channel: int) -> None:

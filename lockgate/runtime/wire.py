@@ -20,7 +20,7 @@ import struct
 import threading
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import msgpack
 
@@ -112,7 +112,7 @@ def serve_connections(
 
     def serve(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reader = sock.makefile("rb", buffering=buffering)
+        reader = reader_of(sock, buffering)
         try:
             hello = authenticate_server(sock, reader, secret)
         except (AuthenticationError, OSError, EOFError, ValueError) as e:
@@ -168,7 +168,8 @@ def encode_batch(records: list[Any]) -> bytes:
 
 
 def decode_batch(payload: bytes) -> list[Any]:
-    return pickle.loads(payload)
+    records: list[Any] = pickle.loads(payload)
+    return records
 
 
 def element_frame(element: StreamElement) -> tuple[Frame, bytes]:
@@ -203,7 +204,7 @@ def decode_element(kind: int, payload: bytes) -> StreamElement:
             and _is_int(value[0]) and isinstance(value[1], str) \
             and isinstance(value[2], int | float):
         return Barrier(value[0], value[1], value[2])
-    if kind == Frame.CANCEL_BARRIER and _is_int(value):
+    if kind == Frame.CANCEL_BARRIER and isinstance(value, int) and not isinstance(value, bool):
         return CancelBarrier(value)
     if kind == Frame.WATERMARK and isinstance(value, int | float) \
             and not isinstance(value, bool):
@@ -219,6 +220,11 @@ def decode_element(kind: int, payload: bytes) -> StreamElement:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def reader_of(sock: socket.socket, buffering: int) -> BinaryIO:
+    """A file to read ``sock`` with (``buffering`` 0: unbuffered)."""
+    return cast(BinaryIO, sock.makefile("rb", buffering=buffering))
 
 
 def connect(address: tuple[str, int], timeout: float = 10.0) -> socket.socket:

@@ -1,0 +1,45 @@
+"""What each task of an attempt is started with: its :class:`TaskSpec`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lockgate.checkpoint.coordinator import CompletedCheckpoint
+from lockgate.graph.jobgraph import JobGraph
+from lockgate.graph.types import Partitioning
+from lockgate.runtime.spec import TaskSpec
+
+if TYPE_CHECKING:
+    from lockgate.api.pipeline import Pipeline
+
+
+def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipeline: Pipeline,
+               *, aligned: bool, restore: CompletedCheckpoint | None, continues_final: bool,
+               script_classes: list[type], faults: list[dict[str, Any]]) -> list[TaskSpec]:
+    """One spec per task, numbered globally (``graph.task_offsets()``): its
+    vertex and subtask index, the global numbers of the tasks on each of its
+    input and output edges, and the checkpoint it restores (``restore``)."""
+    offsets = graph.task_offsets()
+    specs = []
+    for v in graph.vertices:
+        for i in range(v.parallelism):
+            inputs = [
+                [offsets[e.upstream] + i] if e.partitioning == Partitioning.FORWARD
+                else [offsets[e.upstream] + j for j in range(e.upstream_parallelism)]
+                for e in v.inputs
+            ]
+            outputs = [[offsets[e.downstream] + j for j in range(e.downstream_parallelism)]
+                       for e in v.outputs]
+            specs.append(TaskSpec(
+                job_id=job_id, task_id=offsets[v.id] + i, vertex=v, task_index=i,
+                max_parallelism=graph.max_parallelism, attempt=attempt, aligned=aligned,
+                job_dir=str(job_dir), inputs=inputs, outputs=outputs,
+                restore_dir=str(restore.path) if restore else None,
+                restore_metadata=restore.metadata if restore else None,
+                continues_final=continues_final,
+                allow_pickle=pipeline.allow_pickle,
+                script_classes=script_classes,
+                batch_size=pipeline.batch_size,
+                faults=list(faults),
+            ))
+    return specs

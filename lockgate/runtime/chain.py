@@ -1,0 +1,125 @@
+"""The operators of one task, called as plain functions (a chain).
+
+A batch flows through the operators in order and what comes out of the last
+goes to the task's output edges. Timers fire between batches: event-time
+timers when the task's watermark advances (:meth:`OperatorChain.advance`),
+processing-time timers when they are due (:meth:`fire_processing_timers`);
+what a timer emits flows through the rest of the chain. A user function's
+error names the operator and the input batch it was processing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lockgate.errors import LockgateError, UserFunctionError
+from lockgate.runtime.faults import FaultInjector
+from lockgate.runtime.operators import SourceOperator, StreamOperator
+from lockgate.runtime.output import OutputEdgeWriter
+from lockgate.runtime.spec import TaskSpec
+from lockgate.runtime.timers import processing_time
+
+
+class OperatorChain:
+    def __init__(self, spec: TaskSpec, ops: list[StreamOperator], faults: FaultInjector) -> None:
+        self.spec = spec
+        self.ops = ops
+        self.source = ops[0] if isinstance(ops[0], SourceOperator) else None
+        self.chain = ops[1:] if self.source else ops
+        """The operators a record read (from the source or a channel) goes through."""
+        self.faults = faults
+        self.outputs: list[OutputEdgeWriter] = []
+        self.skipped: set[str] = set()
+        """Operators restored as finished (FLIP-147): they read nothing, and
+        ``end_input``/``finish`` do not run again."""
+        self.records_in = 0
+        self.records_out = 0
+        self._timed: list[int] = []
+
+    def start(self, outputs: list[OutputEdgeWriter], skipped: set[str]) -> None:
+        self.outputs = outputs
+        self.skipped = skipped
+        self._timed = [i for i, op in enumerate(self.chain)
+                       if op.has_processing_timers and op.uid not in skipped]
+
+    @property
+    def has_processing_timers(self) -> bool:
+        return bool(self._timed)
+
+    def process(self, batch: list[Any]) -> None:
+        """A batch of this task's input."""
+        self.records_in += len(batch)
+        self.run(batch, self.chain)
+
+    def run(self, batch: list[Any], ops: list[StreamOperator]) -> None:
+        """``batch`` through ``ops`` (the rest of the chain), then out."""
+        given = batch
+        for op in ops:
+            try:
+                batch = op.process(batch)
+            except LockgateError:
+                raise
+            except Exception as e:
+                error = UserFunctionError(f"operator {op.uid!r} raised {type(e).__name__}: {e}")
+                error.where = self.input_position(given)
+                raise error from e
+            if not batch:
+                return
+        self.faults.hit("batch")
+        self.records_out += len(batch)
+        for out in self.outputs:
+            out.add(batch)
+
+    def input_position(self, batch: list[Any]) -> str:
+        """Where in this task's input ``batch`` was (for a user function's error):
+        records are processed a batch at a time, so the batch is named."""
+        last = self.records_in
+        first = repr(batch[0]) if batch else "-"
+        if len(first) > 200:
+            first = first[:200] + "..."
+        spec = self.spec
+        return (f"a batch of {len(batch)} records, input records {last - len(batch) + 1:,}.."
+                f"{last:,} of task {spec.vertex.name} ({spec.task_index + 1}/"
+                f"{spec.vertex.parallelism}) in attempt {spec.attempt}; "
+                f"its first record: {first}")
+
+    def advance(self, watermark: float) -> None:
+        """Event time advanced: every operator fires its due event-time timers."""
+        chain = self.chain
+        for i, op in enumerate(chain):
+            fired = op.process_watermark(watermark)
+            if fired:
+                self.run(fired, chain[i + 1:])
+
+    def fire_processing_timers(self) -> float:
+        """Fire the processing-time timers that are due; returns the seconds
+        until the next one (at most 1)."""
+        now = processing_time()
+        wait = 1.0
+        chain = self.chain
+        for i in self._timed:
+            op = chain[i]
+            due = op.next_processing_timer()
+            if due is not None and due <= now:
+                fired = op.process_processing_time(now)
+                if fired:
+                    self.run(fired, chain[i + 1:])
+                due = op.next_processing_timer()
+            if due is not None:
+                wait = min(wait, max(due - now, 0) / 1000)
+        return wait
+
+    def end_input(self) -> None:
+        """``end_input`` then ``finish`` every operator in chain order (each
+        one's last output flows through the rest), but those restored as finished."""
+        ops = self.ops
+        for i, op in enumerate(ops):
+            if op.uid in self.skipped:
+                continue  # it finished before the checkpoint this attempt restored
+            tail = op.end_input() + op.finish()
+            if tail:
+                self.run(tail, ops[i + 1:])
+
+    def written(self) -> int:
+        """Records this task's sinks wrote."""
+        return sum(getattr(op, "written", 0) for op in self.ops)
