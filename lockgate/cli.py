@@ -65,22 +65,22 @@ def _run(args: argparse.Namespace) -> int:
               f"{p.records_read:,} records read, {p.records_written:,} written, "
               f"{p.restarts} restarts", file=sys.stderr, flush=True)
 
-    from lockgate.cluster.jobmaster import prepare_job
+    from lockgate.cluster.options import RunOptions
+    from lockgate.cluster.submission import prepare_job
 
     # validated (pipeline, checkpoint or savepoint, Spark slots) before it says it starts
-    master, guarantee = prepare_job(
-        pipeline, **pipeline._run_args({
-            "launcher": args.launcher, "from_checkpoint": args.from_checkpoint,
-            "from_savepoint": args.from_savepoint,
-            "allow_non_restored_state": args.allow_non_restored_state,
-            "on_progress": None if args.quiet else progress, "master": args.master}))
+    master = prepare_job(pipeline, RunOptions(
+        launcher=args.launcher, from_checkpoint=args.from_checkpoint,
+        from_savepoint=args.from_savepoint,
+        allow_non_restored_state=args.allow_non_restored_state,
+        on_progress=None if args.quiet else progress, master=args.master))
     job_id = master.job_id
     if not args.quiet:
         control = (f"; control it with `lockgate savepoint|stop|cancel|checkpoints {job_id}`"
-                   if master.options.rest is not None else "")
+                   if master.rest is not None else "")
         print(f"job {job_id} starts ({master.graph.num_tasks} tasks, guarantee "
-              f"{guarantee.replace('_', '-')}){control}", file=sys.stderr, flush=True)
-    result = master.run(guarantee)
+              f"{master.guarantee.replace('_', '-')}){control}", file=sys.stderr, flush=True)
+    result = master.run()
     done = len(result.completed_checkpoints)
     print(f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
           f"{result.records_in} records in, {result.records_out} out, "
