@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "is_url", "is_local", "local_path", "is_object_store", "resolve", "join", "parent",
-    "basename", "absolute", "redact", "explain", "exists", "is_dir", "is_file", "listdir",
+    "basename", "absolute", "redact", "exists", "is_dir", "is_file", "listdir",
     "list_sizes", "walk_files", "makedirs", "open_write", "finish_write", "write_atomic",
     "read_bytes", "open_read", "remove", "rmtree", "move", "sync_dir",
 ]
@@ -182,36 +182,6 @@ def is_object_store(location: Location) -> bool:
     if is_local(location):
         return False
     return resolve(location)[0].type_name in _OBJECT_STORES
-
-
-def explain(error: BaseException, location: Location) -> str:
-    """A sentence naming the likely fix of an I/O ``error`` at ``location``."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    low = text.lower()
-    loc = redact(location)
-    if "libjvm" in low or "libhdfs" in low:
-        return (f"{loc!r}: HDFS cannot be loaded here ({text}); pyarrow needs a JVM and "
-                "libhdfs on every machine: set JAVA_HOME, HADOOP_HOME and "
-                "CLASSPATH=$(hadoop classpath --glob)")
-    if is_local(location):
-        return (f"{loc!r}: {text}; choose a folder this process can create and write, "
-                "or fix its permissions")
-    if "bucket" in low and ("not found" in low or "does not exist" in low
-                            or "nosuchbucket" in low):
-        bucket = urlsplit(os.fspath(location)).hostname or "?"
-        return (f"{loc!r}: the bucket {bucket!r} does not exist ({text}); create it first "
-                f"(e.g. `aws s3 mb s3://{bucket}`) or fix the URL")
-    if any(w in low for w in ("couldn't connect", "could not connect", "connection refused",
-                              "resolve host", "timed out", "timeout", "network", "curl")):
-        return (f"{loc!r} cannot be reached ({text}); check the endpoint "
-                "(?endpoint_override=HOST:PORT&scheme=http|https or AWS_ENDPOINT_URL) and "
-                "that every executor can reach it")
-    if any(w in low for w in ("access denied", "accessdenied", "forbidden", "credentials",
-                              "signature", "invalidaccesskeyid", "403")):
-        return (f"{loc!r}: access denied ({text}); give credentials that may write there "
-                "(s3://KEY:SECRET@bucket/... or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY on "
-                "every executor)")
-    return f"{loc!r}: {text}; check the URL, the endpoint and the credentials"
 
 
 # --------------------------------------------------------------------- I/O

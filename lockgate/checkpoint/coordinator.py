@@ -26,8 +26,10 @@ from lockgate.checkpoint.pending import (
     build_metadata,
     checkpoints_to_discard,
 )
+from lockgate.checkpoint.restore import OperatorStateMode
 from lockgate.config import CheckpointConfig
 from lockgate.errors import LockgateError
+from lockgate.fs_explain import explain
 from lockgate.protocol import (
     ControlMessage,
     Finish,
@@ -86,7 +88,7 @@ class CheckpointCoordinator:
         job_dir: str | os.PathLike[str],
         config: CheckpointConfig,
         operator_parallelism: dict[str, int],
-        operator_modes: dict[str, str],
+        operator_modes: dict[str, OperatorStateMode],
         max_parallelism: int,
         send: Callable[[int, int, ControlMessage], None],
         clock: Callable[[], float] = time.monotonic,
@@ -251,7 +253,7 @@ class CheckpointCoordinator:
             except OSError as e:  # disk full, permissions, a flaky object store
                 # the checkpoint never existed: declined, counted, the job goes on
                 self._abort(CheckpointAbortReason.DECLINED,
-                            detail=f"its _metadata could not be written: {fs.explain(e, chk)}")
+                            detail=f"its _metadata could not be written: {explain(e, chk)}")
                 return
         self.pending = None
         now = self.clock()

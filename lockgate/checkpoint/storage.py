@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from lockgate import fs
 from lockgate.checkpoint.pending import CheckpointKind
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
+from lockgate.fs_explain import explain
 from lockgate.untrusted import plain_name
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def prepare_job_dir(storage: Location, job_id: str) -> str:
         fs.remove(probe)
     except (OSError, ValueError) as e:
         raise ConfigurationError(
-            f"checkpoint storage {fs.explain(e, job_dir)}"
+            f"checkpoint storage {explain(e, job_dir)}"
         ) from e
     return job_dir
 
@@ -128,7 +129,7 @@ def read_metadata(chk_dir: Location,
             f"restored{hint}"
         ) from None
     except (OSError, ValueError) as e:
-        raise ConfigurationError(f"cannot read checkpoint {fs.explain(e, chk)}") from e
+        raise ConfigurationError(f"cannot read checkpoint {explain(e, chk)}") from e
     shown = fs.redact(path)
     try:
         meta = json.loads(raw)

@@ -31,6 +31,7 @@ from lockgate.checkpoint.coordinator import (
     CheckpointFailureError,
     CompletedCheckpoint,
 )
+from lockgate.checkpoint.restore import OperatorStateMode
 from lockgate.cluster.commands import Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
@@ -102,9 +103,10 @@ class JobMaster:
         }
         self.source_tasks = [self.offsets[v.id] + i for v in graph.vertices if v.is_source
                              for i in range(v.parallelism)]
-        modes = {op.uid: ("union" if op.kind == OperatorKind.SINK
-                          else getattr(op.fn, "operator_state_mode", "split"))
-                 for op in graph.operators()}
+        modes = {op.uid: OperatorStateMode(
+            OperatorStateMode.UNION if op.kind == OperatorKind.SINK
+            else getattr(op.fn, "operator_state_mode", OperatorStateMode.SPLIT))
+            for op in graph.operators()}
         self.server = ControlServer(self.secret, self.job_id, self.events,
                                     host=options.bind_host)
         self.coordinator = CheckpointCoordinator(

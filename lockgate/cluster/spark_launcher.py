@@ -303,7 +303,7 @@ def _executor_host() -> str:
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
-    address = ctx.getTaskInfos()[ctx.partitionId()].address
+    address = str(ctx.getTaskInfos()[ctx.partitionId()].address)
     return address.rsplit(":", 1)[0]
 
 

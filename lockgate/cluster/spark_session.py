@@ -147,7 +147,7 @@ def task_slots(sc: Any) -> int:
         return int(jsc.maxNumConcurrentTasks(profile))
     except Exception:  # noqa: BLE001 - a private Spark API: fall back to the public one
         cpus = int(sc.getConf().get("spark.task.cpus", "1"))
-        return sc.defaultParallelism // max(cpus, 1)
+        return int(sc.defaultParallelism) // max(cpus, 1)
 
 
 def check_slots(sc: Any, num_tasks: int) -> None:

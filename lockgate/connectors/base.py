@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from lockgate.checkpoint.restore import OperatorStateMode
+
 T = TypeVar("T")
 
 __all__ = ["TaskInfo", "Source", "SourceReader", "Sink", "SinkWriter"]
@@ -75,7 +77,7 @@ class Source(ABC, Generic[T]):
 
     replayable: bool = True
     bounded: bool = True
-    operator_state_mode: str = "split"
+    operator_state_mode: OperatorStateMode = OperatorStateMode.SPLIT
 
     def validate(self) -> None:  # noqa: B027 - optional hook
         """Called in the driver before the job starts: raise a LockgateError

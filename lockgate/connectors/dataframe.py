@@ -46,6 +46,7 @@ import uuid
 from typing import Any
 
 from lockgate import fs
+from lockgate.checkpoint.restore import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.connectors.filesource import FileSource, FileSourceReader
 from lockgate.errors import ConfigurationError, LockgateError, PipelineDefinitionError
@@ -193,7 +194,7 @@ class DataFrameSource(Source[dict[str, Any]]):
 
     replayable = True
     bounded = True
-    operator_state_mode = "union"  # the file source's per-file entries
+    operator_state_mode = OperatorStateMode.UNION  # the file source's per-file entries
 
     def __init__(self, df: Any, *, spark: Any = None) -> None:
         """``df``: a pyspark DataFrame, or a table name (with ``spark``, the

@@ -46,6 +46,7 @@ from lockgate.errors import (
     OutputLostError,
     SavepointMismatchError,
 )
+from lockgate.fs_explain import explain
 
 __all__ = ["FileSink", "FileSinkWriter", "FileTxn", "ensure_writable_dir"]
 
@@ -80,7 +81,7 @@ def ensure_writable_dir(folder: str, probe_name: str) -> None:
         fs.remove(probe)
     except (OSError, ValueError) as e:
         raise ConfigurationError(
-            f"file sink folder {fs.explain(e, folder)}") from e
+            f"file sink folder {explain(e, folder)}") from e
 
 
 _SINK_FORMATS: dict[str, type[RecordFormat]] = {"jsonl": JsonlFormat, "parquet": ParquetFormat}

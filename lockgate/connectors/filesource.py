@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from lockgate import fs
+from lockgate.checkpoint.restore import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.errors import LockgateError
 from lockgate.untrusted import relative_path
@@ -360,7 +361,8 @@ class FileSource(Source[Any]):
     ``poll_interval`` seconds)."""
 
     replayable = True
-    operator_state_mode = "union"  # entries are per file; each task keeps the files it owns
+    # entries are per file; each task keeps the files it owns
+    operator_state_mode = OperatorStateMode.UNION
 
     def __init__(
         self, path: str, format: str = "jsonl", watch: bool = False, poll_interval: float = 1.0

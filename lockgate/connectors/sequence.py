@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lockgate.checkpoint.restore import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.errors import LockgateError
 
@@ -27,7 +28,7 @@ class SequenceSource(Source[int]):
     """
 
     replayable = True
-    operator_state_mode = "union"  # every task sees every split and takes its share
+    operator_state_mode = OperatorStateMode.UNION  # every task sees every split and takes its share
 
     def __init__(self, start: int, end: int | None = None, *, rate: float | None = None) -> None:
         if end is not None and end < start:

@@ -13,6 +13,7 @@ from typing import Any
 
 from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
 from lockgate.api.watermarks import TimeDomain, TimerService
+from lockgate.checkpoint.restore import OperatorStateMode
 from lockgate.connectors.base import SinkWriter, TaskInfo
 from lockgate.errors import LockgateError, PipelineDefinitionError, UserFunctionError
 from lockgate.graph.jobgraph import OperatorSpec
@@ -44,7 +45,7 @@ class StreamOperator:
     """Base of the runtime operators. ``process`` maps a batch to a batch."""
 
     keyed = False
-    operator_state_mode = "split"  # how entries are redistributed: split | union
+    operator_state_mode = OperatorStateMode.SPLIT  # how entries are redistributed
     has_processing_timers = False
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
@@ -214,21 +215,24 @@ class _Context(RuntimeContext):
         return self._op.timers
 
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
-        return self._state(descriptor, ValueStateDescriptor)
+        state: ValueState = self._state(descriptor, ValueStateDescriptor)
+        return state
 
     def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
-        return self._state(descriptor, ListStateDescriptor)
+        state: ListState = self._state(descriptor, ListStateDescriptor)
+        return state
 
     def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
-        return self._state(descriptor, MapStateDescriptor)
+        state: MapState = self._state(descriptor, MapStateDescriptor)
+        return state
 
-    def _state(self, descriptor: Any, expected: type) -> Any:
+    def _state(self, descriptor: object, expected: type) -> Any:
         if not isinstance(descriptor, expected):
             raise PipelineDefinitionError(
                 f"expected a {expected.__name__}, got {type(descriptor).__name__}"
             )
         assert self._op.backend is not None
-        return self._op.backend.get_state(descriptor)
+        return self._op.backend.get_state(descriptor)  # type: ignore[call-overload]
 
 
 @contextmanager
@@ -312,7 +316,7 @@ class SinkOperator(StreamOperator):
     """Hands batches to the sink's writer; its state is the writer's pre-committed
     transactions, unioned over all tasks on restore."""
 
-    operator_state_mode = "union"
+    operator_state_mode = OperatorStateMode.UNION
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
         super().__init__(spec, info)
@@ -368,7 +372,8 @@ class SourceOperator(StreamOperator):
         self.reader.restore(entries)
 
     def poll(self, max_records: int) -> list[Any] | None:
-        return self.reader.poll(max_records)
+        batch: list[Any] | None = self.reader.poll(max_records)
+        return batch
 
     def process(self, batch: list[Any]) -> list[Any]:
         return batch

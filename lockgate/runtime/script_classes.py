@@ -109,6 +109,7 @@ def _walk(*roots: Any) -> tuple[list[type], list[types.FunctionType]]:
                 todo.extend(obj.__bases__)
         elif isinstance(obj, (types.FunctionType, types.MethodType)):
             fn = obj.__func__ if isinstance(obj, types.MethodType) else obj
+            assert isinstance(fn, types.FunctionType)
             if isinstance(obj, types.MethodType):
                 todo.append(obj.__self__)
             if _of_script(fn.__module__):

@@ -102,7 +102,7 @@ class _TimerQueue:
 
 def _timestamp(value: Any) -> int:
     """A timer's timestamp as an int (numpy's integers too), or a clear error."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral):
         return int(value)
     raise TypeError(f"a timer's timestamp must be an integer (event time in your unit, "
                     f"processing time in ms since the epoch), got {type(value).__name__} "

@@ -11,6 +11,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from lockgate import fs
+from lockgate.fs_explain import explain
 
 S3 = "s3://KEY:SECRET@bkt/pre/fix?endpoint_override=127.0.0.1:9&scheme=http&region=eu-west-3"
 
@@ -76,11 +77,11 @@ def test_secrets_are_redacted_from_messages() -> None:
 def test_explain_names_the_fix() -> None:
     err = OSError("AWS Error NO_SUCH_BUCKET during PutObject operation: The specified bucket "
                   "does not exist")
-    text = fs.explain(err, S3)
+    text = explain(err, S3)
     assert "bucket 'bkt' does not exist" in text and "SECRET" not in text
-    text = fs.explain(OSError("curlCode: 7, Could not connect to server"), S3)
+    text = explain(OSError("curlCode: 7, Could not connect to server"), S3)
     assert "endpoint_override" in text and "cannot be reached" in text
-    text = fs.explain(ValueError("Unable to load libjvm\ndlopen(/usr/lib/jvm...) failed"),
+    text = explain(ValueError("Unable to load libjvm\ndlopen(/usr/lib/jvm...) failed"),
                       "hdfs://nn:8020/chk")
     assert "HADOOP_HOME" in text and "dlopen" not in text
 
