@@ -46,6 +46,8 @@ class OutputEdge:
     key_selector: Any = None
     downstream_uid: str = ""
     """The uid of the operator the edge leads to (whose key selector it applies)."""
+    upstream_uid: str = ""
+    """The uid of the operator whose records the edge carries (the last of its chain)."""
 
 
 @dataclass
@@ -155,6 +157,7 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
             part = n.partitioning
             if part == Partitioning.FORWARD and uv.parallelism != v.parallelism:
                 part = Partitioning.REBALANCE
-            uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector, spec.uid))
+            uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector, spec.uid,
+                                          uids[up.id][0]))
             v.inputs.append(InputEdge(uv.id, uv.parallelism, part))
     return JobGraph(pipeline.name, pipeline.max_parallelism, vertices)

@@ -72,7 +72,34 @@ class OutputEdgeWriter:
         self.buffers[i] = []
         sock = self.sockets[i]
         assert sock is not None
-        wire.send_frame(sock, Frame.BATCH, wire.encode_batch(records))
+        try:
+            payload = wire.encode_batch(records)
+        except Exception as e:  # noqa: BLE001 - pickle raises TypeError, PicklingError, ...
+            raise self._unsendable(records, i, e) from e
+        wire.send_frame(sock, Frame.BATCH, payload)
+
+    def _unsendable(self, records: list[Any], i: int, error: Exception) -> UserFunctionError:
+        """The error of a batch that cannot be pickled: it names the operator
+        that emitted it, pickle's reason and the first record that fails.
+        Not fatal: the job restarts by its strategy (which backs off when the
+        same error repeats), as after any other user function's error."""
+        edge = self.edge
+        failed = UserFunctionError(
+            f"operator {edge.upstream_uid!r} emitted a record that cannot be sent to the "
+            f"next task: {type(error).__name__}: {error}")
+        culprit = next(((n, r) for n, r in enumerate(records) if not _picklable(r)), None)
+        to = (f"operator {edge.downstream_uid!r} (task {i + 1}/"
+              f"{edge.downstream_parallelism})")
+        if culprit is None:
+            failed.where = f"a batch of {len(records)} records on its way to {to}"
+        else:
+            n, record = culprit
+            shown = repr(record)
+            if len(shown) > 200:
+                shown = shown[:200] + "..."
+            failed.where = (f"record {n + 1} of a batch of {len(records)} on its way to "
+                            f"{to}: {shown}")
+        return failed
 
     def flush(self) -> None:
         for i, b in enumerate(self.buffers):
@@ -99,3 +126,11 @@ class OutputEdgeWriter:
                     sock.close()
                 except OSError:
                     pass
+
+
+def _picklable(record: Any) -> bool:
+    try:
+        wire.encode_batch([record])
+    except Exception:  # noqa: BLE001 - whatever pickle raises
+        return False
+    return True
