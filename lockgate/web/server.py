@@ -44,7 +44,7 @@ BACKLOG = 128
 """Connections the kernel holds for the server before it accepts them."""
 WORKERS = 16
 """Threads that answer requests."""
-QUEUE = 64
+QUEUE = 256
 """Requests (heads arrived) waiting for a worker at most; beyond: 503."""
 MAX_CONNECTIONS = 512
 """Open connections at most (reading, waiting, served, closing); beyond: 503."""
