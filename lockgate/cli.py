@@ -93,11 +93,11 @@ def _run(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     meta = storage.read_metadata(args.path)
     print(json.dumps({
-        "checkpoint_id": meta["checkpoint_id"], "job_id": meta.get("job_id"),
-        "max_parallelism": meta["max_parallelism"],
-        "operators": {uid: {"parallelism": op["parallelism"],
-                            "bytes": sum(h["size"] for h in op["subtasks"] if h)}
-                      for uid, op in meta["operators"].items()},
+        "checkpoint_id": meta.checkpoint_id, "job_id": meta.job_id,
+        "max_parallelism": meta.max_parallelism,
+        "operators": {uid: {"parallelism": op.parallelism,
+                            "bytes": sum(h.size for h in op.subtasks if h)}
+                      for uid, op in meta.operators.items()},
     }, indent=2))
     return 0
 
@@ -116,9 +116,10 @@ def _list(args: argparse.Namespace) -> int:
                                for j in answer.get("jobs", [])})
         except LockgateError:
             pass
-    found = [{"id": j.job_id, "name": j.name, "status": statuses.get(j.job_id, "unreachable"),
-              "guarantee": guarantees.get(j.job_id, "-"),
-              "pid": j.pid, "url": j.url, "started_at": j.started_at} for j in jobs]
+    found: list[dict[str, Any]] = [
+        {"id": j.job_id, "name": j.name, "status": statuses.get(j.job_id, "unreachable"),
+         "guarantee": guarantees.get(j.job_id, "-"),
+         "pid": j.pid, "url": j.url, "started_at": j.started_at} for j in jobs]
     if args.json:
         print(json.dumps(found, indent=2))
     elif not found:

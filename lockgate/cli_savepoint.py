@@ -22,40 +22,41 @@ def describe_savepoint(path: str) -> dict[str, Any]:
     location = fs.absolute(path)
     meta = storage.read_metadata(location)
     try:
-        storage.verify_files(location, meta)
+        storage.verify_files(location, meta.state_files())
         files = "ok"
     except LockgateError as e:
         files = str(e)
     operators = []
-    for uid, op in meta["operators"].items():
-        subtasks = []
+    for uid, op in meta.operators.items():
+        subtasks: list[dict[str, Any]] = []
         states: dict[str, str] = {}
         groups: set[int] = set()
-        for index, h in enumerate(op["subtasks"]):
+        for index, h in enumerate(op.subtasks):
             if not h:
                 subtasks.append({"index": index, "file": None, "size": 0,
                                  "key_groups": [], "operator_state_bytes": 0})
                 continue
-            kgs = sorted(int(k) for k in h.get("key_groups", {}))
+            kgs = sorted(h.key_groups)
             groups.update(kgs)
-            states.update(h.get("states", {}))
-            subtasks.append({"index": index, "file": h["file"], "size": h["size"],
+            states.update(h.states)
+            subtasks.append({"index": index, "file": h.file, "size": h.size,
                              "key_groups": kgs,
-                             "operator_state_bytes": (h.get("op_state") or [0, 0])[1]})
+                             "operator_state_bytes": h.op_state[1] if h.op_state else 0})
         operators.append({
-            "uid": uid, "parallelism": op["parallelism"],
-            "finished": bool(op.get("finished", False)),
-            "operator_state_mode": op.get("operator_state_mode"),
+            "uid": uid, "parallelism": op.parallelism,
+            "finished": op.finished,
+            "operator_state_mode": op.operator_state_mode.value,
             "keyed_states": states, "key_groups": len(groups),
             "operator_state_bytes": sum(s["operator_state_bytes"] for s in subtasks),
             "size": sum(s["size"] for s in subtasks), "subtasks": subtasks,
         })
     return {
-        "path": fs.redact(location), "kind": meta.get("kind", "checkpoint"),
-        "job_id": meta.get("job_id"), "checkpoint_id": meta["checkpoint_id"],
-        "timestamp": meta.get("timestamp"), "final": bool(meta.get("final", False)),
+        "path": fs.redact(location), "kind": meta.kind.value,
+        "job_id": meta.job_id, "checkpoint_id": meta.checkpoint_id,
+        "timestamp": meta.timestamp, "final": meta.final,
         "parallelism": max((o["parallelism"] for o in operators), default=0),
-        "max_parallelism": meta["max_parallelism"], "progress": meta.get("progress"),
+        "max_parallelism": meta.max_parallelism,
+        "progress": {"read": meta.progress.read, "written": meta.progress.written},
         "size": sum(o["size"] for o in operators),
         "state_files": sum(1 for o in operators for s in o["subtasks"] if s["file"]),
         "files": files, "operators": operators,

@@ -30,13 +30,13 @@ from typing import Any, ClassVar, TypeAlias
 
 import msgpack
 
-from lockgate.errors import LockgateError
+from lockgate.checkpoint.metadata import StateHandle
+from lockgate.errors import CheckpointCorruptError, LockgateError
 
 Address: TypeAlias = tuple[str, int]
-StateHandles: TypeAlias = dict[str, dict[str, Any] | None]
-"""Per operator uid, the handle of its state file in one checkpoint (as stored
-in ``_metadata``: file, size, crc32, key-group offsets, operator state), or
-None for an operator without state."""
+StateHandles: TypeAlias = dict[str, StateHandle | None]
+"""Per operator uid, the handle of its state file in one checkpoint, or None
+for an operator without state (on the wire as in ``_metadata``)."""
 
 
 class ProtocolError(LockgateError, ValueError):
@@ -325,6 +325,8 @@ _SCHEMAS: dict[type[ControlMessage], list[tuple[str, tuple[type, ...]]]] = {
 def encode_control(message: ControlMessage) -> bytes:
     """``[tag, field, ...]`` as msgpack."""
     values = [getattr(message, name) for name, _ in _SCHEMAS[type(message)]]
+    if isinstance(message, Ack):
+        values[1] = {uid: h.to_json() if h else None for uid, h in message.handles.items()}
     payload: bytes = msgpack.packb([message.tag, *values], use_bin_type=True)
     return payload
 
@@ -356,4 +358,10 @@ def decode_control(payload: bytes) -> ControlMessage:
                    for t, a in peers.items()):
             raise ProtocolError("start: peers must map task numbers to [host, port]")
         return Start({t: (a[0], a[1]) for t, a in peers.items()})
+    if cls is Ack:
+        try:
+            values[1] = {str(uid): None if h is None else StateHandle.from_json(
+                h, f"the state file of {uid!r:.40}") for uid, h in values[1].items()}
+        except CheckpointCorruptError as e:
+            raise ProtocolError(f"ack: {e}") from None
     return cls(*values)

@@ -35,6 +35,8 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.checkpoint import storage
+from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
+from lockgate.checkpoint.metadata import CheckpointMetadata, OperatorMetadata, StateHandle
 from lockgate.connectors.dataframe import materialize_dataframe
 from lockgate.errors import CheckpointCorruptError, LockgateError
 from lockgate.state.keygroups import (
@@ -69,7 +71,7 @@ def _identity(v: Any) -> Any:
 # ------------------------------------------------------------------ reading
 
 
-def _load_metadata(path: str) -> tuple[str, dict[str, Any]]:
+def _load_metadata(path: str) -> tuple[str, CheckpointMetadata]:
     chk = fs.absolute(path)
     if not fs.exists(fs.join(chk, storage.METADATA)):
         shown = fs.redact(chk)
@@ -90,29 +92,29 @@ def _load_metadata(path: str) -> tuple[str, dict[str, Any]]:
     return chk, storage.read_metadata(chk)
 
 
-def _state_names(op: dict[str, Any]) -> dict[str, str]:
+def _state_names(op: OperatorMetadata) -> dict[str, str]:
     names: dict[str, str] = {}
-    for handle in op["subtasks"]:
+    for handle in op.subtasks:
         if handle:
-            names.update(handle.get("states", {}))
+            names.update(handle.states)
     return names
 
 
 def _read_entries(chk: str, state_name: str,
-                  handles: Iterable[dict[str, Any]]) -> Iterator[list[Any]]:
+                  handles: Iterable[StateHandle]) -> Iterator[list[Any]]:
     """``(key, value)`` of ``state_name`` in the given state files (an executor
     runs this): size and CRC-32 checked, decoded without pickle."""
     serializer = StateSerializer(allow_pickle=False)
     for handle in handles:
         data = storage.read_state_file(chk, handle)
-        base = handle.get("keyed_offset", 0)
-        for offset, length in handle.get("key_groups", {}).values():
+        base = handle.keyed_offset
+        for offset, length in handle.key_groups.values():
             start = base + offset
             try:
                 _, content = serializer.loads(data[start:start + length])
             except StateSerializationError as e:
                 raise StateSerializationError(
-                    f"state file {handle['file']}: {e}. read_state never unpickles: read it "
+                    f"state file {handle.file}: {e}. read_state never unpickles: read it "
                     "in a job with Pipeline(allow_pickle=True) if you trust it") from None
             yield from content.get(state_name, ())  # [key, value] pairs
 
@@ -150,7 +152,7 @@ def read_state(spark: Any, path: str, uid: str, state_name: str) -> Any:
     checkpoint may be deleted meanwhile by retention (savepoints never are).
     """
     chk, meta = _load_metadata(path)
-    operators = meta["operators"]
+    operators = meta.operators
     if uid not in operators:
         raise StateNotFoundError(
             f"{fs.redact(chk)} has no state of operator uid {uid!r}; its operator uids: "
@@ -167,8 +169,8 @@ def read_state(spark: Any, path: str, uid: str, state_name: str) -> Any:
             f"operator {uid!r} has no state named {state_name!r} in {fs.redact(chk)}; its "
             f"states: {sorted(names)} (reduce keeps its value in 'reduce'; a "
             "KeyedProcessFunction's states are named by its state descriptors)")
-    storage.verify_files(chk, {"operators": {uid: op}})
-    handles = [h for h in op["subtasks"] if h and h.get("key_groups")]
+    storage.verify_files(chk, ((uid, h) for h in op.subtasks if h))
+    handles = [h for h in op.subtasks if h and h.key_groups]
     sc = spark.sparkContext
     rdd = sc.parallelize(handles, max(1, len(handles))).mapPartitions(
         functools.partial(_read_entries, chk, state_name))
@@ -233,7 +235,7 @@ def _keyed_entries(folder: str, key_fn: Callable[[dict[str, Any]], Any],
 
 def _write_subtask(path: str, uid: str, state_name: str, index: int,
                    entries: Iterable[tuple[int, tuple[int, bytes, bytes]]]
-                   ) -> Iterator[tuple[int, dict[str, Any]]]:
+                   ) -> Iterator[tuple[int, StateHandle]]:
     """Write subtask ``index``'s state file as the runtime does (one block per
     key group, ascending) and yield its handle (an executor runs this)."""
     serializer = StateSerializer(allow_pickle=False)
@@ -249,23 +251,20 @@ def _write_subtask(path: str, uid: str, state_name: str, index: int,
     if not groups:
         return
     name = f"{uid}-{index}.state"
-    handle: dict[str, Any] = {"file": name, "keyed_offset": 0,
-                              "states": {state_name: "value"}}
+    offsets: dict[int, tuple[int, int]] = {}
 
     def write(out: storage.ChecksumWriter) -> None:
-        offsets: dict[str, list[int]] = {}
         pos = 0
         for kg in sorted(groups):
             entries = [[serializer.loads(kb), serializer.loads(vb)]
                        for kb, vb in sorted(groups[kg].items())]
             blob = serializer.dumps([kg, {state_name: entries}])
             out.write(blob)
-            offsets[str(kg)] = [pos, len(blob)]
+            offsets[kg] = (pos, len(blob))
             pos += len(blob)
-        handle["key_groups"] = offsets
 
-    handle["size"], handle["crc32"] = storage.write_state_file(path, name, write)
-    yield index, handle
+    size, crc = storage.write_state_file(path, name, write)
+    yield index, StateHandle(name, size, crc, 0, offsets, {state_name: "value"})
 
 
 def _executor_error(e: Exception) -> str | None:
@@ -352,17 +351,10 @@ def write_savepoint(spark: Any, df: Any, path: str, uid: str, state_name: str, *
     finally:
         fs.rmtree(staging)
     # Step 3. _metadata, last: now the savepoint exists.
-    metadata = {
-        "format": storage.FORMAT_VERSION,
-        "job_id": f"bootstrap-{uid}",
-        "checkpoint_id": 0,
-        "kind": "savepoint",
-        "timestamp": time.time(),
-        "final": False,
-        "max_parallelism": max_parallelism,
-        "operators": {uid: {"parallelism": parallelism, "operator_state_mode": "split",
-                            "subtasks": [handles.get(i) for i in range(parallelism)]}},
-        "progress": {"read": 0, "written": 0},
-    }
+    metadata = CheckpointMetadata(
+        job_id=f"bootstrap-{uid}", checkpoint_id=0, kind=CheckpointKind.SAVEPOINT,
+        timestamp=time.time(), final=False, max_parallelism=max_parallelism,
+        operators={uid: OperatorMetadata(parallelism, OperatorStateMode.SPLIT,
+                                         [handles.get(i) for i in range(parallelism)])})
     storage.write_metadata(target, metadata)
     return target

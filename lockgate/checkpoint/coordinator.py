@@ -15,10 +15,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
 
 from lockgate import fs
 from lockgate.checkpoint import storage
+from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.checkpoint.metadata import CheckpointMetadata, Progress
 from lockgate.checkpoint.pending import (
     AckResult,
     CheckpointAbortReason,
@@ -26,7 +28,6 @@ from lockgate.checkpoint.pending import (
     build_metadata,
     checkpoints_to_discard,
 )
-from lockgate.checkpoint.restore import OperatorStateMode
 from lockgate.config import CheckpointConfig
 from lockgate.errors import LockgateError
 from lockgate.fs_explain import explain
@@ -46,13 +47,19 @@ class CheckpointFailureError(LockgateError):
     """More consecutive checkpoints failed than the job tolerates."""
 
 
+class CheckpointStatus(StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
 @dataclass
 class CheckpointRecord:
     """One line of the checkpoint history."""
 
     checkpoint_id: int
     kind: str
-    status: str  # in_progress | completed | failed
+    status: CheckpointStatus
     trigger_time: float
     duration: float | None = None
     size: int = 0
@@ -62,13 +69,21 @@ class CheckpointRecord:
     """Seconds of barrier alignment: the longest any task blocked its inputs."""
     alignments: dict[int, float] = field(default_factory=dict)
 
+    def completed(self, p: PendingCheckpoint, now: float) -> None:
+        self.status = CheckpointStatus.COMPLETED
+        self.duration = now - p.started
+        self.ack_times = dict(p.ack_times)
+        self.alignments = dict(p.alignments)
+        self.alignment = max(p.alignments.values(), default=0.0)
+        self.size = p.size
+
 
 @dataclass
 class CompletedCheckpoint:
     checkpoint_id: int
     path: str
     """The ``chk-<n>`` folder: a local path or a URL."""
-    metadata: dict[str, Any]
+    metadata: CheckpointMetadata
 
 
 @dataclass
@@ -122,7 +137,7 @@ class CheckpointCoordinator:
         """Per savepoint id: its folder once completed, or why it failed."""
         self._final_savepoint_dir: str | None = None
         self.completed_count = 0
-        self.baseline = (0, 0)
+        self.baseline = Progress()
         """Records read and written before this attempt (from the restored checkpoint)."""
 
     # ------------------------------------------------------------ attempts
@@ -136,8 +151,7 @@ class CheckpointCoordinator:
         # it, must take its own final checkpoint before its tasks may finish.
         self.finished = False
         self.last_trigger = self.clock()
-        progress = self.latest.metadata.get("progress") if self.latest else None
-        self.baseline = (progress["read"], progress["written"]) if progress else (0, 0)
+        self.baseline = self.latest.metadata.progress if self.latest else Progress()
 
     def restored_from(self, completed: CompletedCheckpoint) -> None:
         """Start numbering after a checkpoint the job was started from."""
@@ -187,7 +201,7 @@ class CheckpointCoordinator:
                                          is_final=final, savepoint_dir=savepoint_dir)
         kind = "savepoint" if savepoint_dir is not None else "checkpoint"
         self.history.append(CheckpointRecord(n, "final " + kind if final else kind,
-                                             "in_progress", time.time()))
+                                             CheckpointStatus.IN_PROGRESS, time.time()))
         for task in self.plan.source_tasks:
             self.send(self.plan.attempt, task, TriggerCheckpoint(n))
         return n
@@ -260,27 +274,15 @@ class CheckpointCoordinator:
         self.last_completion = now
         self.consecutive_failures = 0
         record = self._record(p.checkpoint_id)
+        record.completed(p, now)
         if p.savepoint_dir is not None and not p.is_final:
             # Step 2 (savepoint). Nobody is told: sinks keep their pending
             # transactions for the next checkpoint, and failover never goes
             # back to a savepoint (a later failure rolls back past it).
-            record.status = "completed"
-            record.duration = now - p.started
-            record.ack_times = dict(p.ack_times)
-            record.alignments = dict(p.alignments)
-            record.alignment = max(p.alignments.values(), default=0.0)
-            record.size = sum(h["size"] for acks in p.acks.values() for h in acks.values() if h)
             return
         if p.savepoint_dir is None:  # a final savepoint lives elsewhere; the job ends
             self.completed.append(CompletedCheckpoint(p.checkpoint_id, chk, metadata))
         self.completed_count += 1
-        record.status = "completed"
-        record.duration = now - p.started
-        record.ack_times = dict(p.ack_times)
-        record.alignments = dict(p.alignments)
-        record.alignment = max(p.alignments.values(), default=0.0)
-        record.size = sum(h["size"] for acks in p.acks.values()
-                          for h in acks.values() if h)
         log.info("checkpoint %d completed in %.3f s (%d bytes)", p.checkpoint_id,
                  record.duration, record.size)
         # Step 2.
@@ -330,7 +332,7 @@ class CheckpointCoordinator:
         self.pending = None
         self.last_completion = self.clock()
         record = self._record(p.checkpoint_id)
-        record.status = "failed"
+        record.status = CheckpointStatus.FAILED
         record.failure = f"{reason.value}: {detail}" if detail else reason.value
         # As Flink's CheckpointFailureManager: only periodic checkpoints that
         # expire or are declined count towards failing the job; a failed

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any
 
-from lockgate.checkpoint.restore import OperatorStateMode
+from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
+from lockgate.checkpoint.metadata import (
+    CheckpointMetadata,
+    OperatorMetadata,
+    Progress,
+    StateHandle,
+)
 
 
 class AckResult(Enum):
@@ -16,13 +21,6 @@ class AckResult(Enum):
     """The task is not one this checkpoint waits for."""
     DISCARDED = "discarded"
     """The checkpoint was already aborted."""
-
-
-class CheckpointKind(StrEnum):
-    """A periodic (or final) checkpoint, or a savepoint (``kind`` in ``_metadata``)."""
-
-    CHECKPOINT = "checkpoint"
-    SAVEPOINT = "savepoint"
 
 
 class CheckpointAbortReason(StrEnum):
@@ -45,7 +43,8 @@ class PendingCheckpoint:
     is_final: bool = False
     savepoint_dir: str | None = None
     """A savepoint: the folder its self-contained copy goes to (else None)."""
-    acks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    acks: dict[int, dict[str, StateHandle | None]] = field(default_factory=dict)
+    """Per task: the state handle of each operator uid it runs."""
     ack_times: dict[int, float] = field(default_factory=dict)
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)
     finished_tasks: set[int] = field(default_factory=set)
@@ -54,7 +53,7 @@ class PendingCheckpoint:
     """Per task: records read from sources and written to sinks up to the barrier."""
     aborted: CheckpointAbortReason | None = None
 
-    def acknowledge(self, task: int, handles: dict[str, Any], now: float,
+    def acknowledge(self, task: int, handles: dict[str, StateHandle | None], now: float,
                     counts: tuple[int, int] = (0, 0), finished: bool = False,
                     alignment: float = 0.0) -> AckResult:
         """``finished``: the task had ended its input (and run ``finish()``)
@@ -81,6 +80,11 @@ class PendingCheckpoint:
         return now - self.started > timeout
 
     @property
+    def size(self) -> int:
+        """Bytes of the state files acknowledged so far."""
+        return sum(h.size for acks in self.acks.values() for h in acks.values() if h)
+
+    @property
     def kind(self) -> CheckpointKind:
         return (CheckpointKind.SAVEPOINT if self.savepoint_dir is not None
                 else CheckpointKind.CHECKPOINT)
@@ -102,11 +106,11 @@ def build_metadata(
     operator_parallelism: dict[str, int],
     operator_modes: dict[str, OperatorStateMode],
     max_parallelism: int,
-    baseline: tuple[int, int] = (0, 0),
+    baseline: Progress | None = None,
     job_name: str | None = None,
     locations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """The content of ``_metadata`` for a fully acknowledged checkpoint.
+) -> CheckpointMetadata:
+    """The ``_metadata`` of a fully acknowledged checkpoint.
 
     ``task_operators`` maps a global task number to ``(vertex, subtask index,
     operator uids)``. Every acknowledgement maps an operator uid to its handle.
@@ -114,34 +118,27 @@ def build_metadata(
     ``job_name`` (the pipeline's name) and ``locations`` (where a sink uid
     writes, secrets masked) let a restore recognise the job and its sinks.
     """
-    operators: dict[str, dict[str, Any]] = {
-        uid: {"parallelism": p, "operator_state_mode": operator_modes[uid], "subtasks": [None] * p}
-        for uid, p in operator_parallelism.items()
-    }
-    finished_subtasks: dict[str, int] = dict.fromkeys(operators, 0)
+    subtasks: dict[str, list[StateHandle | None]] = {
+        uid: [None] * p for uid, p in operator_parallelism.items()}
+    finished_subtasks: dict[str, int] = dict.fromkeys(subtasks, 0)
     for task, handles in pending.acks.items():
         _, index, uids = task_operators[task]
         for uid in uids:
-            operators[uid]["subtasks"][index] = handles.get(uid)
+            subtasks[uid][index] = handles.get(uid)
             finished_subtasks[uid] += task in pending.finished_tasks
-    for uid, op in operators.items():
-        # FLIP-147: every subtask had finished: on restore the operator is
-        # skipped (reads nothing, runs no end_input/finish again)
-        op["finished"] = finished_subtasks[uid] == op["parallelism"]
-        if locations and uid in locations:
-            op["location"] = locations[uid]
-    return {
-        "format": 1,
-        "job_id": job_id,
-        **({"job_name": job_name} if job_name is not None else {}),
-        "checkpoint_id": pending.checkpoint_id,
-        "kind": pending.kind.value,
-        "timestamp": pending.timestamp,
-        "final": pending.is_final,
-        "max_parallelism": max_parallelism,
-        "operators": operators,
-        "progress": {
-            "read": baseline[0] + sum(c[0] for c in pending.counts.values()),
-            "written": baseline[1] + sum(c[1] for c in pending.counts.values()),
-        },
-    }
+    locations = locations or {}
+    baseline = baseline or Progress()
+    operators = {
+        uid: OperatorMetadata(
+            parallelism=p, operator_state_mode=operator_modes[uid], subtasks=subtasks[uid],
+            # FLIP-147: every subtask had finished: on restore the operator is
+            # skipped (reads nothing, runs no end_input/finish again)
+            finished=finished_subtasks[uid] == p, location=locations.get(uid))
+        for uid, p in operator_parallelism.items()}
+    return CheckpointMetadata(
+        job_id=job_id, checkpoint_id=pending.checkpoint_id, kind=pending.kind,
+        timestamp=pending.timestamp, final=pending.is_final, max_parallelism=max_parallelism,
+        operators=operators,
+        progress=Progress(baseline.read + sum(c[0] for c in pending.counts.values()),
+                          baseline.written + sum(c[1] for c in pending.counts.values())),
+        job_name=job_name)

@@ -9,51 +9,40 @@ dealt round-robin. (``UNION``): every task gets every entry.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
+from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
 from lockgate.errors import CheckpointCorruptError
 from lockgate.state.keygroups import key_group_range
-
-
-class OperatorStateMode(StrEnum):
-    """How an operator's state entries are redistributed on restore (its
-    ``operator_state_mode``, recorded per operator in ``_metadata``)."""
-
-    SPLIT = "split"
-    """Each task gets its own entries back at the same parallelism; at another
-    parallelism every entry goes to exactly one task, round-robin."""
-    UNION = "union"
-    """Every task gets every entry and keeps those it owns."""
 
 
 @dataclass
 class KeyedRestore:
     """Blocks to read: (state file handle, offset, length) per key group."""
 
-    blocks: list[tuple[dict[str, Any], int, int]] = field(default_factory=list)
+    blocks: list[tuple[StateHandle, int, int]] = field(default_factory=list)
     states: dict[str, str] = field(default_factory=dict)
 
 
 def plan_keyed_restore(
-    op_meta: dict[str, Any], task_index: int, parallelism: int, max_parallelism: int
+    op_meta: OperatorMetadata, task_index: int, parallelism: int, max_parallelism: int
 ) -> KeyedRestore:
     wanted = key_group_range(task_index, parallelism, max_parallelism)
     plan = KeyedRestore()
-    for handle in op_meta["subtasks"]:
-        if not handle or not handle.get("key_groups"):
+    for handle in op_meta.subtasks:
+        if not handle or not handle.key_groups:
             continue
-        for name, kind in handle.get("states", {}).items():
+        for name, kind in handle.states.items():
             plan.states.setdefault(name, kind)
-        for kg_str, (offset, length) in handle["key_groups"].items():
-            kg = int(kg_str)
-            if not 0 <= kg < max_parallelism:
+        for kg, (offset, length) in handle.key_groups.items():
+            if not 0 <= kg < max_parallelism:  # (checked when read: a changed max_parallelism)
                 raise CheckpointCorruptError(
-                    f"key group {kg} outside [0, {max_parallelism}) in {handle['file']}"
+                    f"key group {kg} outside [0, {max_parallelism}) in {handle.file}"
                 )
             if kg in wanted:
-                plan.blocks.append((handle, handle["keyed_offset"] + offset, length))
-    plan.blocks.sort(key=lambda b: (b[0]["file"], b[1]))
+                plan.blocks.append((handle, handle.keyed_offset + offset, length))
+    plan.blocks.sort(key=lambda b: (b[0].file, b[1]))
     return plan
 
 

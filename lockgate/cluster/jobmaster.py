@@ -31,7 +31,7 @@ from lockgate.checkpoint.coordinator import (
     CheckpointFailureError,
     CompletedCheckpoint,
 )
-from lockgate.checkpoint.restore import OperatorStateMode
+from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.cluster.commands import Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
@@ -108,7 +108,7 @@ class JobMaster:
             else getattr(op.fn, "operator_state_mode", OperatorStateMode.SPLIT))
             for op in graph.operators()}
         self.server = ControlServer(self.secret, self.job_id, self.events,
-                                    host=options.bind_host)
+                                    host=options.bind_host, encrypt=self.config.encrypt_traffic)
         self.coordinator = CheckpointCoordinator(
             self.job_id, self.job_dir, self.config, graph.operator_parallelism(), modes,
             graph.max_parallelism, self._send, job_name=pipeline.name,
@@ -385,7 +385,7 @@ class JobMaster:
             self._send(self.attempt, t, Drain())
 
     def _other_job(self) -> str:
-        return other_job(self._started_from.metadata if self._started_from else {},
+        return other_job(self._started_from.metadata if self._started_from else None,
                          self.pipeline.name)
 
     def _report_progress(self) -> None:
@@ -410,7 +410,8 @@ class JobMaster:
     def _total(self, what: str) -> int:
         """Records since the job started: the restored checkpoint's count plus
         what this attempt's tasks last reported."""
-        base = self.coordinator.baseline[0 if what == "read" else 1]
+        baseline = self.coordinator.baseline
+        base = baseline.read if what == "read" else baseline.written
         return base + sum(self.records[what].values())
 
     def _count(self, task: int, read: int, written: int) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lockgate.checkpoint.pending import CheckpointKind
+from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.cluster.result import Progress
 from lockgate.config import RestConfig
 from lockgate.errors import PipelineDefinitionError

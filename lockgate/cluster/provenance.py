@@ -5,9 +5,9 @@ so that a restore into another job, or a sink that moved, is said plainly."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from lockgate import fs
+from lockgate.checkpoint.metadata import CheckpointMetadata
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.types import OperatorKind
 
@@ -21,28 +21,28 @@ def sink_locations(graph: JobGraph) -> dict[str, str]:
             if op.kind == OperatorKind.SINK and isinstance(getattr(op.fn, "path", None), str)}
 
 
-def other_job(meta: dict[str, Any], job_name: str | None) -> str:
+def other_job(meta: CheckpointMetadata | None, job_name: str | None) -> str:
     """`` It is a savepoint of job 'sums' (sums-1a2b3c4d); this job is
     'totals'.`` when ``_metadata`` (``meta``) is another job's, else ``""``."""
-    name = meta.get("job_name")
-    if not isinstance(name, str) or not job_name or name == job_name:
+    name = meta.job_name if meta else None
+    if meta is None or name is None or not job_name or name == job_name:
         return ""
-    return (f" It is a {meta.get('kind', 'checkpoint')} of job {name!r} ({meta.get('job_id')}); "
+    return (f" It is a {meta.kind} of job {name!r} ({meta.job_id}); "
             f"this job is {job_name!r}.")
 
 
-def check_sink_locations(meta: dict[str, Any], graph: JobGraph, chk: str,
+def check_sink_locations(meta: CheckpointMetadata, graph: JobGraph, chk: str,
                          job_name: str | None) -> None:
     """Say so when a sink writes elsewhere than the one that took the
     checkpoint (a folder moved with its files is fine; otherwise its
     pre-committed output is in the old one and the restore refuses, the sink's
     ``recover`` raising :class:`SavepointMismatchError`): name both
     locations, both jobs, and how to go on."""
-    kind = meta.get("kind", "checkpoint")
+    kind = meta.kind
     for uid, location in sink_locations(graph).items():
-        op = meta["operators"].get(uid)
-        old = op.get("location") if isinstance(op, dict) else None
-        if not isinstance(old, str) or old == location:
+        op = meta.operators.get(uid)
+        old = op.location if op else None
+        if old is None or old == location:
             continue
         log.warning(
             "sink %r wrote to %s when %s %s was taken, and now writes to %s.%s Unless the "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.coordinator import CompletedCheckpoint
-from lockgate.checkpoint.pending import CheckpointKind
+from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import check_sink_locations
@@ -115,14 +115,14 @@ def load_checkpoint(path: str, graph: JobGraph,
     Operators the job added start empty."""
     chk = fs.absolute(path)
     meta = storage.read_metadata(chk, kind)
-    storage.verify_files(chk, meta)
+    storage.verify_files(chk, meta.state_files())
     check_sink_locations(meta, graph, chk, job_name)
-    old_name = meta.get("job_name")
-    if isinstance(old_name, str) and job_name is not None and old_name != job_name:
+    old_name = meta.job_name
+    if old_name is not None and job_name is not None and old_name != job_name:
         log.info("job %r restores %s of job %r", job_name, fs.redact(chk), old_name)
     known = {op.uid for op in graph.operators()}
-    unknown = sorted(set(meta["operators"]) - known)
-    kind = meta.get("kind", "checkpoint")
+    unknown = sorted(set(meta.operators) - known)
+    kind = meta.kind
     if unknown and not allow_non_restored_state:
         raise CheckpointCorruptError(
             f"{kind} {fs.redact(chk)} holds state of operator uid(s) {unknown} that the job "
@@ -132,18 +132,17 @@ def load_checkpoint(path: str, graph: JobGraph,
     if unknown:
         log.warning("dropping the state of operator uid(s) %s from %s: the job has no such "
                     "operator (allow_non_restored_state)", unknown, fs.redact(chk))
-        meta = {**meta, "operators": {u: o for u, o in meta["operators"].items()
-                                      if u not in unknown}}
-    added = sorted(known - set(meta["operators"]))
+        meta = meta.without(set(unknown))
+    added = sorted(known - set(meta.operators))
     if added:
         log.info("operator uid(s) %s have no state in %s: they start empty", added,
                  fs.redact(chk))
-    if meta["max_parallelism"] != graph.max_parallelism:
+    if meta.max_parallelism != graph.max_parallelism:
         raise CheckpointCorruptError(
-            f"checkpoint {chk} was taken with max_parallelism {meta['max_parallelism']}, the "
+            f"checkpoint {chk} was taken with max_parallelism {meta.max_parallelism}, the "
             f"job has {graph.max_parallelism}; it fixes the key groups: use the same value"
         )
-    return CompletedCheckpoint(int(meta["checkpoint_id"]), chk, meta)
+    return CompletedCheckpoint(meta.checkpoint_id, chk, meta)
 
 
 def _warn_unshared_paths(pipeline: Pipeline, sources: list[Any], sinks: list[Any]) -> None:

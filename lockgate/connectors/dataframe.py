@@ -46,7 +46,7 @@ import uuid
 from typing import Any
 
 from lockgate import fs
-from lockgate.checkpoint.restore import OperatorStateMode
+from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.connectors.filesource import FileSource, FileSourceReader
 from lockgate.errors import ConfigurationError, LockgateError, PipelineDefinitionError

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from lockgate import fs
-from lockgate.checkpoint.restore import OperatorStateMode
+from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.errors import LockgateError
 from lockgate.untrusted import relative_path

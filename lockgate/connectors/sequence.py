@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lockgate.checkpoint.restore import OperatorStateMode
+from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.errors import LockgateError
 

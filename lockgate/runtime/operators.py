@@ -13,7 +13,7 @@ from typing import Any
 
 from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
 from lockgate.api.watermarks import TimeDomain, TimerService
-from lockgate.checkpoint.restore import OperatorStateMode
+from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import SinkWriter, TaskInfo
 from lockgate.errors import LockgateError, PipelineDefinitionError, UserFunctionError
 from lockgate.graph.jobgraph import OperatorSpec

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lockgate import fs
+from lockgate.checkpoint.metadata import StateHandle
 from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
 from lockgate.checkpoint.storage import (
     ChecksumWriter,
@@ -30,6 +31,7 @@ from lockgate.protocol import Ack, ControlMessage, Decline
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.spec import TaskSpec
+from lockgate.state.backend import KeyedBlocks
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")
@@ -44,34 +46,34 @@ def restore_operators(spec: TaskSpec, ops: list[StreamOperator],
     files: dict[str, bytes] = {}
     skipped: set[str] = set()
 
-    def data_of(handle: dict[str, Any]) -> bytes:
-        if handle["file"] not in files:
+    def data_of(handle: StateHandle) -> bytes:
+        if handle.file not in files:
             assert spec.restore_dir is not None
-            files[handle["file"]] = read_state_file(spec.restore_dir, handle)
-        return files[handle["file"]]
+            files[handle.file] = read_state_file(spec.restore_dir, handle)
+        return files[handle.file]
 
     for op in ops:
-        op_meta = meta["operators"].get(op.uid) if meta else None
+        op_meta = meta.operators.get(op.uid) if meta else None
         if op_meta is None:
             op.restore_operator_state(None)
             continue
         assert meta is not None
-        if op_meta.get("finished") and not (meta.get("final") and spec.continues_final):
+        if op_meta.finished and not (meta.final and spec.continues_final):
             skipped.add(op.uid)
         p = spec.vertex.parallelism
         if op.keyed and op.backend is not None:
             plan = plan_keyed_restore(op_meta, spec.task_index, p, spec.max_parallelism)
-            for handle, offset, length in plan.blocks:
-                op.backend.restore_block(data_of(handle)[offset:offset + length], plan.states)
+            for block, offset, length in plan.blocks:
+                op.backend.restore_block(data_of(block)[offset:offset + length], plan.states)
         per_subtask: list[list[Any]] = []
-        for handle in op_meta["subtasks"]:
-            if handle and handle.get("op_state"):
-                off, length = handle["op_state"]
+        for handle in op_meta.subtasks:
+            if handle and handle.op_state:
+                off, length = handle.op_state
                 per_subtask.append(serializer.loads(data_of(handle)[off:off + length]))
             else:
                 per_subtask.append([])
         op.restore_operator_state(distribute_operator_state(
-            per_subtask, op_meta["operator_state_mode"], spec.task_index, p))
+            per_subtask, op_meta.operator_state_mode, spec.task_index, p))
     return skipped
 
 
@@ -117,23 +119,23 @@ class SnapshotWriter:
                 pass
 
     def _write_state_file(self, chk: str, uid: str,
-                          snap: OperatorSnapshot) -> dict[str, Any] | None:
+                          snap: OperatorSnapshot) -> StateHandle | None:
         """Write one operator's state file (durable: fsynced locally, one
         completed object on an object store) and return its handle."""
         if snap.keyed is None and not snap.operator_state:
             return None
         name = f"{uid}-{self.spec.task_index}.state"
-        handle: dict[str, Any] = {"file": name, "keyed_offset": 0}
+        keyed = KeyedBlocks()
+        op_state: tuple[int, int] | None = None
 
         def write(out: ChecksumWriter) -> None:
+            nonlocal keyed, op_state
             if snap.keyed is not None:
-                handle.update(snap.keyed.write(out))
+                keyed = snap.keyed.write(out)
             if snap.operator_state:
                 blob = self.serializer.dumps(snap.operator_state)
-                handle["op_state"] = [out.tell(), len(blob)]
+                op_state = (out.tell(), len(blob))
                 out.write(blob)
 
-        handle["size"], handle["crc32"] = write_state_file(chk, name, write)
-        if "key_groups" in handle:
-            handle["key_groups"] = {str(k): v for k, v in handle["key_groups"].items()}
-        return handle
+        size, crc = write_state_file(chk, name, write)
+        return StateHandle(name, size, crc, 0, keyed.key_groups, keyed.states, op_state)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockgate.checkpoint.metadata import CheckpointMetadata
 from lockgate.graph.jobgraph import JobVertex
 
 
@@ -32,7 +33,7 @@ class TaskSpec:
     outputs: list[list[int]]
     """Per output edge, the global numbers of all downstream tasks (by subtask index)."""
     restore_dir: str | None = None
-    restore_metadata: dict[str, Any] | None = None
+    restore_metadata: CheckpointMetadata | None = None
     continues_final: bool = False
     """The restored checkpoint is the final one of an earlier job that ran to its
     end, and this job continues it (an incremental bounded run): every operator
@@ -45,6 +46,11 @@ class TaskSpec:
     batch_size: int = 1024
     faults: list[dict[str, Any]] = field(default_factory=list)
     bind_host: str = "127.0.0.1"
+    encrypt_traffic: bool = False
+    """Seal every frame with AES-GCM (``CheckpointConfig.encrypt_traffic``)."""
+    max_data_frame: int = 256 << 20
+    """Largest data frame this task sends or accepts (the driver's
+    ``LOCKGATE_MAX_DATA_FRAME``, :func:`lockgate.runtime.wire.max_data_frame`)."""
 
     @property
     def name(self) -> str:

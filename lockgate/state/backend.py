@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
@@ -292,6 +292,15 @@ class HeapKeyedStateBackend:
                 table[key] = value
 
 
+@dataclass(frozen=True)
+class KeyedBlocks:
+    """Where :meth:`KeyedStateSnapshot.write` put each key group's block
+    (offset and length, relative to its first byte) and the kind of each state."""
+
+    key_groups: dict[int, tuple[int, int]] = field(default_factory=dict)
+    states: dict[str, str] = field(default_factory=dict)
+
+
 class KeyedStateSnapshot:
     """A consistent copy of keyed state; ``write`` runs on a background thread."""
 
@@ -302,7 +311,7 @@ class KeyedStateSnapshot:
         self.assigner = assigner
         self.serializer = serializer
 
-    def write(self, out: SupportsWrite[bytes]) -> dict[str, Any]:
+    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
         """Write one block per non-empty key group, ascending; return offsets
         relative to the first byte written here and the state kinds."""
         groups: dict[int, dict[str, list[list[Any]]]] = defaultdict(dict)
@@ -310,12 +319,12 @@ class KeyedStateSnapshot:
         for name, table in self.tables.items():
             for key, value in table.items():
                 groups[kg_of(key)].setdefault(name, []).append([key, value])
-        offsets: dict[int, list[int]] = {}
+        offsets: dict[int, tuple[int, int]] = {}
         pos = 0
         dumps = StateSerializer(self.serializer.allow_pickle).dumps
         for kg in sorted(groups):
             blob = dumps([kg, groups[kg]])
             out.write(blob)
-            offsets[kg] = [pos, len(blob)]
+            offsets[kg] = (pos, len(blob))
             pos += len(blob)
-        return {"key_groups": offsets, "states": {n: str(k) for n, k in self.kinds.items()}}
+        return KeyedBlocks(offsets, {n: str(k) for n, k in self.kinds.items()})

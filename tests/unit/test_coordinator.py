@@ -14,6 +14,7 @@ from lockgate.checkpoint.coordinator import (
     CheckpointCoordinator,
     CheckpointFailureError,
 )
+from lockgate.checkpoint.metadata import Progress
 from lockgate.config import CheckpointConfig
 from lockgate.protocol import Finish, NotifyAborted, NotifyComplete, TriggerCheckpoint
 
@@ -148,13 +149,13 @@ def test_progress_adds_the_restored_baseline(env, tmp_path):
     clock.now += 1.0
     c.tick()
     ack_all(c, 1)  # read 0+10+20, written 0+1+2
-    assert c.latest.metadata["progress"] == {"read": 30, "written": 3}
+    assert c.latest.metadata.progress == Progress(read=30, written=3)
     c.on_attempt_failed()
     c.start_attempt(AttemptPlan(1, [0], [0, 1, 2], TASK_OPERATORS))
     clock.now += 1.0
     c.tick()
     ack_all(c, 2)
-    assert c.latest.metadata["progress"] == {"read": 60, "written": 6}
+    assert c.latest.metadata.progress == Progress(read=60, written=6)
 
 
 def test_history_keeps_only_the_newest_records(tmp_path):

@@ -53,9 +53,9 @@ def write(b: HeapKeyedStateBackend) -> tuple[bytes, dict]:
 
 def restore(data: bytes, handle: dict, kg: range) -> HeapKeyedStateBackend:
     b = backend(kg)
-    for g, (off, n) in handle["key_groups"].items():
+    for g, (off, n) in handle.key_groups.items():
         if g in kg:
-            b.restore_block(data[off:off + n], handle["states"])
+            b.restore_block(data[off:off + n], handle.states)
     return b
 
 
@@ -112,8 +112,8 @@ def test_rescale_split_into_three_and_merge_back():
     merged = backend()
     for part in parts:
         d, h = write(part)
-        for off, n in h["key_groups"].values():
-            merged.restore_block(d[off:off + n], h["states"])
+        for off, n in h.key_groups.values():
+            merged.restore_block(d[off:off + n], h.states)
     assert contents(merged) == contents(b)
 
 
@@ -122,8 +122,8 @@ def test_restored_kind_is_checked_at_registration():
     fill(b, [1])
     data, handle = write(b)
     fresh = backend()
-    for off, n in handle["key_groups"].values():
-        fresh.restore_block(data[off:off + n], handle["states"])
+    for off, n in handle.key_groups.values():
+        fresh.restore_block(data[off:off + n], handle.states)
     with pytest.raises(StateTypeError, match="'seen'.*list.*map"):
         fresh.get_state(MapStateDescriptor("seen"))
 
@@ -133,7 +133,7 @@ def test_block_outside_the_range_is_refused():
     fill(b, range(50))
     data, handle = write(b)
     owned = key_group_range(0, 2, M)
-    foreign = next(g for g in handle["key_groups"] if g not in owned)
-    off, n = handle["key_groups"][foreign]
+    foreign = next(g for g in handle.key_groups if g not in owned)
+    off, n = handle.key_groups[foreign]
     with pytest.raises(LockgateError, match="corrupt or misassigned"):
-        backend(owned).restore_block(data[off:off + n], handle["states"])
+        backend(owned).restore_block(data[off:off + n], handle.states)

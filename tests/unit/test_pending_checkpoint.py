@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lockgate.checkpoint.metadata import CheckpointMetadata, StateHandle
 from lockgate.checkpoint.pending import (
     AckResult,
     CheckpointAbortReason,
@@ -48,14 +49,19 @@ def test_retention_keeps_newest():
 
 def test_metadata_places_handles_by_subtask():
     p = pending(tasks=(0, 1, 2))
-    p.acknowledge(0, {"src": {"file": "src-0.state", "size": 3}}, 11)
-    p.acknowledge(1, {"sum": {"file": "sum-0.state", "size": 5}}, 11)
+    p.acknowledge(0, {"src": StateHandle("src-0.state", 3, 0)}, 11)
+    p.acknowledge(1, {"sum": StateHandle("sum-0.state", 5, 0)}, 11)
     p.acknowledge(2, {"sum": None}, 11)
     meta = build_metadata("job", p, {0: (0, 0, ["src"]), 1: (1, 0, ["sum"]), 2: (1, 1, ["sum"])},
                           {"src": 1, "sum": 2}, {"src": "split", "sum": "split"}, 128)
-    assert meta["operators"]["sum"]["subtasks"] == [{"file": "sum-0.state", "size": 5}, None]
-    assert meta["operators"]["src"]["subtasks"][0]["file"] == "src-0.state"
-    assert meta["checkpoint_id"] == 4 and meta["max_parallelism"] == 128
+    assert meta.operators["sum"].subtasks == [StateHandle("sum-0.state", 5, 0), None]
+    assert meta.operators["src"].subtasks[0] == StateHandle("src-0.state", 3, 0)
+    assert meta.checkpoint_id == 4 and meta.max_parallelism == 128
+    assert p.size == 8
+    stored = meta.to_json()  # as _metadata holds it, and back
+    assert stored["operators"]["sum"]["subtasks"][0] == {
+        "file": "sum-0.state", "size": 5, "crc32": 0, "keyed_offset": 0}
+    assert CheckpointMetadata.from_json(stored, "_metadata") == meta
 
 
 def test_operator_is_finished_only_when_every_subtask_finished():
@@ -65,5 +71,5 @@ def test_operator_is_finished_only_when_every_subtask_finished():
     p.acknowledge(2, {"sum": None}, 11, finished=False)
     meta = build_metadata("job", p, {0: (0, 0, ["src"]), 1: (1, 0, ["sum"]), 2: (1, 1, ["sum"])},
                           {"src": 1, "sum": 2}, {"src": "split", "sum": "split"}, 128)
-    assert meta["operators"]["src"]["finished"] is True
-    assert meta["operators"]["sum"]["finished"] is False  # partly finished: keeps running
+    assert meta.operators["src"].finished is True
+    assert meta.operators["sum"].finished is False  # partly finished: keeps running

@@ -10,6 +10,7 @@ import threading
 import msgpack
 import pytest
 
+from lockgate.checkpoint.metadata import StateHandle
 from lockgate.protocol import (
     END_OF_PARTITION,
     IDLE,
@@ -42,14 +43,14 @@ from lockgate.protocol import (
     decode_control,
     encode_control,
 )
-from lockgate.runtime import wire
+from lockgate.runtime import handshake, wire
 
 CONTROL = [
     Start({0: ("127.0.0.1", 4000), 3: ("10.0.0.2", 5)}), TriggerCheckpoint(7),
     NotifyComplete(7), NotifyAborted(8), Finish(), Drain(), Cancel(),
     Register("127.0.0.1", 0, 1234), Running(),
-    Ack(7, {"sums": {"file": "sums-0.state", "size": 10, "crc32": 3}, "out": None}, 10, 4,
-        False, 0.25),
+    Ack(7, {"sums": StateHandle("sums-0.state", 10, 3, 0, {0: (0, 4), 5: (4, 6)},
+                                {"reduce": "value"}, (10, 2)), "out": None}, 10, 4, False, 0.25),
     Decline(7, "writing the snapshot failed", "OSError"), Decline(9, "subsumed"),
     InputEnded(10, 4), Finished(10, 4), Failed("ValueError: x", "ValueError", None, "tb"),
     Failed("E: y", "E", "a batch of 3 records", ""),
@@ -73,6 +74,10 @@ def test_control_messages_round_trip(message) -> None:
     (msgpack.packb(["trigger", "1"]), "field checkpoint_id has type str"),
     (msgpack.packb(["trigger", True]), "field checkpoint_id has type bool"),
     (msgpack.packb(["ack", 1, [], 0, 0, False, 0.0]), "field handles has type list"),
+    (msgpack.packb(["ack", 1, {"u": {"file": "../x", "size": 1, "crc32": 0}}, 0, 0, False, 0.0]),
+     "ack: "),
+    (msgpack.packb(["ack", 1, {"u": {"file": "x", "size": -1, "crc32": 0}}, 0, 0, False, 0.0]),
+     "ack: "),
     (msgpack.packb(["start", {"0": ["h", 1]}]), "peers must map"),
     (msgpack.packb(["start", {0: ["h"]}]), "peers must map"),
 ])
@@ -124,9 +129,9 @@ def test_the_handshake_carries_a_typed_hello_and_refuses_a_wrong_secret() -> Non
     ra, rb = a.makefile("rb", buffering=0), b.makefile("rb", buffering=0)
     got = {}
     server = threading.Thread(target=lambda: got.setdefault(
-        "hello", wire.authenticate_server(a, ra, b"s" * 32)))
+        "hello", handshake.authenticate_server(a, ra, b"s" * 32)[1]))
     server.start()
-    wire.authenticate_client(b, rb, b"s" * 32, Hello("task", "j", 1, 4))
+    handshake.authenticate_client(b, rb, b"s" * 32, Hello("task", "j", 1, 4))
     server.join(5)
     assert got["hello"] == Hello("task", "j", 1, 4)
     a.close(), b.close()
@@ -137,7 +142,7 @@ def test_the_handshake_carries_a_typed_hello_and_refuses_a_wrong_secret() -> Non
 
     def serve() -> None:
         try:
-            wire.authenticate_server(a, ra, b"s" * 32)
+            handshake.authenticate_server(a, ra, b"s" * 32)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
         a.shutdown(socket.SHUT_RDWR)  # (close() leaves the fd open for the reader)
@@ -145,7 +150,7 @@ def test_the_handshake_carries_a_typed_hello_and_refuses_a_wrong_secret() -> Non
     server = threading.Thread(target=serve)
     server.start()
     with pytest.raises((wire.ConnectionClosed, OSError)):
-        wire.authenticate_client(b, rb, b"x" * 32, Hello("task", "j", 1, 4))
+        handshake.authenticate_client(b, rb, b"x" * 32, Hello("task", "j", 1, 4))
     server.join(5)
     assert "does not hold the job secret" in str(errors[0])
     b.close()
@@ -153,12 +158,19 @@ def test_the_handshake_carries_a_typed_hello_and_refuses_a_wrong_secret() -> Non
 
 def test_a_control_channel_sends_and_receives_typed_messages() -> None:
     a, b = socket.socketpair()
-    left = wire.ControlChannel(a, a.makefile("rb", buffering=0))
-    right = wire.ControlChannel(b, b.makefile("rb", buffering=0))
+    ra, rb = a.makefile("rb", buffering=0), b.makefile("rb", buffering=0)
+    got: dict[str, wire.Link] = {}
+    server = threading.Thread(target=lambda: got.setdefault(
+        "link", handshake.authenticate_server(b, rb, b"s" * 32)[0]))
+    server.start()
+    left = wire.ControlChannel(handshake.authenticate_client(a, ra, b"s" * 32,
+                                                             Hello("task", "j", 1, 4)))
+    server.join(5)
+    right = wire.ControlChannel(got["link"])
     for message in CONTROL:
         left.send(message)
         assert right.recv() == message
-    wire.send_frame(a, wire.Frame.CONTROL, msgpack.packb(["nope"]))
+    left.link.send(wire.Frame.CONTROL, msgpack.packb(["nope"]))
     with pytest.raises(ProtocolError):
         right.recv()
     left.close()

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
 from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
+from lockgate.state.keygroups import key_group_range
 
 
-def op_meta(parallelism: int, m: int) -> dict:
-    from lockgate.state.keygroups import key_group_range
-
-    subtasks = []
+def op_meta(parallelism: int, m: int) -> OperatorMetadata:
+    subtasks: list[StateHandle | None] = []
     for i in range(parallelism):
-        kgs = {str(kg): [kg * 10, 10] for kg in key_group_range(i, parallelism, m)}
-        subtasks.append({"file": f"op-{i}.state", "keyed_offset": 0, "key_groups": kgs,
-                         "states": {"s": "value"}})
-    return {"parallelism": parallelism, "subtasks": subtasks}
+        kgs = {kg: (kg * 10, 10) for kg in key_group_range(i, parallelism, m)}
+        subtasks.append(StateHandle(f"op-{i}.state", 10 * len(kgs), 0, 0, kgs,
+                                    {"s": "value"}))
+    return OperatorMetadata(parallelism, OperatorStateMode.SPLIT, subtasks)
 
 
 def test_each_key_group_restored_exactly_once_at_any_parallelism():

@@ -83,9 +83,9 @@ def test_timers_are_restored_by_key_group_at_another_parallelism(parallelism: in
     fired, fired_processing = [], []
     for index in range(parallelism):
         restored = KeyedTimers(backend(index, parallelism))
-        for kg, (offset, length) in handle["key_groups"].items():
+        for kg, (offset, length) in handle.key_groups.items():
             if kg in restored.backend.key_group_range:
-                restored.backend.restore_block(data[offset:offset + length], handle["states"])
+                restored.backend.restore_block(data[offset:offset + length], handle.states)
         fired += list(restored.due(MAX_WATERMARK))
         fired_processing += list(restored.due_processing(10_000))
     assert sorted(fired) == sorted([(k, 100 + k) for k in keys] + [(k, 200) for k in keys])

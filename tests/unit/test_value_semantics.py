@@ -29,7 +29,7 @@ def written(snapshot) -> dict:
     buf = io.BytesIO()
     handle = snapshot.write(buf)
     data, out = buf.getvalue(), {}
-    for off, n in handle["key_groups"].values():
+    for off, n in handle.key_groups.values():
         _, content = StateSerializer().loads(data[off:off + n])
         for name, entries in content.items():
             out.setdefault(name, {}).update({k: v for k, v in entries})
