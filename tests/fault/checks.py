@@ -1,4 +1,7 @@
-"""Checking committed output record by record, and driving a job under kills."""
+"""Driving a job under kills: finding, stopping and killing its task processes.
+
+The checks of a job's committed output, shared with the other test areas, are
+in ``tests/fixtures.py``."""
 
 from __future__ import annotations
 
@@ -10,89 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
-from lockgate import fs
-from lockgate.runtime.task import TASK_PROCESS_PREFIX
+from lockgate.runtime.spec import TASK_PROCESS_PREFIX
 
 HERE = Path(__file__).parent
-
-
-def committed_lines(out: Path | str) -> list[list]:
-    """Every record of every committed (visible) JSONL file of the folder
-    ``out`` (a path, or a URL such as ``s3://...``)."""
-    records = []
-    for name in sorted(fs.listdir(out)):
-        if name.startswith((".", "_")):
-            continue
-        records += [json.loads(line) for line in fs.read_bytes(fs.join(out, name)).splitlines()]
-    return records
-
-
-def hidden_files(out: Path | str) -> list[str]:
-    """The hidden (in-progress or pending) files of the folder ``out`` (a path or a URL)."""
-    return sorted(name for name in fs.listdir(out) if name.startswith((".", "_")))
-
-
-def check_running_sums(records: list[list], n: int, keys: int,
-                       inputs: list[int] | None = None) -> None:
-    """For every key, the committed running sums, sorted, have successive
-    differences equal to the multiset of that key's inputs: nothing lost,
-    nothing twice. The inputs are ``1..n``, or ``inputs`` (an unbounded
-    source's records up to where it stopped)."""
-    sums: dict[int, list[int]] = defaultdict(list)
-    for k, s in records:
-        sums[k].append(s)
-    expected: dict[int, list[int]] = defaultdict(list)
-    for x in sorted(inputs) if inputs is not None else range(1, n + 1):
-        expected[x % keys].append(x)
-    assert sorted(sums) == sorted(expected), f"keys differ: {sorted(sums)}"
-    for k, inputs in expected.items():
-        got = sorted(sums[k])
-        diffs = [b - a for a, b in zip([0] + got, got, strict=False)]
-        assert len(got) == len(inputs), (
-            f"key {k}: {len(got)} committed sums for {len(inputs)} inputs "
-            f"({'duplicates' if len(got) > len(inputs) else 'losses'})"
-        )
-        assert sorted(diffs) == inputs, f"key {k}: committed sums do not match the inputs"
-
-
-def operator_state(savepoint: str, uid: str) -> list[list]:
-    """Per subtask, the operator-state entries of operator ``uid`` in a
-    checkpoint or savepoint folder (``[]`` for a subtask without any)."""
-    from lockgate.checkpoint import storage
-    from lockgate.state.serde import StateSerializer
-
-    meta = storage.read_metadata(savepoint)
-    out: list[list] = []
-    for handle in meta["operators"][uid]["subtasks"]:
-        entries: list = []
-        if handle and handle.get("op_state"):
-            offset, length = handle["op_state"]
-            data = storage.read_state_file(savepoint, handle)[offset:offset + length]
-            entries = StateSerializer().loads(data)
-        out.append(entries)
-    return out
-
-
-def split_positions(savepoint: str, uid: str = "numbers") -> dict[int, int]:
-    """The next number each ``SequenceSource`` split of the source ``uid`` would
-    read, from its operator state in a checkpoint or savepoint folder."""
-    return {s["split"]: s["next"] for entries in operator_state(savepoint, uid)
-            for s in entries}
-
-
-def sequence_read(savepoint: str, n: int, uid: str = "numbers") -> list[int]:
-    """The numbers of ``1..n`` a bounded ``SequenceSource`` had read before a
-    checkpoint or savepoint: every number that no remaining split of its
-    state would still read (splits are cut anew on rescaling)."""
-    left = [s for entries in operator_state(savepoint, uid) for s in entries]
-    ahead: set[int] = set()
-    for s in left:
-        if s["next"] <= s["end"]:
-            ahead.update(range(s["next"], s["end"] + 1, s["step"]))
-    return [x for x in range(1, n + 1) if x not in ahead]
 
 
 def descendants(pid: int) -> set[int]:

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 
-from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
+from lockgate import CheckpointConfig, DataStream, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 
 
@@ -25,12 +25,18 @@ def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval:
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, mode=mode,
                                              timeout=30.0),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
-    (p.source(SequenceSource(1, n, rate=rate), uid="numbers")
-       .map(lambda x: (x % keys, x), uid="pairs")
-       .key_by(lambda kv: kv[0])
-       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
-       .sink(FileSink(out, format="jsonl"), uid="out"))
+    running_sums(p.source(SequenceSource(1, n, rate=rate), uid="numbers"), keys, out)
     return p
+
+
+def running_sums(numbers: DataStream[int], keys: int, out: str, suffix: str = "") -> None:
+    """The running sum of ``numbers`` per key (``x % keys``), written as JSONL
+    lines ``[key, sum]`` to the folder ``out``, by operators with the uids
+    ``pairs``, ``sums`` and ``out`` (each followed by ``suffix``)."""
+    (numbers.map(lambda x: (x % keys, x), uid=f"pairs{suffix}")
+       .key_by(lambda kv: kv[0])
+       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid=f"sums{suffix}")
+       .sink(FileSink(out, format="jsonl"), uid=f"out{suffix}"))
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sys
 
-from tests.fault.checks import HERE, check_running_sums, committed_lines, drive, hidden_files
+from tests.fault.checks import HERE, drive
 from tests.fault.mutation_job import BRANCHES
+from tests.fixtures import check_running_sums, committed_lines, hidden_files
 
 
 def run(tmp_path, *, n, parallelism, keys, kills, seed, rate=None, launcher):

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from tests.fault.checks import HERE, check_running_sums, committed_lines, hidden_files, task_pids
+from tests.fault.checks import HERE, task_pids
+from tests.fixtures import check_exact_sums
 
 N = 60_000
 
@@ -63,5 +64,4 @@ def test_kill_driver_then_resume_at_other_parallelism(tmp_path, before, after):
     assert b.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
     assert result["restarts"] == 0
-    check_running_sums(committed_lines(tmp_path / "out"), N, 5)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", N, 5)

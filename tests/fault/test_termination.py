@@ -21,15 +21,16 @@ from lockgate import (
 from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import LockgateError
-from tests.fault.checks import (
+from tests.fault.checks import task_processes, wait_stopped
+from tests.fault.sums_job import build, running_sums
+from tests.fixtures import (
+    check_exact_sums,
     check_running_sums,
     committed_lines,
     hidden_files,
     split_positions,
-    task_processes,
-    wait_stopped,
+    start_and_await,
 )
-from tests.fault.sums_job import build
 
 
 def _two_sources(tmp: Path, short: int, long: int) -> Pipeline:
@@ -38,11 +39,8 @@ def _two_sources(tmp: Path, short: int, long: int) -> Pipeline:
                  checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")),
                  restart=FixedDelayRestart(max_attempts=5, delay_s=0.0))
     for name, n, rate in (("a", short, None), ("b", long, 20_000)):
-        (p.source(SequenceSource(1, n, rate=rate), uid=f"numbers-{name}")
-           .map(lambda x: (x % 3, x), uid=f"pairs-{name}")
-           .key_by(lambda kv: kv[0])
-           .reduce(lambda a, b: (a[0], a[1] + b[1]), uid=f"sums-{name}")
-           .sink(FileSink(str(tmp / f"out-{name}"), format="jsonl"), uid=f"out-{name}"))
+        running_sums(p.source(SequenceSource(1, n, rate=rate), uid=f"numbers-{name}"), 3,
+                     str(tmp / f"out-{name}"), suffix=f"-{name}")
     return p
 
 
@@ -79,9 +77,8 @@ def test_sources_finishing_at_different_times_with_a_kill_in_between(tmp_path: P
     thread.join(10)
     assert "pid" in killed, "source b ended before the kill (machine too slow?)"
     assert result.restarts == 1, result.failures
-    check_running_sums(committed_lines(tmp_path / "out-a"), short, 3)
-    check_running_sums(committed_lines(tmp_path / "out-b"), long, 3)
-    assert hidden_files(tmp_path / "out-a") == [] and hidden_files(tmp_path / "out-b") == []
+    check_exact_sums(tmp_path / "out-a", short, 3)
+    check_exact_sums(tmp_path / "out-b", long, 3)
     assert result.records_in == short + long
 
 
@@ -120,8 +117,7 @@ def test_kill_during_a_savepoint(tmp_path: Path, launcher: str) -> None:
     resumed = build(n, 3, 4, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)
     final = resumed.run(launcher=launcher, from_savepoint=result.savepoint)
     assert final.records_in == n
-    check_running_sums(committed_lines(tmp_path / "out"), n, 4)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", n, 4)
 
 
 class _MarkAtFinish(KeyedProcessFunction):
@@ -143,11 +139,8 @@ def _finished_branch_job(tmp: Path, parallelism: int, short: int, long: int) -> 
        .key_by(lambda x: x % 3)
        .process(_MarkAtFinish(), uid="mark-a")
        .sink(FileSink(str(tmp / "out-a"), format="jsonl"), uid="out-a"))
-    (p.source(SequenceSource(1, long, rate=20_000), uid="numbers-b")
-       .map(lambda x: (x % 3, x), uid="pairs-b")
-       .key_by(lambda kv: kv[0])
-       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums-b")
-       .sink(FileSink(str(tmp / "out-b"), format="jsonl"), uid="out-b"))
+    running_sums(p.source(SequenceSource(1, long, rate=20_000), uid="numbers-b"), 3,
+                 str(tmp / "out-b"), suffix="-b")
     return p
 
 
@@ -159,15 +152,10 @@ def test_finished_operators_are_recorded_and_skipped_on_restore(tmp_path: Path,
     at another parallelism: ``a`` reads nothing and its ``finish()`` does not run
     again (no second set of markers), while ``b`` continues exactly."""
     short, long = 600, 60_000
-    a_done = threading.Event()
-
-    def on_progress(progress) -> None:
-        if len(committed_lines(tmp_path / "out-a")) == short + parallelism:
-            a_done.set()
-
-    client = _finished_branch_job(tmp_path, parallelism, short, long).start(
-        launcher="local", on_progress=on_progress)
-    assert a_done.wait(120), "branch a's output was not committed"
+    client = start_and_await(
+        _finished_branch_job(tmp_path, parallelism, short, long), launcher="local",
+        until=lambda _: len(committed_lines(tmp_path / "out-a")) == short + parallelism,
+        what="branch a's output was not committed")
     result = client.stop(str(tmp_path / "sp"))
     assert result.status == "stopped", result
     ops = storage.read_metadata(result.savepoint)["operators"]
@@ -181,8 +169,8 @@ def test_finished_operators_are_recorded_and_skipped_on_restore(tmp_path: Path,
     out_a = committed_lines(tmp_path / "out-a")
     assert sorted(x for x in out_a if x != "finished") == list(range(1, short + 1))
     assert out_a.count("finished") == parallelism  # finish() ran once per subtask, ever
-    check_running_sums(committed_lines(tmp_path / "out-b"), long, 3)
-    assert hidden_files(tmp_path / "out-a") == [] and hidden_files(tmp_path / "out-b") == []
+    check_exact_sums(tmp_path / "out-b", long, 3)
+    assert hidden_files(tmp_path / "out-a") == []
 
 
 def test_drained_savepoint_records_nothing_as_finished(tmp_path: Path) -> None:
@@ -190,9 +178,7 @@ def test_drained_savepoint_records_nothing_as_finished(tmp_path: Path) -> None:
     operator as finished, so a job resumed from it reads on (and exactly)."""
     n = 60_000
     p = build(n, 2, 3, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1, rate=20_000)
-    checkpointed = threading.Event()
-    client = p.start(launcher="local", on_progress=lambda _: checkpointed.set())
-    assert checkpointed.wait(120)
+    client = start_and_await(p, launcher="local")
     result = client.stop(str(tmp_path / "sp"), drain=True)
     assert result.status == "finished", result
     meta = storage.read_metadata(result.savepoint)
@@ -269,11 +255,8 @@ def _uneven_job(tmp: Path, parallelism: int, n: int, rate: float | None) -> Pipe
     p = Pipeline("uneven", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")),
                  restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
-    (p.source(_UnevenSequence(2_000, n, rate=rate), uid="numbers")
-       .map(lambda x: (x % 3, x), uid="pairs")
-       .key_by(lambda kv: kv[0])
-       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
-       .sink(FileSink(str(tmp / "out"), format="jsonl"), uid="out"))
+    running_sums(p.source(_UnevenSequence(2_000, n, rate=rate), uid="numbers"), 3,
+                 str(tmp / "out"))
     return p
 
 
@@ -313,5 +296,4 @@ def test_partly_finished_source_keeps_its_running_tasks_state(tmp_path: Path) ->
     final = _uneven_job(tmp_path, 1, n, None).run(launcher="local",
                                                   from_savepoint=result.savepoint)
     assert final.status == "finished" and final.records_in == n
-    check_running_sums(committed_lines(tmp_path / "out"), n, 3)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", n, 3)

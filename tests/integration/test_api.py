@@ -47,20 +47,14 @@ from lockgate.connectors import (
 )
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import build_job_graph
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 from tests.fault.sums_job import build as build_sums
+from tests.fixtures import check_exact_sums, committed_lines, hidden_files, visible_files
 
 LAUNCHER = "local"  # explicit: the default launcher may change
 
 
 def _config(tmp_path: Path, **kw: Any) -> CheckpointConfig:
     return CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk"), **kw)
-
-
-def visible_files(folder: Path) -> dict[str, bytes]:
-    """Name -> content of every committed (visible) file of a sink folder."""
-    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())
-            if not f.name.startswith((".", "_"))}
 
 
 # ------------------------------------------------------- stateless operators
@@ -261,8 +255,7 @@ def test_at_least_once_mode_is_exact_without_failures(tmp_path: Path) -> None:
     p = build_sums(n, 2, 3, str(out), str(tmp_path / "chk"), 0.1, mode="at_least_once",
                    rate=40_000)
     result = p.run(launcher=LAUNCHER)
-    check_running_sums(committed_lines(out), n, 3)
-    assert hidden_files(out) == []
+    check_exact_sums(out, n, 3)
     assert (result.guarantee, result.restarts) == ("at_least_once", 0), result.failures
     assert (result.records_in, result.records_out) == (n, n)
     assert result.completed_checkpoints

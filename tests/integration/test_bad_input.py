@@ -43,18 +43,18 @@ from lockgate.errors import (
     JobFailedError,
     PipelineDefinitionError,
 )
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 from tests.fault.sums_job import build as build_sums
+from tests.fixtures import (
+    check_exact_sums,
+    check_running_sums,
+    committed_lines,
+    hidden_files,
+    visible_files,
+)
 
 LAUNCHER = "local"  # explicit: the default launcher may change
 N = 4000
 KEYS = 3
-
-
-def visible_files(folder: Path) -> dict[str, bytes]:
-    """Name -> content of every committed (visible) file of a sink folder."""
-    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())
-            if not f.name.startswith((".", "_"))}
 
 
 # ------------------------------------------------ damaged checkpoints
@@ -383,8 +383,7 @@ def test_user_function_raising_fails_the_job_and_keeps_committed_output(
     assert latest is not None
     result = _sums(tmp_path, identity, None).run(launcher=LAUNCHER,
                                                  from_checkpoint=str(latest))
-    check_running_sums(committed_lines(out), N, KEYS)
-    assert hidden_files(out) == []
+    check_exact_sums(out, N, KEYS)
     assert (result.restarts, result.records_in, result.records_out) == (0, N, N)
 
 

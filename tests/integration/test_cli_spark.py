@@ -3,12 +3,13 @@ and with ``spark-submit app.py``."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.fixtures import committed_lines
 
 APP = """
 import sys
@@ -30,9 +31,7 @@ if __name__ == "__main__":
 
 
 def _final_sums(out: Path) -> list[int]:
-    sums = [int(json.loads(line)) for f in sorted(out.glob("part-*"))
-            for line in f.read_text().splitlines()]
-    return sorted(sums)
+    return sorted(int(s) for s in committed_lines(out))
 
 
 def _expected(n: int) -> list[int]:

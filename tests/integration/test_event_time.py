@@ -25,7 +25,7 @@ from lockgate import (
 from lockgate.checkpoint import storage
 from lockgate.cli_savepoint import describe_savepoint
 from lockgate.connectors import FileSink, FileSource, SequenceSource
-from tests.fault.checks import committed_lines, hidden_files, sequence_read
+from tests.fixtures import committed_lines, hidden_files, sequence_read, start_and_await
 
 WINDOW = 1_000
 KEYS = 3
@@ -147,12 +147,9 @@ def test_stop_keeps_timers_and_drain_fires_them(tmp_path: Path) -> None:
 
     def started(parallelism: int, savepoint: str | None, ready: Callable[[], bool]):
         """The job, once a checkpoint completed after which ``ready()`` holds."""
-        event = threading.Event()
-        client = job(tmp_path, n, parallelism, rate=60_000).start(
-            launcher="local", from_savepoint=savepoint,
-            on_progress=lambda _: ready() and event.set())
-        assert event.wait(120), "the job did not get there"
-        return client
+        return start_and_await(job(tmp_path, n, parallelism, rate=60_000), launcher="local",
+                               from_savepoint=savepoint, until=lambda _: ready(),
+                               what="the job did not get there")
 
     # the first job stops once some window was committed (a checkpoint
     # commits the windows that fired before its barrier: not always the first)

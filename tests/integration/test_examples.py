@@ -13,6 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.fixtures import committed_lines
+
 EXAMPLES = Path(__file__).parents[2] / "examples"
 WAYS = ["python", "lockgate run", "spark-submit"]
 
@@ -91,8 +93,7 @@ def test_event_time_windows(tmp_path, way):
         c["ts"] -= rng.randint(0, 5_000)  # out of order, within the bound
     (src / "clicks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in clicks))
     run_example(way, "event_time_windows.py", [str(src), str(tmp_path / "out")], tmp_path)
-    rows = [json.loads(line) for f in sorted((tmp_path / "out").glob("part-*"))
-            for line in f.read_text().splitlines()]
+    rows = committed_lines(tmp_path / "out")
     assert not [r for r in rows if "late" in r]
     got = Counter()
     for r in rows:

@@ -27,7 +27,7 @@ from lockgate.cli_savepoint import describe_savepoint
 from lockgate.cluster.result import Progress
 from lockgate.connectors import FileSink, FileSource
 from lockgate.spark import _load_metadata, _read_entries
-from tests.fault.checks import committed_lines, hidden_files
+from tests.fixtures import committed_lines, hidden_files, start_and_await
 
 KEYS = 7
 
@@ -175,10 +175,9 @@ def test_stop_keeps_processing_time_timers_and_resumed_they_fire(tmp_path: Path)
     records get timers of their own; every record is committed once."""
     n = 20_000
     write_input(tmp_path / "in", n)
-    read = threading.Event()
-    first = pipeline(tmp_path, 2, delay_ms=5_000).start(
-        launcher="local", on_progress=lambda pr: pr.records_read == n and read.set())
-    assert read.wait(120), "the input was not read"
+    first = start_and_await(pipeline(tmp_path, 2, delay_ms=5_000), launcher="local",
+                            until=lambda pr: pr.records_read == n,
+                            what="the input was not read")
     stopped = first.stop(str(tmp_path / "sp"))
     assert stopped.status == "stopped"
     hold = next(op for op in describe_savepoint(stopped.savepoint)["operators"]

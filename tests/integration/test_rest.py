@@ -21,7 +21,7 @@ from pathlib import Path
 from lockgate.checkpoint import storage
 from lockgate.connectors import SequenceSource
 from lockgate.web import client, discovery
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files, operator_state
+from tests.fixtures import check_running_sums, committed_lines, hidden_files, operator_state
 
 REPO = Path(__file__).resolve().parents[2]
 PARALLELISM = 2

@@ -20,8 +20,8 @@ from lockgate.cli import main as cli_main
 from lockgate.connectors import FileSink, FileSource
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import ConfigurationError, JobFailedError, OutputLostError
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 from tests.fault.sums_job import build
+from tests.fixtures import check_exact_sums, committed_lines, hidden_files
 
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
@@ -73,8 +73,7 @@ def s3(s3_server, monkeypatch):
 
 
 def _check_job(result, out: str, n: int, keys: int = 2) -> None:
-    check_running_sums(committed_lines(out), n, keys)
-    assert hidden_files(out) == [], "in-progress or pending objects were left behind"
+    check_exact_sums(out, n, keys)
     assert result.status == "finished"
     assert result.records_in == n and result.records_out == n
 
@@ -218,8 +217,7 @@ def test_sums_on_file_urls(tmp_path):
     faults = [{"point": "commit", "task": 2, "attempt": 0, "count": 2}]
     result = build(n, 2, 2, out, chk, interval=0.1, rate=40_000).run(
         launcher="local", fault_injection=faults, job_id="sums-file")
-    check_running_sums(committed_lines(tmp_path / "out"), n, 2)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", n, 2)
     assert result.status == "finished" and result.restarts == 1
     assert result.latest_checkpoint.startswith("file://")
     done = storage.completed_checkpoints(tmp_path / "chk" / "sums-file")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import threading
 from pathlib import Path
 
 import pytest
@@ -23,33 +22,28 @@ from lockgate import (
 from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import CheckpointCorruptError, JobFailedError, LockgateError
-from tests.fault.checks import (
-    check_running_sums,
+from tests.fault.checks import task_processes
+from tests.fault.sums_job import build
+from tests.fixtures import (
+    check_exact_sums,
     committed_lines,
     hidden_files,
-    task_processes,
+    start_and_await,
+    visible_files,
 )
-from tests.fault.sums_job import build
 
 N = 200_000
 KEYS = 5
 
 
 def _start(tmp: Path, parallelism: int, launcher: str, **kwargs):
-    """Start the sums job; return (client, event set after its first checkpoint)."""
+    """Start the sums job; return its client once its first checkpoint completed."""
     p = build(N, parallelism, KEYS, str(tmp / "out"), str(tmp / "chk"), 0.2, rate=40_000)
-    checkpointed = threading.Event()
-
-    def on_progress(progress) -> None:
-        checkpointed.set()
-
-    client = p.start(launcher=launcher, on_progress=on_progress, **kwargs)
-    return client, checkpointed
+    return start_and_await(p, launcher=launcher, **kwargs)
 
 
 def _hop(tmp: Path, parallelism: int, launcher: str, drain: bool, savepoint: str | None):
-    client, checkpointed = _start(tmp, parallelism, launcher, from_savepoint=savepoint)
-    assert checkpointed.wait(120), "no checkpoint completed"
+    client = _start(tmp, parallelism, launcher, from_savepoint=savepoint)
     result = client.stop(dir=str(tmp / "savepoints"), drain=drain)
     assert result.status == ("finished" if drain else "stopped"), result
     assert result.savepoint is not None
@@ -73,8 +67,7 @@ def test_stop_with_savepoint_and_rescale_is_exact(tmp_path: Path, launcher: str)
     final = p.run(launcher=launcher, from_savepoint=r4.savepoint)
     assert final.status == "finished"
     assert final.records_in == N and final.records_out == N
-    check_running_sums(committed_lines(tmp_path / "out"), N, KEYS)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", N, KEYS)
     # savepoints are never deleted by Lockgate
     for r in (r1, r2, r3, r4):
         assert storage.read_metadata(r.savepoint)["kind"] == "savepoint"
@@ -83,8 +76,7 @@ def test_stop_with_savepoint_and_rescale_is_exact(tmp_path: Path, launcher: str)
 def test_intermediate_savepoint_commits_nothing_and_moves(tmp_path: Path) -> None:
     """A savepoint taken while the job goes on: the job's next checkpoint
     commits the sink's work; the savepoint folder, moved elsewhere, restores."""
-    client, checkpointed = _start(tmp_path, 2, "local")
-    assert checkpointed.wait(120)
+    client = _start(tmp_path, 2, "local")
     path = client.savepoint(dir=str(tmp_path / "sp"))
     history = client.checkpoints()
     assert any(h["kind"] == "savepoint" and h["status"] == "completed" for h in history)
@@ -97,8 +89,7 @@ def test_intermediate_savepoint_commits_nothing_and_moves(tmp_path: Path) -> Non
     p = build(N, 2, KEYS, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2)
     final = p.run(launcher="local", from_savepoint=str(moved))
     assert final.records_in == N
-    check_running_sums(committed_lines(tmp_path / "out"), N, KEYS)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", N, KEYS)
     assert storage.read_metadata(path)["kind"] == "savepoint"
 
 
@@ -113,7 +104,7 @@ def test_failure_after_intermediate_savepoints_rolls_back_past_them(tmp_path: Pa
     while len(savepoints) < 2 or storage.read_metadata(savepoints[-1])["progress"]["read"] == 0:
         assert len(savepoints) < 200, "no record was read before the savepoints"
         savepoints.append(client.savepoint(dir=str(tmp_path / "sp")))
-    assert [f for f in (tmp_path / "out").iterdir() if not f.name.startswith((".", "_"))] == []
+    assert visible_files(tmp_path / "out") == {}
     assert any(f.name.endswith(".pending") for f in (tmp_path / "out").iterdir()), \
         "the savepoints pre-committed nothing: the test would prove nothing"
     victim = max(pid for pid, (attempt, _) in task_processes(os.getpid()).items() if attempt == 0)
@@ -121,14 +112,12 @@ def test_failure_after_intermediate_savepoints_rolls_back_past_them(tmp_path: Pa
     result = client.result(timeout=300)
     assert result.status == "finished" and result.restarts == 1, result.failures
     assert not any(c.status == "completed" and c.kind == "checkpoint" for c in result.checkpoints)
-    check_running_sums(committed_lines(tmp_path / "out"), N, KEYS)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", N, KEYS)
     assert result.records_in == N
 
 
 def test_unknown_uid_in_savepoint_is_refused_unless_allowed(tmp_path: Path) -> None:
-    client, checkpointed = _start(tmp_path, 2, "local")
-    assert checkpointed.wait(120)
+    client = _start(tmp_path, 2, "local")
     sp = client.stop(dir=str(tmp_path / "sp")).savepoint
     assert sp is not None
     before = sorted(f.name for f in (tmp_path / "out").iterdir())
@@ -154,8 +143,7 @@ def test_a_moved_sink_or_another_jobs_savepoint_is_refused_saying_what_differs(
     job's savepoint), the restore says what differs and how to go on, fails
     at once, and touches nothing; the advice (a new sink uid,
     allow_non_restored_state) works."""
-    client, checkpointed = _start(tmp_path, 2, "local")
-    assert checkpointed.wait(120)
+    client = _start(tmp_path, 2, "local")
     sp = client.stop(dir=str(tmp_path / "sp")).savepoint
     assert sp is not None
     meta = storage.read_metadata(sp)
@@ -189,8 +177,7 @@ def test_a_moved_sink_or_another_jobs_savepoint_is_refused_saying_what_differs(
 
 
 def test_savepoint_without_a_folder_is_a_clear_error(tmp_path: Path) -> None:
-    client, checkpointed = _start(tmp_path, 1, "local")
-    assert checkpointed.wait(120)
+    client = _start(tmp_path, 1, "local")
     with pytest.raises(LockgateError, match="no savepoint folder"):
         client.savepoint()
     assert client.cancel().status == "cancelled"
@@ -228,10 +215,7 @@ def _counting(tmp: Path, fn: KeyedProcessFunction, n: int, rate: float | None) -
 
 
 def test_changed_state_type_is_refused_naming_both_types(tmp_path: Path) -> None:
-    checkpointed = threading.Event()
-    client = _counting(tmp_path, CountV1(), 100_000, 20_000).start(
-        launcher="local", on_progress=lambda progress: checkpointed.set())
-    assert checkpointed.wait(120)
+    client = start_and_await(_counting(tmp_path, CountV1(), 100_000, 20_000), launcher="local")
     sp = client.stop(dir=str(tmp_path / "sp")).savepoint
     before = sorted(f.name for f in (tmp_path / "out").iterdir() if not f.name.startswith("."))
     with pytest.raises(JobFailedError) as info:
@@ -253,8 +237,7 @@ def _state_file_of(savepoint: Path, uid: str) -> Path:
                                     "sink state deleted"])
 def test_corrupt_savepoint_is_refused_and_committed_output_kept(tmp_path: Path,
                                                                 damage: str) -> None:
-    client, checkpointed = _start(tmp_path, 2, "local")
-    assert checkpointed.wait(120)
+    client = _start(tmp_path, 2, "local")
     sp = Path(client.stop(dir=str(tmp_path / "sp")).savepoint)
     output = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
     if damage == "metadata garbage":

@@ -6,7 +6,6 @@ running sums exact across the hops (issue 10, item 2)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -15,11 +14,12 @@ import pytest
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import FileSink, FileSource, SequenceSource
 from lockgate.connectors.sequence import deal_splits
-from tests.fault.checks import (
+from tests.fixtures import (
+    check_exact_sums,
     check_running_sums,
     committed_lines,
-    hidden_files,
     operator_state,
+    start_and_await,
 )
 from tests.integration.spark_session import fresh_spark_session
 
@@ -54,10 +54,8 @@ def hop(tmp: Path, parallelism: int, source, key_of, savepoint: str | None,
     """Run one hop until a checkpoint completed (or ``done()``), then stop with
     a savepoint (the next hop's restore commits what it pre-committed; a
     drain commits it at once); return it."""
-    checkpoints = threading.Event()
-    client = build(tmp, parallelism, source, key_of).start(
-        launcher="local", from_savepoint=savepoint, on_progress=lambda _: checkpoints.set())
-    assert checkpoints.wait(120), "no checkpoint completed"
+    client = start_and_await(build(tmp, parallelism, source, key_of), launcher="local",
+                             from_savepoint=savepoint)
     deadline = time.monotonic() + 120
     while done is not None and not done() and time.monotonic() < deadline:
         time.sleep(0.1)  # the committed output is polled: files, no event
@@ -92,8 +90,7 @@ def test_unbounded_sequence_scaled_2_1_3_reads_everything_once(tmp_path: Path) -
     top = max(s["next"] for s in left)
     read = [x for x in range(1, top) if not ahead(x, left)]
     assert len(read) > 1_000
-    check_running_sums(committed_lines(tmp_path / "out"), 0, KEYS, inputs=read)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", 0, KEYS, inputs=read)
 
 
 def test_bounded_sequence_scaled_2_1_3_is_exact(tmp_path: Path) -> None:
@@ -162,10 +159,8 @@ def test_dataframe_source_scaled_2_1_3_is_exact(tmp_path: Path) -> None:
 
         savepoint = None
         for p in HOPS:
-            checkpoints = threading.Event()
-            client = with_df(tmp_path, p).start(launcher="local", from_savepoint=savepoint,
-                                                on_progress=lambda _, ev=checkpoints: ev.set())
-            assert checkpoints.wait(120), "no checkpoint completed"
+            client = start_and_await(with_df(tmp_path, p), launcher="local",
+                                     from_savepoint=savepoint)
             result = client.stop(str(tmp_path / "savepoints"))
             assert result.status == "stopped", result
             savepoint = result.savepoint

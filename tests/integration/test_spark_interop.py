@@ -26,7 +26,7 @@ from lockgate.errors import (
 from lockgate.spark import StateNotFoundError, read_state, write_savepoint
 from lockgate.state.serde import StateSerializationError, StateSerializer
 from lockgate.state_schema import merge_signatures, to_json_text, value_signature
-from tests.fault.checks import check_running_sums, hidden_files
+from tests.fixtures import check_running_sums, hidden_files
 from tests.integration.spark_session import fresh_spark_session
 
 SLOTS = 6  # a job at parallelism 2 has 4 tasks: 2 slots stay free for Spark reads

@@ -13,8 +13,8 @@ import pytest
 
 from lockgate.cluster.spark_launcher import SparkLauncher
 from lockgate.errors import ConfigurationError
-from tests.fault.checks import check_running_sums, committed_lines, hidden_files
 from tests.fault.sums_job import build
+from tests.fixtures import check_exact_sums
 from tests.integration.spark_session import fresh_spark_session
 
 SLOTS = 4  # the sums job at parallelism 2 has 4 tasks
@@ -47,8 +47,7 @@ def test_sums_exact_on_spark(spark, launchers, tmp_path: Path) -> None:
     result = p.run(launcher="spark", spark=spark)
     assert result.restarts == 0
     assert (result.records_in, result.records_out) == (n, n)
-    check_running_sums(committed_lines(tmp_path / "out"), n, 2)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", n, 2)
     assert len(launchers) == 1
     assert launchers[0].pids() == {}  # every task of the attempt is gone
 
@@ -90,8 +89,7 @@ def test_sigkill_of_a_python_worker_restarts_from_the_checkpoint(
     assert len(launchers) == result.restarts + 1
     # restored from a completed checkpoint, and nothing read or written twice
     assert (result.records_in, result.records_out) == (n, n)
-    check_running_sums(committed_lines(tmp_path / "out"), n, 2)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", n, 2)
     assert result.recovery_times and max(result.recovery_times) < 10
     for launcher in launchers:
         assert launcher.pids() == {}

@@ -19,12 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.checks import (
-    check_running_sums,
-    committed_lines,
-    hidden_files,
-    task_processes,
-)
+from tests.fault.checks import task_processes
+from tests.fixtures import check_exact_sums
 
 APP = """
 import sys
@@ -166,8 +162,7 @@ def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
     assert "1 restarts" in stdout, stdout
     # plain local paths on a cluster: the driver warns they must be shared
     assert "plain local path" in log and "file://" in log, log[-3000:]
-    check_running_sums(committed_lines(out), n, 3)
-    assert hidden_files(out) == []
+    check_exact_sums(out, n, 3)
 
 
 def test_relative_paths_on_a_cluster_are_the_drivers_and_warned_of(
@@ -184,7 +179,6 @@ def test_relative_paths_on_a_cluster_are_the_drivers_and_warned_of(
          str(n), "out", "chk"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    check_running_sums(committed_lines(tmp_path / "out"), n, 3)
-    assert hidden_files(tmp_path / "out") == []
+    check_exact_sums(tmp_path / "out", n, 3)
     assert re.search(r"sink 'out' is the plain local path \S*out", result.stderr), \
         result.stderr[-3000:]

@@ -23,8 +23,8 @@ from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import FileSink, FileSource
 from lockgate.errors import CheckpointCorruptError, JobFailedError
 from lockgate.state.serde import StateSerializer
-from tests.fault.checks import operator_state
 from tests.fault.sums_job import build as build_sums
+from tests.fixtures import operator_state
 
 
 def tree(root: Path, skip: set[Path]) -> dict[str, str]:
