@@ -47,6 +47,11 @@ class CheckpointConfig:
         history_size: how many of the newest checkpoints the job's history
             keeps (``JobResult.checkpoints``, ``lockgate checkpoints``); older
             records are dropped so that a long-running job's memory stays flat.
+        encrypt_traffic: seal every frame between the driver and the tasks and
+            between tasks with AES-256-GCM (keys derived from the job secret),
+            for a cluster whose network others share. Off, every frame is
+            authenticated (HMAC) but readable on the network. See
+            docs/security.md; needs the ``cryptography`` package.
     """
 
     interval: float | None = 1.0
@@ -58,6 +63,7 @@ class CheckpointConfig:
     min_pause: float = 0.0
     savepoint_dir: str | None = None
     history_size: int = 1000
+    encrypt_traffic: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", CheckpointingMode(self.mode))

@@ -10,11 +10,11 @@ import logging
 import queue
 import socket
 import threading
-from typing import BinaryIO, get_args
+from typing import get_args
 
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskMessage
 from lockgate.protocol import ControlMessage, Hello, ProtocolError, ToDriver
-from lockgate.runtime import wire
+from lockgate.runtime import handshake, wire
 
 log = logging.getLogger("lockgate.driver")
 
@@ -22,8 +22,15 @@ TO_DRIVER = get_args(ToDriver)
 
 
 class ControlServer:
+    """The control port: every connection passes the job secret's challenge
+    within a deadline (:func:`~lockgate.runtime.handshake.serve_connections`)
+    and names a task of this job, or is dropped without affecting the job.
+    With ``encrypt``, every frame is sealed with AES-GCM (docs/security.md)."""
+
     def __init__(self, secret: bytes, job_id: str, events: queue.Queue[TaskEvent],
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", encrypt: bool = False) -> None:
+        if encrypt:
+            wire.check_encryption()
         self.secret = secret
         self.job_id = job_id
         self.events = events
@@ -35,16 +42,17 @@ class ControlServer:
         self._channels: dict[tuple[int, int], wire.ControlChannel] = {}
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=wire.serve_connections,
-                         args=(self._sock, secret, "control", self._serve, 65536),
+        threading.Thread(target=handshake.serve_connections,
+                         args=(self._sock, secret, "control", self._serve),
+                         kwargs={"buffering": 65536, "encrypt": encrypt},
                          daemon=True, name="control-accept").start()
 
-    def _serve(self, sock: socket.socket, reader: BinaryIO, hello: Hello) -> None:
+    def _serve(self, link: wire.Link, hello: Hello) -> None:
         if hello.job != self.job_id or hello.role != "task":
-            sock.close()
+            link.close()
             return
         attempt, task = hello.attempt, hello.task
-        channel = wire.ControlChannel(sock, reader)
+        channel = wire.ControlChannel(link)
         with self._lock:
             self._channels[(attempt, task)] = channel
         try:
@@ -84,7 +92,7 @@ class ControlServer:
 
     def close(self) -> None:
         self._closed = True
-        self._sock.close()
+        handshake.close_listener(self._sock)
         with self._lock:
             channels = list(self._channels.values())
         for c in channels:

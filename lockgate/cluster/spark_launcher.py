@@ -51,7 +51,7 @@ from lockgate.protocol import (
     LeaseGranted,
     LeaseRefused,
 )
-from lockgate.runtime import wire
+from lockgate.runtime import handshake, wire
 from lockgate.runtime.spec import TaskSpec
 
 log = logging.getLogger("lockgate.driver")
@@ -102,10 +102,11 @@ class SparkLauncher:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((coordinator[0], 0))
-        listener.listen(max(n, 16))
+        listener.listen(128)
         self._listener = listener
-        threading.Thread(target=wire.serve_connections,
+        threading.Thread(target=handshake.serve_connections,
                          args=(listener, secret, "lease", self._serve_lease),
+                         kwargs={"encrypt": specs[0].encrypt_traffic},
                          daemon=True, name="spark-leases").start()
         common = {
             "coordinator": list(coordinator), "secret": secret,
@@ -173,7 +174,7 @@ class SparkLauncher:
                 log.warning("the Spark job of attempt %d did not end after it was cancelled; "
                             "going on (its tasks are fenced)", self._attempt)
         if self._listener is not None:
-            self._listener.close()
+            handshake.close_listener(self._listener)
 
     # ------------------------------------------------------------ internals
     def _cancel(self) -> None:
@@ -206,8 +207,8 @@ class SparkLauncher:
         for t in never_ran:
             self.events.put(TaskExited(self._attempt, t, 1 if error is not None else 0))
 
-    def _serve_lease(self, sock: socket.socket, reader: Any, hello: Hello) -> None:
-        channel = wire.ControlChannel(sock, reader)
+    def _serve_lease(self, link: wire.Link, hello: Hello) -> None:
+        channel = wire.ControlChannel(link)
         task = hello.task
         with self._lock:
             ok = (hello.role == "lease" and hello.job == self._job_id
@@ -309,11 +310,9 @@ def _executor_host() -> str:
 
 def _take_lease(address: tuple[str, int], secret: bytes,
                 spec: TaskSpec) -> wire.ControlChannel | None:
-    sock = wire.connect(address)
-    reader = wire.reader_of(sock, 0)
-    wire.authenticate_client(sock, reader, secret, Hello(
-        "lease", spec.job_id, spec.attempt, spec.task_id, os.getpid(), spec.bind_host))
-    channel = wire.ControlChannel(sock, reader)
+    channel = wire.ControlChannel(handshake.open_link(address, secret, Hello(
+        "lease", spec.job_id, spec.attempt, spec.task_id, os.getpid(), spec.bind_host),
+        encrypt=spec.encrypt_traffic))
     try:
         answer = channel.recv()
     except (OSError, EOFError, ValueError):

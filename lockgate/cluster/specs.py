@@ -8,6 +8,7 @@ from lockgate.checkpoint.coordinator import CompletedCheckpoint
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.types import Partitioning
 from lockgate.runtime.spec import TaskSpec
+from lockgate.runtime.wire import max_data_frame
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Pipeline
@@ -41,5 +42,7 @@ def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipelin
                 script_classes=script_classes,
                 batch_size=pipeline.batch_size,
                 faults=list(faults),
+                encrypt_traffic=pipeline.checkpoint.encrypt_traffic,
+                max_data_frame=max_data_frame(),
             ))
     return specs

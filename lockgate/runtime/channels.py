@@ -1,25 +1,33 @@
 """A task's data channels: listening for its inputs, connecting its outputs.
 
 Every channel is a TCP connection from an upstream task to a downstream task
-that starts with the HMAC challenge (:mod:`lockgate.runtime.wire`) and a
+that starts with the HMAC challenge (:mod:`lockgate.runtime.handshake`) and a
 :class:`~lockgate.protocol.Hello` naming the job, the attempt and the
 sending task: a connection of another job or attempt is refused (fencing).
-On the input side one reader thread per channel decodes frames into stream
-elements and puts them in the task's :class:`Mailbox`.
+The data port takes connections like every listener (a deadline per
+handshake, a bound on pending ones): a peer that fails the challenge, stalls,
+or is not an expected upstream task of this attempt is dropped and the task
+goes on waiting for its real inputs. On the input side one thread per channel
+reads frames (each checked by its MAC, :class:`~lockgate.runtime.wire.Link`),
+decodes them into stream elements and puts them in the task's :class:`Mailbox`.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-from typing import BinaryIO
 
+from lockgate.errors import LockgateError
 from lockgate.graph.types import Partitioning
 from lockgate.protocol import END_OF_PARTITION, Address, ChannelLost, EndOfPartition, Hello
-from lockgate.runtime import wire
+from lockgate.runtime import handshake, wire
 from lockgate.runtime.mailbox import Mailbox
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.spec import TaskSpec
+
+BACKLOG = 128
+"""Connections the data port's kernel queue holds before they are accepted
+(its real peers must get in while others flood it)."""
 
 
 def listen(spec: TaskSpec, num_channels: int) -> socket.socket | None:
@@ -28,7 +36,7 @@ def listen(spec: TaskSpec, num_channels: int) -> socket.socket | None:
         return None
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind((spec.bind_host, 0))
-    s.listen(num_channels + 8)
+    s.listen(BACKLOG)
     return s
 
 
@@ -39,16 +47,15 @@ def connect_outputs(spec: TaskSpec, peers: dict[int, Address],
     hello = Hello("data", spec.job_id, spec.attempt, spec.task_id)
     writers = []
     for edge, targets in zip(spec.vertex.outputs, spec.outputs, strict=True):
-        socks: list[socket.socket | None] = []
+        links: list[wire.Link | None] = []
         for index, target in enumerate(targets):
             if edge.partitioning == Partitioning.FORWARD and index != spec.task_index:
-                socks.append(None)
+                links.append(None)
                 continue
-            sock = wire.connect(peers[target])
-            reader = wire.reader_of(sock, 0)
-            wire.authenticate_client(sock, reader, secret, hello)
-            socks.append(sock)
-        writers.append(OutputEdgeWriter(edge, socks, spec.task_index,
+            links.append(handshake.open_link(peers[target], secret, hello,
+                                             encrypt=spec.encrypt_traffic,
+                                             max_frame=spec.max_data_frame))
+        writers.append(OutputEdgeWriter(edge, links, spec.task_index,
                                         spec.max_parallelism, spec.batch_size))
     return writers
 
@@ -64,46 +71,62 @@ class InputChannels:
         self.channel_of = channel_of
         """Channel number of each upstream task."""
         self.mailbox = mailbox
-        self.sockets: list[socket.socket] = []
+        self.links: list[wire.Link] = []
         self.ready = threading.Event()
         """Set when every input is connected, or accepting failed (``error``)."""
         self.error: BaseException | None = None
+        self._pending = set(channel_of)
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
 
     def accept(self, listener: socket.socket) -> None:
+        self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True,
                          name="accept").start()
 
     def _accept(self, listener: socket.socket) -> None:
-        spec = self.spec
-        pending = set(self.channel_of)
         try:
-            while pending:
-                sock, _ = listener.accept()
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader = wire.reader_of(sock, 1 << 20)
-                hello = wire.authenticate_server(sock, reader, self.secret)
-                if (hello.role != "data" or hello.job != spec.job_id
-                        or hello.attempt != spec.attempt or hello.task not in pending):
-                    sock.close()  # another job, an older attempt, a duplicate: fenced off
-                    continue
-                pending.discard(hello.task)
-                self.sockets.append(sock)
-                ch = self.channel_of[hello.task]
-                threading.Thread(target=self._read, args=(ch, reader),
-                                 daemon=True, name=f"in-{ch}").start()
-        except BaseException as e:
+            handshake.serve_connections(
+                listener, self.secret, "data", self._serve, buffering=1 << 20,
+                encrypt=self.spec.encrypt_traffic, max_frame=self.spec.max_data_frame)
+        except BaseException as e:  # noqa: BLE001 - reported by the task
             self.error = e
         finally:
-            listener.close()
+            with self._lock:
+                missing = sorted(self._pending)
+            if missing and self.error is None and not self.ready.is_set():
+                self.error = LockgateError(
+                    f"the data port closed before upstream tasks {missing} connected")
             self.ready.set()
 
-    def _read(self, ch: int, reader: BinaryIO) -> None:
+    def _serve(self, link: wire.Link, hello: Hello) -> None:
+        """An authenticated connection: one of this attempt's upstream tasks
+        that has not connected yet becomes its channel; anything else (another
+        job, an older attempt, a duplicate) is fenced off."""
+        spec = self.spec
+        with self._lock:
+            ok = (hello.role == "data" and hello.job == spec.job_id
+                  and hello.attempt == spec.attempt and hello.task in self._pending)
+            if ok:
+                self._pending.discard(hello.task)
+                self.links.append(link)
+                complete = not self._pending
+        if not ok:
+            link.close()
+            return
+        if complete:
+            if self._listener is not None:
+                handshake.close_listener(self._listener)  # ends the accept loop
+            self.ready.set()
+        self._read(self.channel_of[hello.task], link)
+
+    def _read(self, ch: int, link: wire.Link) -> None:
         put = self.mailbox.put
-        read_frame = wire.read_frame
+        recv = link.recv
         decode = wire.decode_element
         try:
             while True:
-                element = decode(*read_frame(reader))
+                element = decode(*recv())
                 put(ch, element)
                 if element is END_OF_PARTITION or isinstance(element, EndOfPartition):
                     return
@@ -112,5 +135,9 @@ class InputChannels:
                                 else f"undecodable input: {type(e).__name__}: {e}"))
 
     def close(self) -> None:
-        for s in self.sockets:
-            s.close()
+        if self._listener is not None:
+            handshake.close_listener(self._listener)
+        with self._lock:
+            links = list(self.links)
+        for link in links:
+            link.close()

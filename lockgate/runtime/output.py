@@ -7,7 +7,6 @@ event (barrier, end of data), so barriers never overtake records.
 
 from __future__ import annotations
 
-import socket
 import time
 from itertools import compress, repeat
 from operator import eq
@@ -25,17 +24,17 @@ SPLIT_BY_MASK = 8  # up to this many channels, split batches with one masked pas
 
 
 class OutputEdgeWriter:
-    def __init__(self, edge: OutputEdge, sockets: list[socket.socket | None], task_index: int,
+    def __init__(self, edge: OutputEdge, links: list[wire.Link | None], task_index: int,
                  max_parallelism: int, batch_size: int) -> None:
         self.edge = edge
-        self.sockets = sockets
+        self.links = links
         self.batch_size = batch_size
-        self.buffers: list[list[Any]] = [[] for _ in sockets]
+        self.buffers: list[list[Any]] = [[] for _ in links]
         self.partitioning = edge.partitioning
         self.forward_index = task_index if edge.partitioning == "forward" else 0
         self.key_of = edge.key_selector
         self.assigner = KeyGroupAssigner(max_parallelism)
-        self.next = task_index % len(sockets)
+        self.next = task_index % len(links)
         self.last_flush = time.monotonic()
 
     def add(self, batch: list[Any]) -> None:
@@ -70,13 +69,13 @@ class OutputEdgeWriter:
     def _send(self, i: int) -> None:
         records = self.buffers[i]
         self.buffers[i] = []
-        sock = self.sockets[i]
-        assert sock is not None
+        link = self.links[i]
+        assert link is not None
         try:
             payload = wire.encode_batch(records)
         except Exception as e:  # noqa: BLE001 - pickle raises TypeError, PicklingError, ...
             raise self._unsendable(records, i, e) from e
-        wire.send_frame(sock, Frame.BATCH, payload)
+        link.send(Frame.BATCH, payload)
 
     def _unsendable(self, records: list[Any], i: int, error: Exception) -> UserFunctionError:
         """The error of a batch that cannot be pickled: it names the operator
@@ -112,18 +111,18 @@ class OutputEdgeWriter:
         kind, payload = wire.element_frame(element)
         try:
             self.flush()
-            for sock in self.sockets:
-                if sock is not None:
-                    wire.send_frame(sock, kind, payload)
+            for link in self.links:
+                if link is not None:
+                    link.send(kind, payload)
         except OSError:
             if not ignore_errors:
                 raise
 
     def close(self) -> None:
-        for sock in self.sockets:
-            if sock is not None:
+        for link in self.links:
+            if link is not None:
                 try:
-                    sock.close()
+                    link.close()
                 except OSError:
                     pass
 

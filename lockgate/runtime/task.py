@@ -61,7 +61,7 @@ from lockgate.protocol import (
     TriggerCheckpoint,
     Watermark,
 )
-from lockgate.runtime import channels, wire
+from lockgate.runtime import channels, handshake, wire
 from lockgate.runtime.barriers import AbortReason, BarrierHandler
 from lockgate.runtime.chain import OperatorChain
 from lockgate.runtime.faults import FaultInjector
@@ -141,11 +141,9 @@ class Task:
     # ---------------------------------------------------------- set-up steps
     def _connect_control(self, data_port: int) -> None:
         spec = self.spec
-        sock = wire.connect(self.coordinator)
-        reader = wire.reader_of(sock, 65536)
-        wire.authenticate_client(sock, reader, self.secret,
-                                 Hello("task", spec.job_id, spec.attempt, spec.task_id))
-        self.control = wire.ControlChannel(sock, reader)
+        self.control = wire.ControlChannel(handshake.open_link(
+            self.coordinator, self.secret, Hello("task", spec.job_id, spec.attempt, spec.task_id),
+            encrypt=spec.encrypt_traffic, buffering=65536))
         self._send(Register(spec.bind_host, data_port, os.getpid()))
         threading.Thread(target=self._read_control, daemon=True, name="control").start()
 

@@ -1,10 +1,19 @@
-"""Framing and authentication of every Lockgate TCP connection.
+"""Framing of every Lockgate TCP connection after its handshake
+(:mod:`lockgate.runtime.handshake`).
 
-A frame is ``length:u32 | type:u8 | payload``. Every connection opens with a
-mutual HMAC-SHA256 challenge on the job secret; nothing a peer sends is decoded
-before it passed. Control frames carry a :mod:`lockgate.protocol` message as
-msgpack (the driver never unpickles what a task sends); on a data channel
-each stream element is a frame of its own type (:func:`element_frame`,
+A frame is ``length:u32 | type:u8 | payload | tag:16``. The tag is a
+truncated HMAC-SHA256 over ``sequence:u64 | type | payload`` under the
+connection's key for that direction (or, with encryption on, the payload is
+sealed with AES-256-GCM, the sequence number as nonce). A :class:`Link`
+checks the length against its limit before it reads the payload, and the tag
+before it returns the payload: nothing a peer sends is decoded -- msgpack or
+pickle -- before its tag verified, and a frame that was altered, dropped,
+replayed or reordered fails the connection. docs/security.md says why and
+what it costs.
+
+Control frames carry a :mod:`lockgate.protocol` message as msgpack (the
+driver never unpickles what a task sends); on a data channel each stream
+element is a frame of its own type (:func:`element_frame`,
 :func:`decode_element`), a batch of records pickled.
 """
 
@@ -18,13 +27,12 @@ import pickle
 import socket
 import struct
 import threading
-from collections.abc import Callable
 from enum import IntEnum
 from typing import Any, BinaryIO, cast
 
 import msgpack
 
-from lockgate.errors import AuthenticationError
+from lockgate.errors import ConfigurationError
 from lockgate.protocol import (
     END_OF_PARTITION,
     IDLE,
@@ -34,7 +42,6 @@ from lockgate.protocol import (
     ControlMessage,
     EndOfData,
     EndOfPartition,
-    Hello,
     Idle,
     ProtocolError,
     StreamElement,
@@ -47,8 +54,15 @@ from lockgate.runtime import script_classes
 log = logging.getLogger("lockgate.wire")
 
 HEADER = struct.Struct(">IB")
-NONCE_BYTES = 32
-MAX_FRAME = 1 << 31
+SEQUENCE = struct.Struct(">QB")
+"""What a frame's tag covers before its payload: sequence number and type."""
+TAG_BYTES = 16
+MAX_CONTROL_FRAME = 64 << 20
+"""Largest payload of a control frame (control port, leases): a message of
+the protocol, far smaller."""
+MAX_DATA_FRAME = 256 << 20
+"""Default largest payload of a data frame (a pickled batch); the driver's
+``LOCKGATE_MAX_DATA_FRAME`` (bytes) sets it for a job (:func:`max_data_frame`)."""
 
 
 class Frame(IntEnum):
@@ -69,97 +83,137 @@ class ConnectionClosed(EOFError):
     """The peer closed the connection (cleanly or not)."""
 
 
-def _mac(secret: bytes, nonce: bytes, role: bytes) -> bytes:
-    return hmac.new(secret, nonce + role, hashlib.sha256).digest()
+class TamperedFrame(ProtocolError):
+    """A frame whose tag did not verify: altered, dropped, replayed or
+    reordered on the way, or sent by a peer without this connection's key."""
 
 
-def _recv_exact(reader: BinaryIO, n: int) -> bytes:
+def max_data_frame() -> int:
+    """The data-frame limit of a job the driver starts now: ``LOCKGATE_MAX_DATA_FRAME``
+    (bytes), else :data:`MAX_DATA_FRAME`."""
+    text = os.environ.get("LOCKGATE_MAX_DATA_FRAME")
+    if not text:
+        return MAX_DATA_FRAME
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = 0
+    if not 1 << 16 <= limit < 1 << 32:
+        raise ValueError(f"LOCKGATE_MAX_DATA_FRAME must be a number of bytes in "
+                         f"[65536, 2**32), got {text!r}")
+    return limit
+
+
+def check_encryption() -> None:
+    """:class:`ConfigurationError` unless AES-GCM (the ``cryptography``
+    package) is there: the driver checks before any task starts."""
+    try:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: F401
+    except ImportError as e:
+        raise ConfigurationError(
+            f"encrypt_traffic needs the cryptography package on the driver and every "
+            f"worker (pip install 'cryptography>=42'): {e}") from None
+
+
+# ------------------------------------------------------------------ links
+class Link:
+    """One authenticated connection: frames out and in, each with its tag.
+
+    ``send`` is thread-safe; one thread reads (``recv``)."""
+
+    def __init__(self, sock: socket.socket, reader: BinaryIO, keys: tuple[bytes, bytes],
+                 *, encrypt: bool, max_frame: int) -> None:
+        self.sock = sock
+        self.reader = reader
+        self.encrypt = encrypt
+        self.max_frame = max_frame
+        """Largest payload this end sends or accepts."""
+        send_key, recv_key = keys
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._lock = threading.Lock()
+        if encrypt:
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+            self._seal = AESGCM(send_key).encrypt
+            self._open = AESGCM(recv_key).decrypt
+        else:
+            self._send_mac = hmac.new(send_key, digestmod=hashlib.sha256)
+            self._recv_mac = hmac.new(recv_key, digestmod=hashlib.sha256)
+
+    def send(self, kind: int, payload: bytes = b"") -> None:
+        n = len(payload)
+        if n > self.max_frame:
+            raise ProtocolError(_too_large(n, self.max_frame))
+        header = HEADER.pack(n, kind)
+        with self._lock:
+            seq = self._send_seq
+            self._send_seq = seq + 1
+            if self.encrypt:
+                self.sock.sendall(header + self._seal(_nonce(seq), payload, header[4:]))
+                return
+            mac = self._send_mac.copy()
+            mac.update(SEQUENCE.pack(seq, kind))
+            mac.update(payload)
+            tag = mac.digest()[:TAG_BYTES]
+            if n < 65536:
+                self.sock.sendall(header + payload + tag)
+            else:
+                self.sock.sendall(header)
+                self.sock.sendall(payload)
+                self.sock.sendall(tag)
+
+    def recv(self) -> tuple[int, bytes]:
+        """The next frame's type and payload, its tag verified; :class:`ConnectionClosed`
+        at the end of the stream, :class:`ProtocolError` for a frame over the
+        limit (before reading it), :class:`TamperedFrame` for a bad tag."""
+        header = self.reader.read(HEADER.size)
+        if not header or len(header) < HEADER.size:
+            raise ConnectionClosed("connection closed")
+        n, kind = HEADER.unpack(header)
+        if n > self.max_frame:
+            raise ProtocolError(_too_large(n, self.max_frame))
+        seq = self._recv_seq
+        self._recv_seq = seq + 1
+        if self.encrypt:
+            from cryptography.exceptions import InvalidTag
+            sealed = recv_exact(self.reader, n + TAG_BYTES)
+            try:
+                return kind, self._open(_nonce(seq), sealed, header[4:])
+            except InvalidTag:
+                raise TamperedFrame(f"frame {seq} (type {kind}, {n} bytes) failed "
+                                    "authentication") from None
+        payload = recv_exact(self.reader, n) if n else b""
+        tag = recv_exact(self.reader, TAG_BYTES)
+        mac = self._recv_mac.copy()
+        mac.update(SEQUENCE.pack(seq, kind))
+        mac.update(payload)
+        if not hmac.compare_digest(mac.digest()[:TAG_BYTES], tag):
+            raise TamperedFrame(f"frame {seq} (type {kind}, {n} bytes) failed its MAC")
+        return kind, payload
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def _nonce(seq: int) -> bytes:
+    return seq.to_bytes(12, "big")
+
+
+def _too_large(n: int, limit: int) -> str:
+    return (f"a frame of {n} bytes exceeds this connection's limit of {limit} bytes "
+            "(a data channel: send fewer records per batch, Pipeline(batch_size=...), "
+            "or raise LOCKGATE_MAX_DATA_FRAME on the driver)")
+
+
+def recv_exact(reader: BinaryIO, n: int) -> bytes:
     data = reader.read(n)
     if data is None or len(data) != n:
         raise ConnectionClosed(f"connection closed after {0 if not data else len(data)}/{n} bytes")
     return data
-
-
-def authenticate_server(sock: socket.socket, reader: BinaryIO, secret: bytes) -> Hello:
-    """Challenge a connecting peer, prove ourselves, and return its hello message."""
-    nonce = os.urandom(NONCE_BYTES)
-    sock.sendall(nonce)
-    answer = _recv_exact(reader, 32 + NONCE_BYTES)
-    if not hmac.compare_digest(answer[:32], _mac(secret, nonce, b"client")):
-        raise AuthenticationError("peer failed the HMAC challenge: it does not hold the job secret")
-    sock.sendall(_mac(secret, answer[32:], b"server"))
-    kind, payload = read_frame(reader)
-    if kind != Frame.HELLO:
-        raise AuthenticationError(f"expected a hello frame, got {kind}")
-    try:
-        hello = decode_control(payload)
-    except ProtocolError as e:
-        raise AuthenticationError(f"malformed hello: {e}") from None
-    if not isinstance(hello, Hello):
-        raise AuthenticationError(f"expected a hello, got {hello.tag}")
-    return hello
-
-
-def serve_connections(
-    listener: socket.socket, secret: bytes, what: str,
-    handle: Callable[[socket.socket, BinaryIO, Hello], None],
-    buffering: int = 0,
-) -> None:
-    """Accept connections on ``listener`` until it is closed; authenticate each
-    in its own thread and hand it, with its hello message, to ``handle``. A
-    peer that fails authentication is logged (as a refused ``what``
-    connection) and dropped."""
-
-    def serve(sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reader = reader_of(sock, buffering)
-        try:
-            hello = authenticate_server(sock, reader, secret)
-        except (AuthenticationError, OSError, EOFError, ValueError) as e:
-            log.warning("refused a %s connection: %s", what, e)
-            sock.close()
-            return
-        handle(sock, reader, hello)
-
-    while True:
-        try:
-            sock, _ = listener.accept()
-        except OSError:
-            return
-        threading.Thread(target=serve, args=(sock,), daemon=True, name=f"{what}-conn").start()
-
-
-def authenticate_client(sock: socket.socket, reader: BinaryIO, secret: bytes,
-                        hello: Hello) -> None:
-    """Answer the server's challenge, check its proof, then send ``hello``."""
-    nonce = _recv_exact(reader, NONCE_BYTES)
-    mine = os.urandom(NONCE_BYTES)
-    sock.sendall(_mac(secret, nonce, b"client") + mine)
-    proof = _recv_exact(reader, 32)
-    if not hmac.compare_digest(proof, _mac(secret, mine, b"server")):
-        raise AuthenticationError(
-            "server failed the HMAC challenge: it does not hold the job secret"
-        )
-    send_frame(sock, Frame.HELLO, encode_control(hello))
-
-
-def read_frame(reader: BinaryIO) -> tuple[int, bytes]:
-    """Read one frame; raise ConnectionClosed at end of stream."""
-    header = reader.read(HEADER.size)
-    if not header or len(header) < HEADER.size:
-        raise ConnectionClosed("connection closed")
-    length, kind = HEADER.unpack(header)
-    return kind, _recv_exact(reader, length) if length else b""
-
-
-def send_frame(sock: socket.socket, kind: int, payload: bytes = b"") -> None:
-    """Send one frame (header and payload in one system call where possible)."""
-    if len(payload) >= MAX_FRAME:
-        raise ValueError(f"frame of {len(payload)} bytes is too large")
-    sock.sendall(HEADER.pack(len(payload), kind) + payload if len(payload) < 65536
-                 else HEADER.pack(len(payload), kind))
-    if len(payload) >= 65536:
-        sock.sendall(payload)
 
 
 def encode_batch(records: list[Any]) -> bytes:
@@ -168,7 +222,14 @@ def encode_batch(records: list[Any]) -> bytes:
 
 
 def decode_batch(payload: bytes) -> list[Any]:
-    records: list[Any] = pickle.loads(payload)
+    """The records of a batch frame (whose tag verified: its sender holds the
+    job secret); :class:`ProtocolError` for one that does not unpickle."""
+    try:
+        records = pickle.loads(payload)
+    except Exception as e:  # noqa: BLE001 - pickle raises many kinds
+        raise ProtocolError(f"undecodable batch: {type(e).__name__}: {e}") from None
+    if not isinstance(records, list):
+        raise ProtocolError(f"a batch frame carried a {type(records).__name__}, not a list")
     return records
 
 
@@ -235,30 +296,22 @@ def connect(address: tuple[str, int], timeout: float = 10.0) -> socket.socket:
 
 
 class ControlChannel:
-    """A channel of :mod:`lockgate.protocol` control messages over an
-    authenticated socket; sends are thread-safe."""
+    """A channel of :mod:`lockgate.protocol` control messages over a
+    :class:`Link`; sends are thread-safe."""
 
-    def __init__(self, sock: socket.socket, reader: BinaryIO) -> None:
-        self.sock = sock
-        self.reader = reader
-        self._lock = threading.Lock()
+    def __init__(self, link: Link) -> None:
+        self.link = link
 
     def send(self, message: ControlMessage) -> None:
-        payload = encode_control(message)
-        with self._lock:
-            send_frame(self.sock, Frame.CONTROL, payload)
+        self.link.send(Frame.CONTROL, encode_control(message))
 
     def recv(self) -> ControlMessage:
         """The next message; :class:`ProtocolError` (a ``ValueError``) for
-        one that breaks the protocol."""
-        kind, payload = read_frame(self.reader)
+        one that breaks the protocol or fails its MAC."""
+        kind, payload = self.link.recv()
         if kind != Frame.CONTROL:
             raise ConnectionClosed(f"unexpected frame {kind} on a control channel")
         return decode_control(payload)
 
     def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        self.link.close()
