@@ -109,10 +109,10 @@ def operator_state(savepoint: str, uid: str) -> list[list]:
 
     meta = storage.read_metadata(savepoint)
     out: list[list] = []
-    for handle in meta["operators"][uid]["subtasks"]:
+    for handle in meta.operators[uid].subtasks:
         entries: list = []
-        if handle and handle.get("op_state"):
-            offset, length = handle["op_state"]
+        if handle and handle.op_state:
+            offset, length = handle.op_state
             data = storage.read_state_file(savepoint, handle)[offset:offset + length]
             entries = StateSerializer().loads(data)
         out.append(entries)

@@ -158,8 +158,8 @@ def test_finished_operators_are_recorded_and_skipped_on_restore(tmp_path: Path,
         what="branch a's output was not committed")
     result = client.stop(str(tmp_path / "sp"))
     assert result.status == "stopped", result
-    ops = storage.read_metadata(result.savepoint)["operators"]
-    assert {uid: op["finished"] for uid, op in ops.items()} == {
+    ops = storage.read_metadata(result.savepoint).operators
+    assert {uid: op.finished for uid, op in ops.items()} == {
         "numbers-a": True, "mark-a": True, "out-a": True,
         "numbers-b": False, "pairs-b": False, "sums-b": False, "out-b": False}
 
@@ -182,8 +182,8 @@ def test_drained_savepoint_records_nothing_as_finished(tmp_path: Path) -> None:
     result = client.stop(str(tmp_path / "sp"), drain=True)
     assert result.status == "finished", result
     meta = storage.read_metadata(result.savepoint)
-    assert not any(op["finished"] for op in meta["operators"].values()), meta["operators"]
-    assert 0 < meta["progress"]["read"] < n
+    assert not any(op.finished for op in meta.operators.values()), meta.operators
+    assert 0 < meta.progress.read < n
     resumed = build(n, 2, 3, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1)
     final = resumed.run(launcher="local", from_savepoint=result.savepoint)
     assert final.records_in == n  # it read on from the savepoint, to the end
@@ -288,7 +288,7 @@ def test_partly_finished_source_keeps_its_running_tasks_state(tmp_path: Path) ->
     result = client.stop(str(tmp_path / "sp"))
     assert result.status == "stopped" and result.restarts == 1, result.failures
     meta = storage.read_metadata(result.savepoint)
-    assert meta["operators"]["numbers"]["finished"] is False
+    assert meta.operators["numbers"].finished is False
     positions = split_positions(result.savepoint)
     assert positions[0] == 2_001, "subtask 0 had not finished: the test proves nothing"
     assert 2_001 < positions[1] <= n, "subtask 1 had finished too: the test proves nothing"

@@ -304,7 +304,7 @@ def test_run_from_checkpoint_continues_sources_state_and_sink(tmp_path: Path) ->
     assert first_run.latest_checkpoint is not None
     meta = storage.read_metadata(first_run.latest_checkpoint)
     words_a = sum(len(t.split()) for t in texts["a"])
-    assert meta["progress"] == {"read": len(texts["a"]), "written": words_a}
+    assert (meta.progress.read, meta.progress.written) == (len(texts["a"]), words_a)
     before = visible_files(out)
 
     (src / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts["b"]))
@@ -345,7 +345,7 @@ def test_operator_without_uid_warns_and_gets_a_deterministic_uid(tmp_path: Path)
         result = _uidless(tmp_path).run(launcher=LAUNCHER)
     assert result.latest_checkpoint is not None
     meta = storage.read_metadata(result.latest_checkpoint)
-    assert sorted(meta["operators"]) == ["map-1", "numbers", "out"]
+    assert sorted(meta.operators) == ["map-1", "numbers", "out"]
     expected = [2 * x for x in range(1, 501)]
     assert sorted(CollectSink(str(tmp_path / "collect")).results()) == expected
     # The same pipeline built again generates the same uid, so it restores the

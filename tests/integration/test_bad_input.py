@@ -101,10 +101,10 @@ def copy(finished_run: FinishedRun, tmp_path: Path) -> Copy:
 
 def _state_file(chk: Path, uid: str) -> Path:
     """The largest state file of operator ``uid`` in checkpoint ``chk``."""
-    handles = [h for h in storage.read_metadata(chk)["operators"][uid]["subtasks"] if h]
-    handle = max(handles, key=lambda h: int(h["size"]))
-    path = chk / str(handle["file"])
-    assert path.stat().st_size == handle["size"] > 0
+    handles = [h for h in storage.read_metadata(chk).operators[uid].subtasks if h]
+    handle = max(handles, key=lambda h: h.size)
+    path = chk / handle.file
+    assert path.stat().st_size == handle.size > 0
     return path
 
 

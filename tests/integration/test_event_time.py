@@ -170,7 +170,7 @@ def test_stop_keeps_timers_and_drain_fires_them(tmp_path: Path) -> None:
     records = sequence_read(drained.savepoint, n)
     assert 0 < len([x for x in records if x <= half]) < half, "the stop read no or all of 1..n/2"
     assert 0 < len([x for x in records if x > half]) < n - half
-    assert len(records) == storage.read_metadata(drained.savepoint)["progress"]["read"]
+    assert len(records) == storage.read_metadata(drained.savepoint).progress.read
     cut = Counter((x % KEYS, (timestamp(x, half) // WINDOW + 1) * WINDOW) for x in records)
     got = windows_of(tmp_path / "out")
     assert {w: count for w, (count, _) in got.items()} == dict(cut)

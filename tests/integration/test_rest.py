@@ -178,7 +178,7 @@ def test_cli_controls_a_running_job_and_resumes_it_exactly(tmp_path: Path) -> No
         # stop with a drained savepoint: the driver ends, everything committed
         stopped = _ok(_cli(tmp_path, "stop", job, "--savepoint", "--drain", "--dir", "sp"))
         first = stopped.strip()
-        assert storage.read_metadata(first)["kind"] == "savepoint"
+        assert storage.read_metadata(first).kind == "savepoint"
         assert driver.wait() == 0, driver.log()
         assert f"savepoint: {first}" in driver.stdout()
         assert not driver.discovery.exists()

@@ -101,8 +101,8 @@ def test_sums_on_s3_exactly_once_under_kills(s3):
     assert 1 <= len(done) <= 3
     assert result.latest_checkpoint == storage.checkpoint_dir(job_dir, done[-1])
     meta = storage.read_metadata(result.latest_checkpoint)
-    assert meta["checkpoint_id"] == done[-1] and meta["final"]
-    storage.verify_files(result.latest_checkpoint, meta)
+    assert meta.checkpoint_id == done[-1] and meta.final
+    storage.verify_files(result.latest_checkpoint, meta.state_files())
     keys = s3.keys(bucket)
     assert not [k for k in keys if "probe" in k or k.endswith(".tmp")], keys
     assert all(k.startswith(("out/part-", "checkpoints/sums-s3/")) for k in keys if

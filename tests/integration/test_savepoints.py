@@ -48,8 +48,8 @@ def _hop(tmp: Path, parallelism: int, launcher: str, drain: bool, savepoint: str
     assert result.status == ("finished" if drain else "stopped"), result
     assert result.savepoint is not None
     meta = storage.read_metadata(result.savepoint)
-    assert meta["kind"] == "savepoint"
-    assert {uid: op["parallelism"] for uid, op in meta["operators"].items()}["sums"] == parallelism
+    assert meta.kind == "savepoint"
+    assert meta.operators["sums"].parallelism == parallelism
     if drain:  # the final savepoint made the sinks commit everything
         assert hidden_files(tmp / "out") == []
     return result
@@ -70,7 +70,7 @@ def test_stop_with_savepoint_and_rescale_is_exact(tmp_path: Path, launcher: str)
     check_exact_sums(tmp_path / "out", N, KEYS)
     # savepoints are never deleted by Lockgate
     for r in (r1, r2, r3, r4):
-        assert storage.read_metadata(r.savepoint)["kind"] == "savepoint"
+        assert storage.read_metadata(r.savepoint).kind == "savepoint"
 
 
 def test_intermediate_savepoint_commits_nothing_and_moves(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_intermediate_savepoint_commits_nothing_and_moves(tmp_path: Path) -> Non
     final = p.run(launcher="local", from_savepoint=str(moved))
     assert final.records_in == N
     check_exact_sums(tmp_path / "out", N, KEYS)
-    assert storage.read_metadata(path)["kind"] == "savepoint"
+    assert storage.read_metadata(path).kind == "savepoint"
 
 
 def test_failure_after_intermediate_savepoints_rolls_back_past_them(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_failure_after_intermediate_savepoints_rolls_back_past_them(tmp_path: Pa
     p = build(N, 2, KEYS, str(tmp_path / "out"), str(tmp_path / "chk"), None, rate=40_000)
     client = p.start(launcher="local")
     savepoints = []
-    while len(savepoints) < 2 or storage.read_metadata(savepoints[-1])["progress"]["read"] == 0:
+    while len(savepoints) < 2 or storage.read_metadata(savepoints[-1]).progress.read == 0:
         assert len(savepoints) < 200, "no record was read before the savepoints"
         savepoints.append(client.savepoint(dir=str(tmp_path / "sp")))
     assert visible_files(tmp_path / "out") == {}
@@ -147,8 +147,8 @@ def test_a_moved_sink_or_another_jobs_savepoint_is_refused_saying_what_differs(
     sp = client.stop(dir=str(tmp_path / "sp")).savepoint
     assert sp is not None
     meta = storage.read_metadata(sp)
-    assert meta["job_name"] == "sums"
-    assert meta["operators"]["out"]["location"] == str(tmp_path / "out")
+    assert meta.job_name == "sums"
+    assert meta.operators["out"].location == str(tmp_path / "out")
     before = sorted(f.name for f in (tmp_path / "out").iterdir())
     assert any(name.startswith(".") for name in before), "nothing pre-committed: proves nothing"
     moved = build(N, 2, KEYS, str(tmp_path / "out2"), str(tmp_path / "chk"), 0.2)

@@ -220,7 +220,7 @@ def test_bootstrapped_savepoint_resumes_into_the_expected_sums(
     sp = write_savepoint(spark, initial, str(tmp_path / "bootstrap"), uid="sums",
                          state_name="reduce", key="k", parallelism=3)
     meta = storage.read_metadata(sp)
-    assert meta["kind"] == "savepoint" and meta["operators"]["sums"]["parallelism"] == 3
+    assert meta.kind == "savepoint" and meta.operators["sums"].parallelism == 3
     assert not os.path.exists(os.path.join(sp, ".bootstrap-input"))
     back = read_state(spark, sp, "sums", "reduce").collect()
     assert {r.key: (r.value.k, r.value.v) for r in back} == {k: (k, v) for k, v in base.items()}
