@@ -24,6 +24,7 @@ so any file name is safe in a URL.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -371,7 +372,7 @@ def open_read(location: Location) -> IO[bytes]:
     if path is not None:
         return open(path, "rb")  # noqa: SIM115 - the caller owns the handle
     fs, p = resolve(location)
-    return io.BufferedReader(fs.open_input_file(p), buffer_size=1 << 20)  # type: ignore[arg-type]
+    return io.BufferedReader(fs.open_input_file(p), buffer_size=1 << 20)
 
 
 def remove(location: Location) -> None:
@@ -407,13 +408,16 @@ def move(src: Location, dst: Location) -> None:
     """Give the file ``src`` the name ``dst`` (replacing it). Local and HDFS: an
     atomic rename. Object store: a server-side copy, then the delete of
     ``src``; if it stops between the two, both exist with the same content and
-    calling ``move`` again finishes it."""
+    calling ``move`` again finishes it. Across filesystems (device, scheme,
+    bucket): ``EXDEV`` as rename(2) (:mod:`lockgate.fs_transfer` copies)."""
     s, d = local_path(src), local_path(dst)
     if s is not None and d is not None:
         os.replace(s, d)
         return
     fs, sp = resolve(src)
-    _, dp = resolve(dst)
+    dfs, dp = resolve(dst)
+    if d is not None or dfs is not fs:  # another scheme, bucket or host
+        raise OSError(errno.EXDEV, f"{redact(src)} -> {redact(dst)}: another filesystem")
     if fs.type_name in _OBJECT_STORES:
         fs.copy_file(sp, dp)
         fs.delete_file(sp)
@@ -423,18 +427,24 @@ def move(src: Location, dst: Location) -> None:
 
 def sync_dir(location: Location) -> None:
     """Make renames and deletions in a local folder durable; nothing elsewhere
-    (object stores and HDFS persist them when the request returns), nor where
-    folders cannot be opened (Windows)."""
+    (object stores and HDFS persist them when the request returns). A failure
+    is raised: a checkpoint that relied on it must not complete."""
     path = local_path(location)
     if path is None:
         return
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
+    except OSError as e:
+        # As PostgreSQL's fsync_fname: a folder that cannot be opened (Windows,
+        # no read permission), or fsynced (EINVAL, EBADF: some FUSE and network
+        # filesystems), cannot be synced at all: go on. EIO, ENOSPC: raised.
+        if e.errno in (errno.EACCES, errno.EISDIR):
+            return
+        raise
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EBADF):
+            raise
     finally:
         os.close(fd)

@@ -17,23 +17,26 @@ visible only complete; there is no rename to use).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import secrets
 import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
-from lockgate import fs
-from lockgate.checkpoint.pending import CheckpointKind
+from lockgate import fs, fs_transfer
+from lockgate.checkpoint.kinds import CheckpointKind
+from lockgate.checkpoint.metadata import CheckpointMetadata, StateHandle
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 from lockgate.fs_explain import explain
-from lockgate.untrusted import plain_name
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
+log = logging.getLogger("lockgate.checkpoint")
+
 METADATA = "_metadata"
-FORMAT_VERSION = 1
 _CHK_RE = re.compile(r"^chk-(\d+)$")
 
 Location = str | os.PathLike[str]
@@ -57,14 +60,6 @@ class ChecksumWriter:
         return self.size
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def prepare_job_dir(storage: Location, job_id: str) -> str:
     """The job's checkpoint folder ``<storage>/<job_id>``, proven writable (a
     probe file is written and deleted): a wrong bucket, endpoint or permission
@@ -86,10 +81,11 @@ def checkpoint_dir(job_dir: Location, checkpoint_id: int) -> str:
     return fs.join(job_dir, f"chk-{checkpoint_id}")
 
 
-def write_metadata(chk_dir: Location, metadata: dict[str, Any]) -> None:
+def write_metadata(chk_dir: Location, metadata: CheckpointMetadata) -> None:
     """Write ``_metadata`` atomically (see :func:`lockgate.fs.write_atomic`):
     temp file, fsync, rename, fsync the folder; one object write on S3."""
-    fs.write_atomic(fs.join(chk_dir, METADATA), json.dumps(metadata, sort_keys=True).encode())
+    fs.write_atomic(fs.join(chk_dir, METADATA),
+                    json.dumps(metadata.to_json(), sort_keys=True).encode())
 
 
 EARLIER = (
@@ -103,7 +99,7 @@ exactly-once."""
 
 
 def read_metadata(chk_dir: Location,
-                  kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> dict[str, Any]:
+                  kind: CheckpointKind = CheckpointKind.CHECKPOINT) -> CheckpointMetadata:
     """Load and validate a checkpoint's (or savepoint's: ``kind``, for
     messages) ``_metadata``; clear errors otherwise."""
     chk = fs.absolute(chk_dir)
@@ -132,67 +128,32 @@ def read_metadata(chk_dir: Location,
         raise ConfigurationError(f"cannot read checkpoint {explain(e, chk)}") from e
     shown = fs.redact(path)
     try:
-        meta = json.loads(raw)
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise CheckpointCorruptError(
             f"{shown} is corrupt ({e}); {EARLIER}"
         ) from e
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-        raise CheckpointCorruptError(
-            f"{shown} is not a Lockgate checkpoint of format {FORMAT_VERSION}"
-        )
-    for key in ("checkpoint_id", "operators", "max_parallelism"):
-        if key not in meta:
-            raise CheckpointCorruptError(f"{shown} lacks the field {key!r}: it is corrupt")
-    _check_state_files(meta, shown)
-    return meta
+    return CheckpointMetadata.from_json(data, shown)
 
 
-def _check_state_files(meta: dict[str, Any], shown: str) -> None:
-    """Every state file ``_metadata`` names is a plain name inside its folder
-    (untrusted input: see :mod:`lockgate.untrusted`), with integer sizes."""
-    operators = meta["operators"]
-    if not isinstance(operators, dict):
-        raise CheckpointCorruptError(f"{shown}: 'operators' is not a mapping: it is corrupt")
-    for uid, op in operators.items():
-        subtasks = op.get("subtasks") if isinstance(op, dict) else None
-        if not isinstance(subtasks, list):
-            raise CheckpointCorruptError(
-                f"{shown}: operator {uid!r} has no list of subtasks: it is corrupt")
-        for i, handle in enumerate(subtasks):
-            if handle is None:
-                continue
-            what = f"{shown}: the state file of operator {uid!r}, subtask {i},"
-            if not isinstance(handle, dict):
-                raise CheckpointCorruptError(f"{what} is described by {handle!r}: it is corrupt")
-            plain_name(handle.get("file"), what)
-            for field in ("size", "crc32"):
-                if type(handle.get(field)) is not int or handle[field] < 0:
-                    raise CheckpointCorruptError(
-                        f"{what} has {field} {handle.get(field)!r}: it is corrupt")
-
-
-def verify_files(chk_dir: Location, metadata: dict[str, Any]) -> None:
-    """Check that every state file named in the metadata exists with its size
-    (one listing of the folder)."""
+def verify_files(chk_dir: Location, files: Iterable[tuple[str, StateHandle]]) -> None:
+    """Check that every state file (``(operator uid, handle)``, e.g. a
+    checkpoint's ``state_files()``) exists with its size (one listing of the folder)."""
     sizes = fs.list_sizes(chk_dir)
-    for uid, op in metadata["operators"].items():
-        for handle in op["subtasks"]:
-            if not handle:
-                continue
-            p = fs.redact(fs.join(chk_dir, handle["file"]))
-            size = sizes.get(handle["file"])
-            if size is None:
-                raise CheckpointCorruptError(
-                    f"state file {p} of operator {uid!r} is missing: the checkpoint is damaged; "
-                    f"{EARLIER}"
-                )
-            if size != handle["size"]:
-                raise CheckpointCorruptError(
-                    f"state file {p} of operator {uid!r} has {size} bytes, "
-                    f"the checkpoint recorded {handle['size']}: it is truncated or damaged; "
-                    f"{EARLIER}"
-                )
+    for uid, handle in files:
+        p = fs.redact(fs.join(chk_dir, handle.file))
+        size = sizes.get(handle.file)
+        if size is None:
+            raise CheckpointCorruptError(
+                f"state file {p} of operator {uid!r} is missing: the checkpoint is damaged; "
+                f"{EARLIER}"
+            )
+        if size != handle.size:
+            raise CheckpointCorruptError(
+                f"state file {p} of operator {uid!r} has {size} bytes, "
+                f"the checkpoint recorded {handle.size}: it is truncated or damaged; "
+                f"{EARLIER}"
+            )
 
 
 def write_state_file(chk_dir: Location, name: str,
@@ -211,9 +172,9 @@ def write_state_file(chk_dir: Location, name: str,
     return out.size, out.crc
 
 
-def read_state_file(chk_dir: Location, handle: dict[str, Any]) -> bytes:
+def read_state_file(chk_dir: Location, handle: StateHandle) -> bytes:
     """Read a whole state file, checking its size and CRC-32."""
-    location = fs.join(chk_dir, handle["file"])
+    location = fs.join(chk_dir, handle.file)
     p = fs.redact(location)
     try:
         data = fs.read_bytes(location)
@@ -221,10 +182,10 @@ def read_state_file(chk_dir: Location, handle: dict[str, Any]) -> bytes:
         raise CheckpointCorruptError(
             f"state file {p} is missing: the checkpoint is damaged"
         ) from None
-    if len(data) != handle["size"] or zlib.crc32(data) != handle["crc32"]:
+    if len(data) != handle.size or zlib.crc32(data) != handle.crc32:
         raise CheckpointCorruptError(
             f"state file {p} is truncated or damaged (size {len(data)}, expected "
-            f"{handle['size']}; checksum mismatch); {EARLIER}"
+            f"{handle.size}; checksum mismatch); {EARLIER}"
         )
     return data
 
@@ -269,30 +230,84 @@ def savepoint_name(job_id: str, checkpoint_id: int) -> str:
 
 
 def write_savepoint(chk_dir: Location, savepoint_dir: Location, job_id: str,
-                    checkpoint_id: int, metadata: dict[str, Any]) -> str:
-    """Turn a fully acknowledged checkpoint's files into a savepoint folder.
+                    checkpoint_id: int, metadata: CheckpointMetadata) -> str:
+    """Turn a fully acknowledged checkpoint's files into the savepoint folder
+    ``<savepoint_dir>/savepoint-<job>-<n>``, on any filesystem the storage
+    layer reaches (the checkpoint storage's, another device, another scheme or
+    bucket), so that a reader never sees it with ``_metadata`` but without
+    all of its files.
 
-    Step 1. Make ``<savepoint_dir>/savepoint-<job>-<n>`` (it must not exist).
-    Step 2. Move every state file there (a rename on a local filesystem).
-    Step 3. Write ``_metadata`` there, atomically: now the savepoint exists.
-    Step 4. Remove the checkpoint folder the tasks wrote into.
+    Step 1. Make a hidden folder beside it, ``.savepoint-<job>-<n>.inprogress-<random>``
+            (object store: the savepoint's own prefix; there a prefix is no
+            folder, and only ``_metadata`` makes a savepoint exist).
+    Step 2. Move every state file there: a rename where one filesystem holds
+            both, else a streamed copy; then check every size (one listing).
+    Step 3. Write ``_metadata`` there, last.
+    Step 4. Rename the folder to its name (local, HDFS: atomic): now the
+            savepoint exists (object store: since Step 3).
+    Step 5. Remove the checkpoint folder the tasks wrote into.
+
+    On any failure what was written is removed (no empty or partial folder is
+    left) and an ``OSError`` names the target and the likely fix.
 
     The result is self-contained and relocatable: ``_metadata`` names files
     relative to its folder, and holds no task, host or process identity.
     Lockgate never deletes it.
     """
-    target = fs.join(savepoint_dir, savepoint_name(job_id, checkpoint_id))
-    # Step 1.
-    if fs.exists(target):
-        raise FileExistsError(f"{fs.redact(target)} already exists")
-    fs.makedirs(target)
-    # Step 2.
-    for op in metadata["operators"].values():
-        for handle in op["subtasks"]:
-            if handle:
-                fs.move(fs.join(chk_dir, handle["file"]), fs.join(target, handle["file"]))
-    # Step 3.
-    write_metadata(target, metadata)
-    # Step 4.
+    name = savepoint_name(job_id, checkpoint_id)
+    target = fs.join(savepoint_dir, name)
+    made_dir = not fs.exists(savepoint_dir)
+    in_place = fs.is_object_store(target)
+    staging = target if in_place else fs.join(
+        savepoint_dir, f".{name}.inprogress-{secrets.token_hex(4)}")
+    try:
+        if fs.exists(target):
+            raise FileExistsError(f"{fs.redact(target)} already exists")
+        # Step 1.
+        fs.makedirs(staging)
+        # Step 2.
+        files = {h.file: h.size for _, h in metadata.state_files()}
+        for file in files:
+            fs_transfer.move_or_copy(fs.join(chk_dir, file), fs.join(staging, file))
+        _check_sizes(staging, files)
+        # Step 3.
+        write_metadata(staging, metadata)
+        # Step 4.
+        if not in_place:
+            fs_transfer.rename_dir(staging, target)
+    except (OSError, ValueError) as e:
+        _remove_written(staging, savepoint_dir if made_dir else None, chk_dir)
+        raise OSError(f"cannot write into {explain(e, savepoint_dir)}") from e
+    except BaseException:
+        _remove_written(staging, savepoint_dir if made_dir else None, chk_dir)
+        raise
+    # Step 5.
     fs.rmtree(chk_dir)
     return target
+
+
+def _check_sizes(folder: Location, sizes: dict[str, int]) -> None:
+    """Every file of ``sizes`` is in ``folder`` with its size (one listing)."""
+    found = fs.list_sizes(folder)
+    for file, size in sizes.items():
+        if found.get(file) != size:
+            raise OSError(f"{fs.redact(fs.join(folder, file))} has {found.get(file)} bytes "
+                          f"after its copy, the checkpoint recorded {size}")
+
+
+def _remove_written(staging: Location, made_dir: Location | None, chk_dir: Location) -> None:
+    """After a failed savepoint: its unfinished folder, the savepoint folder
+    if it was made for it and is empty, and the checkpoint's files (no
+    checkpoint or savepoint names them). Errors are logged, never raised."""
+    for what in (staging, chk_dir):
+        try:
+            fs.rmtree(what)
+        except (OSError, ValueError) as e:
+            log.warning("could not remove %s after a failed savepoint: %s", fs.redact(what), e)
+    if fs.exists(staging):
+        log.warning("could not remove %s after a failed savepoint", fs.redact(staging))
+    try:
+        if made_dir is not None and not fs.listdir(made_dir):
+            fs.rmtree(made_dir)
+    except (OSError, ValueError):
+        pass

@@ -8,15 +8,24 @@ import them from this module.
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import shutil
 import threading
 import time
+import uuid
+import zlib
 from pathlib import Path
 
 import pytest
 
-from lockgate import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline
+from lockgate import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline, fs, fs_transfer
+from lockgate.checkpoint import storage
 from lockgate.connectors import CollectSink, SequenceSource
-from lockgate.errors import JobFailedError
+from lockgate.errors import JobFailedError, LockgateError
+from tests.fault.sums_job import build as build_sums
+from tests.fixtures import check_exact_sums, start_and_await
 
 # ------------------------------------------------ item 6: unpicklable records
 
@@ -72,3 +81,163 @@ def test_an_unpicklable_record_restarts_by_the_strategy(tmp_path: Path) -> None:
     message = str(failed.value)
     assert "after 3 failure(s) (2 restarts)" in message, message
     assert "operator 'bad' emitted a record that cannot be sent" in message, message
+
+
+# ---------------------------------------- item 8: savepoints to another filesystem
+
+N = 60_000
+KEYS = 3
+
+
+def _sums(tmp: Path, rate: float | None = 30_000) -> Pipeline:
+    return build_sums(N, 2, KEYS, str(tmp / "out"), str(tmp / "chk"), 0.2, rate=rate)
+
+
+@pytest.fixture
+def other_device(tmp_path: Path):
+    """A folder on another filesystem than ``tmp_path`` (``/dev/shm``, a tmpfs)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no other filesystem than the temporary folder's (/dev/shm)")
+    folder = shm / f"lockgate-test-{uuid.uuid4().hex[:12]}"
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _only_savepoints(folder: Path | str) -> list[str]:
+    """The names in a savepoint folder; no hidden (unfinished) one may be left."""
+    names = sorted(fs.listdir(folder))
+    assert not [n for n in names if n.startswith(".")], f"left behind: {names}"
+    return names
+
+
+@pytest.mark.timeout(300)
+def test_a_savepoint_to_another_device_restores_exactly(tmp_path: Path,
+                                                        other_device: Path) -> None:
+    """Checkpoints on one device, savepoints on another (os.replace gives
+    EXDEV there): an intermediate savepoint and a stop's both complete, and
+    the job resumed from the stop's savepoint writes the exact output."""
+    client = start_and_await(_sums(tmp_path), launcher="local")
+    first = client.savepoint(dir=str(other_device))
+    result = client.stop(dir=str(other_device))
+    assert result.status == "stopped", result
+    assert _only_savepoints(other_device) == sorted(
+        [os.path.basename(first), os.path.basename(result.savepoint)])
+    for sp in (first, result.savepoint):
+        assert storage.read_metadata(sp)
+        assert any(name.endswith(".state") for name in os.listdir(sp))
+    job_dir = Path(storage.checkpoint_dir(tmp_path / "chk" / client.job_id, 1)).parent
+    assert not [p.name for p in job_dir.iterdir() if p.name.startswith("chk-")
+                and not (p / "_metadata").exists()], "the savepoints' checkpoint folders remain"
+    final = _sums(tmp_path, rate=None).run(launcher="local", from_savepoint=result.savepoint)
+    assert final.status == "finished" and final.records_in == N
+    check_exact_sums(tmp_path / "out", N, KEYS)
+
+
+@pytest.mark.timeout(300)
+def test_a_failure_half_way_through_a_savepoint_leaves_nothing(
+        tmp_path: Path, other_device: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target fills up after the first state file was copied (ENOSPC on
+    the second): the savepoint request fails saying so, nothing is left in the
+    target folder (no empty or partial savepoint, no hidden folder), and the
+    job goes on: the next savepoint there completes and restores exactly."""
+    copied: list[str] = []
+    real_copy = fs_transfer.copy
+
+    def filling_up(src, dst):
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+        copied.append(str(dst))
+        return real_copy(src, dst)
+
+    client = start_and_await(_sums(tmp_path), launcher="local")
+    monkeypatch.setattr(fs_transfer, "copy", filling_up)
+    target = other_device / "sp"
+    with pytest.raises(LockgateError, match="No space left on device") as failed:
+        client.savepoint(dir=str(target))
+    assert str(target) in str(failed.value)
+    assert copied, "the failure did not come half way"
+    assert not target.exists(), f"left behind: {os.listdir(target)}"
+    monkeypatch.setattr(fs_transfer, "copy", real_copy)
+    result = client.stop(dir=str(target))
+    assert result.status == "stopped" and result.restarts == 0, result
+    assert _only_savepoints(target) == [os.path.basename(result.savepoint)]
+    _sums(tmp_path, rate=None).run(launcher="local", from_savepoint=result.savepoint)
+    check_exact_sums(tmp_path / "out", N, KEYS)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A moto S3 server on loopback, as ``tests/integration/test_s3_storage.py`` starts it."""
+    moto_server = pytest.importorskip("moto.server")
+    from tests.integration.test_s3_storage import S3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        yield S3(*server.get_host_and_port())
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_savepoint_to_s3_from_local_checkpoints_restores_exactly(
+        tmp_path: Path, s3_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints on the local disk, the savepoint in a bucket (another URL
+    scheme): its state files are copied, ``_metadata`` comes last, and the
+    job resumed from the bucket writes the exact output."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    bucket = s3_server.bucket()
+    target = s3_server.url(bucket, "savepoints")
+    client = start_and_await(_sums(tmp_path), launcher="local")
+    result = client.stop(dir=target)
+    assert result.status == "stopped", result
+    keys = s3_server.keys(bucket)
+    assert keys and {k.split("/")[1] for k in keys} == {
+        result.savepoint.split("?")[0].rsplit("/", 1)[1]}, keys
+    assert any(k.endswith("/_metadata") for k in keys), keys
+    assert any(k.endswith(".state") for k in keys), keys
+    _sums(tmp_path, rate=None).run(launcher="local", from_savepoint=result.savepoint)
+    check_exact_sums(tmp_path / "out", N, KEYS)
+
+
+def test_write_savepoint_into_a_full_tmpfs_leaves_nothing(tmp_path: Path) -> None:
+    """A real ENOSPC half way (a 1 MiB tmpfs; needs the right to mount):
+    nothing is left in the target, and the error names it."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if os.system(f"mount -t tmpfs -o size=1m tmpfs {mnt} 2>/dev/null") != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        chk = tmp_path / "job" / "chk-7"
+        chk.mkdir(parents=True)
+        meta = _handmade_metadata(chk, {"a-0.state": 600_000, "a-1.state": 600_000})
+        with pytest.raises(OSError, match="No space left on device") as failed:
+            storage.write_savepoint(str(chk), str(mnt / "sp"), "job", 7, meta)
+        assert str(mnt / "sp") in str(failed.value)
+        assert os.listdir(mnt) == []
+        assert not chk.exists()
+    finally:
+        os.system(f"umount {mnt}")
+
+
+def _handmade_metadata(chk: Path, files: dict[str, int]):
+    """The metadata of a checkpoint ``chk`` whose one operator has a state
+    file of each size in ``files`` (written there)."""
+    subtasks = []
+    for name, size in files.items():
+        data = os.urandom(size)
+        (chk / name).write_bytes(data)
+        subtasks.append({"file": name, "size": size, "crc32": zlib.crc32(data),
+                         "keyed_offset": 0})
+    (chk / "_metadata").write_text(json.dumps({
+        "format": 1, "checkpoint_id": 7, "kind": "savepoint", "max_parallelism": 128,
+        "operators": {"a": {"parallelism": len(files), "operator_state_mode": "split",
+                            "subtasks": subtasks}}}))
+    meta = storage.read_metadata(chk)
+    (chk / "_metadata").unlink()
+    return meta

@@ -1,0 +1,93 @@
+"""Files and folders from one location to another that may be on another
+filesystem (another device, a different URL scheme, bucket or host):
+renamed where one filesystem holds both, copied otherwise.
+
+:func:`lockgate.fs.move` is a rename (atomic locally and on HDFS) and
+refuses to cross filesystems (``EXDEV``, as ``rename(2)``); these functions
+are for the callers that can do without the atomicity of one file's rename
+(a savepoint publishes its whole folder at once instead, see
+:func:`lockgate.checkpoint.storage.write_savepoint`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from lockgate.fs import (
+    Location,
+    exists,
+    finish_write,
+    is_local,
+    is_object_store,
+    local_path,
+    move,
+    open_read,
+    open_write,
+    redact,
+    resolve,
+    sync_dir,
+)
+
+CHUNK = 8 << 20
+"""Bytes per read and write of a copy: a copy holds no more than this in memory."""
+
+
+def same_filesystem(a: Location, b: Location) -> bool:
+    """Whether one filesystem reaches ``a`` and ``b`` (both local, or one URL
+    root: scheme, bucket or host, and options), so that a rename may work
+    (two local devices still refuse it, with ``EXDEV``)."""
+    if is_local(a) or is_local(b):
+        return is_local(a) and is_local(b)
+    return resolve(a)[0] is resolve(b)[0]
+
+
+def copy(src: Location, dst: Location) -> int:
+    """Copy the file ``src`` to ``dst`` (replacing it), between any two
+    locations, streamed (:data:`CHUNK`) and as durable as
+    :func:`lockgate.fs.finish_write` makes it; returns the bytes copied. On an
+    error ``dst`` may exist in part: the caller removes it."""
+    size = 0
+    with open_read(src) as f:
+        out = open_write(dst)
+        try:
+            while chunk := f.read(CHUNK):
+                out.write(chunk)
+                size += len(chunk)
+        except BaseException:
+            out.close()
+            raise
+        finish_write(out)
+    return size
+
+
+def move_or_copy(src: Location, dst: Location) -> None:
+    """Give the file ``src`` the name ``dst``: a rename on one filesystem, a
+    copy (:func:`copy`) across filesystems, where ``src`` stays."""
+    if same_filesystem(src, dst):
+        try:
+            move(src, dst)
+            return
+        except OSError as e:
+            if e.errno != errno.EXDEV:  # two local devices
+                raise
+    copy(src, dst)
+
+
+def rename_dir(src: Location, dst: Location) -> None:
+    """Give the folder ``src`` the name ``dst`` (which must not exist),
+    atomically, on a filesystem with folders (local, then the parent is
+    fsynced; HDFS). Object stores have none: ``OSError`` ``ENOTSUP``."""
+    s, d = local_path(src), local_path(dst)
+    if s is not None and d is not None:
+        if os.path.lexists(d):  # rename(2) would replace an empty folder
+            raise FileExistsError(errno.EEXIST, f"{d} already exists")
+        os.rename(s, d)
+        sync_dir(os.path.dirname(d))
+        return
+    if not same_filesystem(src, dst) or is_object_store(src):
+        raise OSError(errno.ENOTSUP, f"cannot rename the folder {redact(src)} to {redact(dst)}")
+    if exists(dst):
+        raise FileExistsError(errno.EEXIST, f"{redact(dst)} already exists")
+    fs, sp = resolve(src)
+    fs.move(sp, resolve(dst)[1])
