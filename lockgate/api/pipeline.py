@@ -163,7 +163,8 @@ class Pipeline:
     # -- running ----------------------------------------------------------
     def run(self, *, launcher: str = "spark", from_checkpoint: str | None = None,
             from_savepoint: str | None = None, allow_non_restored_state: bool = False,
-            allow_non_replayable: bool = False, fault_injection: list[dict[str, Any]] | None = None,
+            allow_non_replayable: bool | list[str] = False,
+            fault_injection: list[dict[str, Any]] | None = None,
             job_id: str | None = None,
             on_progress: Callable[[Progress], None] | None = None,
             spark: Any = None, master: str | None = None,
@@ -180,8 +181,10 @@ class Pipeline:
                 are matched by uid, added ones start empty).
             allow_non_restored_state: drop the state of operator uids the job no
                 longer has, instead of refusing the checkpoint or savepoint.
-            allow_non_replayable: run with a non-replayable source under
-                exactly-once by downgrading the guarantee (the job reports it).
+            allow_non_replayable: run with sources that cannot replay (push
+                sources) under exactly-once by downgrading the guarantee to
+                at-most-once (the job reports it): the list of their uids, or
+                ``True`` for every such source.
             fault_injection: test-only: kill tasks at named protocol points.
             job_id: the job's id (default: the name and a random suffix); its
                 checkpoints go to ``<storage>/<job_id>/``.

@@ -21,7 +21,7 @@ class RunOptions:
     from_checkpoint: str | None = None
     from_savepoint: str | None = None
     allow_non_restored_state: bool = False
-    allow_non_replayable: bool = False
+    allow_non_replayable: bool | list[str] | tuple[str, ...] = False
     fault_injection: list[dict[str, Any]] | None = None
     job_id: str | None = None
     on_progress: Callable[[Progress], None] | None = None

@@ -20,7 +20,7 @@ from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import check_sink_locations
-from lockgate.cluster.result import JobResult, end_to_end_guarantee
+from lockgate.cluster.result import Guarantee, JobResult, end_to_end_guarantee
 from lockgate.config import CheckpointingMode
 from lockgate.errors import CheckpointCorruptError, PipelineDefinitionError
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
@@ -56,16 +56,15 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
         op.fn.validate()
     check_picklable(graph)
     not_replayable = [op.uid for op in sources if not op.fn.replayable]
-    if (not_replayable and mode == CheckpointingMode.EXACTLY_ONCE
-            and not options.allow_non_replayable):
-        raise PipelineDefinitionError(
-            f"source(s) {not_replayable} cannot be replayed, so the job cannot be exactly-once: "
-            "after a failure their records in flight would be lost. Use a replayable source, "
-            "or run with allow_non_replayable=True to accept at-most-once for those records"
-        )
+    check_non_replayable(not_replayable, [op.uid for op in sources], mode,
+                         options.allow_non_replayable)
     guarantee = end_to_end_guarantee(
         [op.fn.replayable for op in sources], [op.fn.exactly_once for op in sinks], mode)
-    if guarantee != "exactly_once":
+    if guarantee == Guarantee.AT_MOST_ONCE:
+        log.warning("job %s runs AT-MOST-ONCE: source(s) %s cannot replay, so what they "
+                    "delivered since the last checkpoint is LOST on a failure",
+                    pipeline.name, not_replayable)
+    elif guarantee != Guarantee.EXACTLY_ONCE:
         log.warning("job %s runs with end-to-end guarantee %s", pipeline.name,
                     guarantee.replace("_", "-").upper())
     started_from = None
@@ -80,6 +79,31 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
         if options.bind_host != "127.0.0.1":
             _warn_unshared_paths(pipeline, sources, sinks)
     return JobMaster(pipeline, graph, options, guarantee, started_from)
+
+
+def check_non_replayable(not_replayable: list[str], source_uids: list[str],
+                         mode: CheckpointingMode | str,
+                         allowed: bool | list[str] | tuple[str, ...]) -> None:
+    """An exactly-once job refuses sources that cannot replay unless it opts
+    into at-most-once for them: ``allowed`` is ``True`` (every such source)
+    or names each of them by uid; a name that is no source is refused too
+    (a typo would otherwise opt into nothing)."""
+    if isinstance(allowed, bool):
+        named: set[str] = set(not_replayable) if allowed else set()
+    else:
+        named = set(allowed)
+        unknown = sorted(named - set(source_uids))
+        if unknown:
+            raise PipelineDefinitionError(
+                f"allow_non_replayable names {unknown}, which are not sources of this job "
+                f"(its sources: {sorted(source_uids)})")
+    refused = [uid for uid in not_replayable if uid not in named]
+    if refused and mode == CheckpointingMode.EXACTLY_ONCE:
+        raise PipelineDefinitionError(
+            f"source(s) {refused} cannot be replayed, so the job cannot be exactly-once: "
+            "after a failure their records in flight would be lost. Use a replayable source, "
+            f"or accept AT-MOST-ONCE for them by name: allow_non_replayable={refused!r} "
+            "(or True for every such source)")
 
 
 def check_picklable(graph: JobGraph) -> None:
