@@ -24,6 +24,7 @@ so any file name is safe in a URL.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -306,33 +307,38 @@ def open_write(location: Location) -> IO[bytes]:
 def finish_write(f: IO[bytes]) -> None:
     """Close a file of :func:`open_write` durably: flush and fsync a local file;
     complete the upload of an object (errors are raised here)."""
-    if isinstance(f, io.BufferedWriter | io.FileIO):  # local: from open()
-        try:
+    try:
+        if isinstance(f, io.BufferedWriter | io.FileIO):  # local: from open()
             f.flush()
             os.fsync(f.fileno())
-        finally:
-            f.close()
-        return
-    f.close()
+    finally:
+        f.close()
 
 
 def write_atomic(location: Location, data: bytes) -> None:
     """Write a whole file so that readers see all of it or nothing.
 
-    Local: a hidden temp file, fsync, rename, fsync of the folder. Object store:
-    ONE object write (an object appears only complete; never by copy). Other
-    filesystems (HDFS): temp file, then rename, which is atomic there.
+    Local: a hidden temp file, fsync, rename, fsync of the folder; on a failure
+    nothing it wrote stays. Object store: ONE object write (an object appears
+    only complete; never by copy). HDFS: temp file, then rename (atomic there).
     """
     path = local_path(location)
     if path is not None:
         folder, name = os.path.split(path)
         tmp = os.path.join(folder, f".{name}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        sync_dir(folder)
+        done = tmp
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            done = path
+            sync_dir(folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(done)  # e.g. a rename whose folder fsync failed
+            raise
         return
     fs, p = resolve(location)
     if fs.type_name in _OBJECT_STORES:

@@ -229,6 +229,67 @@ def savepoint_name(job_id: str, checkpoint_id: int) -> str:
     return f"savepoint-{job_id}-{checkpoint_id}"
 
 
+def savepoint_target_problem(target: Location, job_dir: Location) -> str | None:
+    """Why a savepoint must not go into the folder ``target`` (None: it may),
+    for a job whose checkpoint folder is ``job_dir``; the answer says what to
+    do instead. Refused: a file (or a folder that cannot be made, because a
+    file is in its way); a folder inside ``job_dir`` (checkpoints there come
+    and go); a folder inside another job's checkpoint folder (one with
+    ``chk-N`` folders) or inside a checkpoint or savepoint (one with
+    ``_metadata``), where Lockgate or a user cleaning up would take it for
+    part of that. One listing per folder from ``target`` up to its root."""
+    target, job_dir = fs.absolute(target), fs.absolute(job_dir)
+    shown = fs.redact(target)
+    fix = ("give another folder, e.g. one beside the checkpoint folders: "
+           f"{fs.redact(fs.join(fs.parent(job_dir), 'savepoints'))}")
+    try:
+        if _within(target, job_dir):
+            return (f"the savepoint folder {shown} is inside this job's checkpoint folder "
+                    f"{fs.redact(job_dir)}, whose checkpoints are deleted as newer ones "
+                    f"complete: {fix}")
+        for i, level in enumerate(_ancestors(target)):
+            is_ = f"is inside {fs.redact(level)}," if i else "is"
+            if fs.is_file(level):
+                return (f"the savepoint folder {shown} cannot be made: {fs.redact(level)} is a "
+                        f"file: {fix}" if i else f"the savepoint folder {shown} is a file: {fix}")
+            names = fs.list_sizes(level)
+            if METADATA in names:
+                return (f"the savepoint folder {shown} {is_} a checkpoint or savepoint (it has "
+                        f"{METADATA}): {fix}")
+            chk = sorted(n for n, size in names.items() if size is None and _CHK_RE.match(n))
+            if chk:
+                return (f"the savepoint folder {shown} {is_} another job's checkpoint folder "
+                        f"(it holds {chk[0]}): {fix}")
+    except (OSError, ValueError) as e:
+        return f"the savepoint folder cannot be used: {explain(e, target)}"
+    return None
+
+
+def _within(location: Location, folder: Location) -> bool:
+    """Whether ``location`` is ``folder`` or inside it (symbolic links resolved)."""
+    loc, top = fs.local_path(location), fs.local_path(folder)
+    if loc is not None and top is not None:
+        loc, top = os.path.realpath(loc), os.path.realpath(top)
+        return os.path.commonpath([loc, top]) == top
+    if loc is not None or top is not None:
+        return False
+    (lfs, lp), (tfs, tp) = fs.resolve(location), fs.resolve(folder)
+    return lfs is tfs and (lp == tp or lp.startswith(tp.rstrip("/") + "/"))
+
+
+def _ancestors(location: Location) -> list[str]:
+    """``location`` and every folder above it, up to its root."""
+    out = [os.fspath(location)]
+    path = fs.local_path(location)
+    if path is not None:
+        out = [os.path.realpath(path)]
+    while True:
+        up = (os.path.dirname(out[-1]) if path is not None else fs.parent(out[-1]))
+        if up == out[-1] or not up:
+            return out
+        out.append(up)
+
+
 def write_savepoint(chk_dir: Location, savepoint_dir: Location, job_id: str,
                     checkpoint_id: int, metadata: CheckpointMetadata) -> str:
     """Turn a fully acknowledged checkpoint's files into the savepoint folder

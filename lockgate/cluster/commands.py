@@ -12,10 +12,11 @@ from enum import StrEnum
 from typing import Any
 
 from lockgate import fs
+from lockgate.checkpoint import storage
 from lockgate.checkpoint.coordinator import CheckpointCoordinator
 from lockgate.cluster.failures import JobEnds
 from lockgate.cluster.result import JobStatus
-from lockgate.errors import LockgateError
+from lockgate.errors import ConfigurationError, LockgateError
 
 
 class CommandKind(StrEnum):
@@ -76,7 +77,10 @@ class Commands:
         """Step 1. Resolve completed or failed savepoints (a stop's savepoint ends the job).
         Step 2. Start what was asked for: a savepoint waits for a pending checkpoint;
                 a drain tells the sources to end their input, and the final
-                checkpoint becomes the savepoint; a cancel ends the job now."""
+                checkpoint becomes the savepoint; a cancel ends the job now.
+                A savepoint folder that is a file, or inside a checkpoint
+                folder or a savepoint, is refused first
+                (:func:`~lockgate.checkpoint.storage.savepoint_target_problem`)."""
         # Step 1.
         for n, future in list(self._savepoint_waiters.items()):
             res = self.coordinator.savepoint_results.get(n)
@@ -108,6 +112,10 @@ class Commands:
                     "CheckpointConfig(savepoint_dir=...)"))
                 continue
             target = fs.absolute(target)
+            problem = storage.savepoint_target_problem(target, self.coordinator.job_dir)
+            if problem is not None:  # refused before anything runs; the job goes on
+                cmd.future.set_exception(ConfigurationError(problem))
+                continue
             if cmd.kind == CommandKind.STOP and cmd.args.get("drain"):
                 self.drain = cmd
                 self.coordinator.final_checkpoint_is_savepoint(target)

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 import uuid
@@ -22,8 +23,11 @@ import pytest
 
 from lockgate import CheckpointConfig, FixedDelayRestart, NoRestart, Pipeline, fs, fs_transfer
 from lockgate.checkpoint import storage
+from lockgate.checkpoint.coordinator import AttemptPlan, CheckpointCoordinator
+from lockgate.cli import main as cli_main
 from lockgate.connectors import CollectSink, SequenceSource
-from lockgate.errors import JobFailedError, LockgateError
+from lockgate.errors import ConfigurationError, JobFailedError, LockgateError
+from lockgate.protocol import NotifyAborted
 from tests.fault.sums_job import build as build_sums
 from tests.fixtures import check_exact_sums, start_and_await
 
@@ -241,3 +245,133 @@ def _handmade_metadata(chk: Path, files: dict[str, int]):
     meta = storage.read_metadata(chk)
     (chk / "_metadata").unlink()
     return meta
+
+
+# ------------------------------------------ item 10: fsync, savepoint folders
+
+
+@pytest.mark.timeout(300)
+def test_savepoint_folders_that_would_be_lost_or_mixed_up_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file, a folder inside this job's checkpoint folder (its retention
+    deletes checkpoints), inside another job's checkpoint folder, or inside a
+    savepoint: each request fails at once, through the JobClient and through
+    `lockgate savepoint` (the REST API), saying why and what to give
+    instead; nothing is written and the job goes on."""
+    client = start_and_await(_sums(tmp_path, rate=20_000), launcher="local")
+    job_dir = tmp_path / "chk" / client.job_id
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    other_job = tmp_path / "chk" / "sums-other"
+    (other_job / "chk-3").mkdir(parents=True)
+    savepoint = tmp_path / "sps" / "savepoint-sums-old-4"
+    savepoint.mkdir(parents=True)
+    (savepoint / "_metadata").write_text("{}")
+    cases = {
+        a_file: "is a file",
+        a_file / "below": f"cannot be made: {a_file} is a file",
+        job_dir: "inside this job's checkpoint folder",
+        job_dir / "savepoints": "inside this job's checkpoint folder",
+        job_dir / "chk-1": "inside this job's checkpoint folder",
+        other_job: "is another job's checkpoint folder (it holds chk-3)",
+        other_job / "chk-3" / "sp": "another job's checkpoint folder (it holds chk-3)",
+        savepoint: "is a checkpoint or savepoint (it has _metadata)",
+        savepoint / "sp": f"is inside {savepoint}, a checkpoint or savepoint",
+    }
+
+    def others() -> list[Path]:
+        """Everything but the job's own checkpoints and output."""
+        return sorted(p for p in tmp_path.rglob("*")
+                      if job_dir not in (p, *p.parents) and tmp_path / "out" not in p.parents)
+
+    before = others()
+    fix = f"give another folder, e.g. one beside the checkpoint folders: {tmp_path}/chk/savepoints"
+    for target, why in cases.items():
+        with pytest.raises(ConfigurationError) as refused:
+            client.savepoint(dir=str(target))
+        assert why in str(refused.value) and fix in str(refused.value), str(refused.value)
+    capsys.readouterr()
+    for target, why in list(cases.items())[:3]:
+        assert cli_main(["savepoint", client.job_id, "--dir", str(target)]) == 1
+        err = capsys.readouterr().err
+        assert f"the savepoint of job {client.job_id} failed: the savepoint folder " \
+            f"{target} " in err and why in err and fix in err, err
+    with pytest.raises(ConfigurationError, match="inside this job's checkpoint folder"):
+        client.stop(dir=str(job_dir / "sp"))
+    assert not (job_dir / "sp").exists() and not (job_dir / "savepoints").exists()
+    assert others() == before
+    assert client.status()["status"] == "running" and client.status()["restarts"] == 0
+    result = client.stop(dir=str(tmp_path / "chk" / "savepoints"))
+    assert result.status == "stopped" and result.restarts == 0
+    assert not [h for h in result.checkpoints if h.kind == "savepoint" and h.status == "failed"]
+
+
+def _failing_fsync(monkeypatch: pytest.MonkeyPatch, error: int, folders: bool) -> list[int]:
+    """``os.fsync`` of folders (or of files) fails with ``error`` from now on;
+    returns the list of the failed calls' descriptors."""
+    real, failed = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode) == folders:
+            failed.append(fd)
+            raise OSError(error, os.strerror(error))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
+
+
+def test_a_failed_folder_fsync_is_an_error_unless_folders_cannot_be_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _failing_fsync(monkeypatch, errno.EIO, folders=True)
+    with pytest.raises(OSError, match="Input/output error"):
+        fs.sync_dir(tmp_path)
+    with pytest.raises(OSError, match="Input/output error"):
+        fs.write_atomic(str(tmp_path / "_metadata"), b"{}")
+    assert os.listdir(tmp_path) == [], "a write its writer was told failed was left"
+    _failing_fsync(monkeypatch, errno.EINVAL, folders=True)  # not supported there
+    fs.sync_dir(tmp_path)
+    fs.write_atomic(str(tmp_path / "_metadata"), b"{}")
+    assert (tmp_path / "_metadata").read_bytes() == b"{}"
+
+
+def test_a_failed_file_fsync_fails_the_state_file(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot writer declines a checkpoint whose state file raised."""
+    failed = _failing_fsync(monkeypatch, errno.EIO, folders=False)
+    with pytest.raises(OSError, match="Input/output error"):
+        storage.write_state_file(str(tmp_path), "op-0.state", lambda out: out.write(b"x" * 10))
+    assert failed
+
+
+def test_a_failed_fsync_of_metadata_declines_the_checkpoint_and_the_job_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder fsync after ``_metadata``'s rename fails (EIO): the
+    checkpoint is declined and counted, its ``_metadata`` is gone (nothing
+    would restore a checkpoint the job counted as failed), and once the disk
+    is well again the next checkpoint completes."""
+    now, sent = [100.0], []
+    config = CheckpointConfig(interval=1.0, storage=str(tmp_path), timeout=5.0,
+                              tolerable_failed_checkpoints=1)
+    c = CheckpointCoordinator("job", tmp_path / "job", config, {"src": 1, "sum": 1},
+                              {"src": "split", "sum": "split"}, 128,
+                              lambda a, t, m: sent.append(m), lambda: now[0])
+    c.start_attempt(AttemptPlan(0, [0], [0, 1], {0: (0, 0, ["src"]), 1: (1, 0, ["sum"])}))
+
+    def checkpoint(n: int) -> None:
+        now[0] += 1.0
+        c.tick()
+        for task, uid in ((0, "src"), (1, "sum")):
+            c.on_ack(task, n, {uid: None}, (0, 0))
+
+    failed = _failing_fsync(monkeypatch, errno.EIO, folders=True)
+    checkpoint(1)
+    assert failed
+    record = c.history[-1]
+    assert record.status == "failed" and "Input/output error" in record.failure, record
+    assert NotifyAborted(1) in sent and c.consecutive_failures == 1
+    assert storage.completed_checkpoints(tmp_path / "job") == []
+    monkeypatch.undo()
+    checkpoint(2)
+    assert c.history[-1].status == "completed" and c.consecutive_failures == 0
+    assert storage.completed_checkpoints(tmp_path / "job") == [2]
