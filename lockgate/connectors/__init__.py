@@ -5,8 +5,13 @@ from lockgate.connectors.collect import CollectSink
 from lockgate.connectors.dataframe import DataFrameSource
 from lockgate.connectors.filesink import FileSink
 from lockgate.connectors.filesource import FileSource
+from lockgate.connectors.kafka import KafkaRecord, KafkaSink, KafkaSource
 from lockgate.connectors.nats import JetStreamSink, JetStreamSource, NatsSink
+from lockgate.connectors.postgres import PostgresSink
+from lockgate.connectors.postgres_upsert import PostgresUpsertSink
 from lockgate.connectors.push import HttpPushSource, SocketSource
+from lockgate.connectors.redis_streams import RedisStreamSource, StreamEntry
+from lockgate.connectors.redis_upsert import RedisUpsertSink
 from lockgate.connectors.sequence import SequenceSource
 from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
 from lockgate.connectors.writeahead import WriteAheadSinkWriter
@@ -16,11 +21,19 @@ __all__ = [
     "DataFrameSource",
     "FileSink",
     "FileSource",
+    "KafkaRecord",
+    "KafkaSink",
+    "KafkaSource",
     "HttpPushSource",
     "JetStreamSink",
     "JetStreamSource",
     "NatsSink",
+    "PostgresSink",
+    "PostgresUpsertSink",
+    "RedisStreamSource",
+    "RedisUpsertSink",
     "SequenceSource",
+    "StreamEntry",
     "SocketSource",
     "Sink",
     "SinkWriter",

@@ -67,6 +67,11 @@ class SourceReader(ABC, Generic[T]):
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """Position after the last record returned by ``poll`` (split + offset)."""
 
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+        """Checkpoint ``checkpoint_id`` (and every earlier one) is complete:
+        e.g. tell the system read from how far the job got (for monitoring;
+        a replayable source never reads it back)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Always called, also on failure."""
 

@@ -381,6 +381,9 @@ class SourceOperator(StreamOperator):
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         return OperatorSnapshot(None, self.reader.snapshot_state(checkpoint_id))
 
+    def notify_complete(self, checkpoint_id: int) -> None:
+        self.reader.notify_checkpoint_complete(checkpoint_id)
+
     def close(self) -> None:
         self.reader.close()
 

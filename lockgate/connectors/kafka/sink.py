@@ -1,0 +1,340 @@
+"""``KafkaSink``: exactly-once (transactional + write-ahead) or at-least-once.
+
+The design, and the failure cases it covers, are in docs/connectors/kafka.md
+("Design"). In short, per sink task: one transactional producer whose id is
+stable across attempts (fencing), one Kafka transaction per checkpoint, the
+checkpoint's records kept in its handle (operator state) so that recovery can
+redo a transaction the crash aborted, and a marker — the checkpoint id as
+the committed offset of a group named after the transactional id — committed
+in the same transaction, so recovery knows whether it committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
+from lockgate.connectors.kafka.client import base_config, ensure_topic, kafka_module
+from lockgate.connectors.kafka.sink_plan import (
+    OWNER,
+    Handle,
+    check_entry,
+    committed,
+    plan_recovery,
+    transactional_id,
+)
+from lockgate.connectors.kafka.source import KafkaRecord
+from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
+
+__all__ = ["KafkaSink", "default_serializer"]
+
+log = logging.getLogger("lockgate.connectors.kafka")
+
+TXN_TIMEOUT = 30.0
+"""Seconds ``init_transactions``, ``commit_transaction`` and the marker's
+calls may take (a new id's init waits for the coordinator to abort what an
+older producer of that id left open)."""
+
+Pair = tuple[bytes | None, bytes | None]
+
+
+def _bytes(x: Any) -> bytes | None:
+    if x is None or isinstance(x, bytes):
+        return x
+    if isinstance(x, str):
+        return x.encode()
+    if isinstance(x, bytearray | memoryview):
+        return bytes(x)
+    raise TypeError(f"Kafka sink: a key or value must be bytes, str or None, not {type(x)}")
+
+
+def default_serializer(record: Any) -> tuple[Any, Any]:
+    """``bytes``/``str`` as the value; a ``(key, value)`` tuple; a
+    ``KafkaRecord``'s key and value; anything else as JSON."""
+    if isinstance(record, bytes | str):
+        return None, record
+    if isinstance(record, KafkaRecord):
+        return record.key, record.value
+    if isinstance(record, tuple) and len(record) == 2:
+        return record
+    return None, json.dumps(record)
+
+
+class KafkaSink(Sink[Any]):
+    """Writes records to ``topic`` (see docs/connectors/kafka.md)."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, *,
+                 delivery: str = "exactly_once",
+                 serializer: Callable[[Any], tuple[Any, Any]] = default_serializer,
+                 create_topic: bool = False, partitions: int = 1, replication_factor: int = 1,
+                 transactional_id_prefix: str = "lockgate", transaction_timeout: float = 900.0,
+                 config: dict[str, Any] | None = None) -> None:
+        if delivery not in ("exactly_once", "at_least_once"):
+            raise ValueError(
+                f"delivery must be 'exactly_once' or 'at_least_once', not {delivery!r}")
+        if not topic:
+            raise ValueError("KafkaSink needs a topic")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.delivery = delivery
+        self.exactly_once = delivery == "exactly_once"
+        self.serializer = serializer
+        self.create_topic = create_topic
+        self.partitions = partitions
+        self.replication_factor = replication_factor
+        self.transactional_id_prefix = transactional_id_prefix
+        self.transaction_timeout = transaction_timeout
+        self.config = dict(config or {})
+
+    def validate(self) -> None:
+        """A broker answers; the topic exists (or is created)."""
+        ensure_topic(self.bootstrap_servers, self.topic, self.config, f"KafkaSink({self.topic})",
+                     create=self.create_topic, partitions=self.partitions,
+                     replication_factor=self.replication_factor)
+
+    def producer_config(self, tid: str | None) -> dict[str, Any]:
+        """A producer's settings: transactional with id ``tid``, else idempotent."""
+        config = base_config(self.bootstrap_servers, {"acks": "all", "linger.ms": 5,
+                                                      "enable.idempotence": True})
+        if tid is not None:
+            config["transactional.id"] = tid
+            config["transaction.timeout.ms"] = int(self.transaction_timeout * 1000)
+        config.update(self.config)
+        return config
+
+    def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
+        if self.exactly_once:
+            return KafkaTransactionalWriter(self, info)
+        return KafkaAtLeastOnceWriter(self, info)
+
+
+class _Delivery:
+    """Delivery errors of a producer, raised at the next flush."""
+
+    def __init__(self) -> None:
+        self.errors: list[Any] = []
+
+    def __call__(self, error: Any, msg: Any) -> None:
+        if error is not None:
+            self.errors.append(error)
+
+    def flush(self, producer: Any, what: str) -> None:
+        left = producer.flush(TXN_TIMEOUT)
+        if self.errors or left:
+            first = self.errors[0] if self.errors else f"{left} records not delivered"
+            self.errors.clear()
+            raise kafka_module().KafkaException(f"Kafka sink: {what} failed: {first}")
+
+
+def _produce(producer: Any, topic: str, pairs: list[Pair]) -> None:
+    """Send ``pairs``; a full local queue waits for deliveries."""
+    produce, poll = producer.produce, producer.poll
+    for key, value in pairs:
+        while True:
+            try:
+                produce(topic, value, key)
+                break
+            except BufferError:
+                poll(0.05)
+    poll(0)
+
+
+class KafkaAtLeastOnceWriter(SinkWriter[Any]):
+    """Sends records as they come; ``flush()`` at every snapshot."""
+
+    def __init__(self, sink: KafkaSink, info: TaskInfo) -> None:
+        self.sink = sink
+        self.delivery = _Delivery()
+        self.producer: Any = None
+
+    def restore(self, state: list[Any]) -> None:
+        config = self.sink.producer_config(None)
+        config["on_delivery"] = self.delivery
+        self.producer = kafka_module().Producer(config)
+
+    def write_batch(self, batch: list[Any]) -> None:
+        ser = self.sink.serializer
+        pairs = [(_bytes(k), _bytes(v)) for k, v in map(ser, batch)]
+        _produce(self.producer, self.sink.topic, pairs)
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        self.delivery.flush(self.producer, "a flush")
+        return []
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.flush(1.0)
+            self.producer = None
+
+
+@dataclass
+class _Txn:
+    """One checkpoint's transaction: its records (serialized) as they came."""
+
+    seq: int
+    records: list[Pair] = field(default_factory=list)
+
+
+class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
+    """One task of an exactly-once ``KafkaSink`` (see the module docstring)."""
+
+    def __init__(self, sink: KafkaSink, info: TaskInfo) -> None:
+        super().__init__(info)
+        self.sink = sink
+        self.tid = transactional_id(sink.transactional_id_prefix, info.job_id, info.uid,
+                                    info.task_index)
+        self.nonce = secrets.token_hex(8)
+        """Names this writer's own handles: only those can be the live one."""
+        self.delivery = _Delivery()
+        self.producer: Any = None
+        self.live: _Txn | None = None
+        """The transaction whose records are in the producer's open Kafka transaction."""
+        self._seq = 0
+        self._groups: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ clients
+    def _producer(self, tid: str) -> Any:
+        """A transactional producer with id ``tid``, initialized: any older
+        producer of that id is fenced and its open transaction aborted."""
+        config = self.sink.producer_config(tid)
+        config["on_delivery"] = self.delivery
+        producer = kafka_module().Producer(config)
+        producer.init_transactions(TXN_TIMEOUT)
+        return producer
+
+    def _group(self, tid: str) -> Any:
+        """A consumer of the marker group ``tid`` (never subscribed)."""
+        consumer = self._groups.get(tid)
+        if consumer is None:
+            config = base_config(self.sink.bootstrap_servers, {
+                "group.id": tid, "enable.auto.commit": False,
+                "isolation.level": "read_committed"})
+            config.update({k: v for k, v in self.sink.config.items()
+                           if k.startswith(("security.", "sasl.", "ssl."))})
+            consumer = self._groups[tid] = kafka_module().Consumer(config)
+        return consumer
+
+    def _marker(self, tid: str) -> int | None:
+        """The checkpoint id the group ``tid`` committed last, or None."""
+        k = kafka_module()
+        [tp] = self._group(tid).committed([k.TopicPartition(self.sink.topic, 0)],
+                                          timeout=TXN_TIMEOUT)
+        return int(tp.offset) if tp.offset >= 0 else None
+
+    def _commit_kafka(self, producer: Any, tid: str, checkpoint_id: int) -> None:
+        """Step 4: the marker in the transaction, then commit it."""
+        k = kafka_module()
+        self.delivery.flush(producer, "sending a transaction's records")
+        producer.send_offsets_to_transaction(
+            [k.TopicPartition(self.sink.topic, 0, checkpoint_id)],
+            self._group(tid).consumer_group_metadata(), TXN_TIMEOUT)
+        producer.commit_transaction(TXN_TIMEOUT)
+
+    def _redo(self, producer: Any, handle: Handle) -> None:
+        """Send a handle's records in a new transaction, with its marker, and commit."""
+        producer.begin_transaction()
+        _produce(producer, self.sink.topic, handle.records)
+        self._commit_kafka(producer, handle.tid, handle.checkpoint_id)
+
+    # -------------------------------------------------------------- hooks
+    def recover(self, handles: list[dict[str, Any]]) -> None:
+        """Step 5 of the design: fence, find what committed, redo the rest."""
+        sink, info = self.sink, self.info
+        plan = plan_recovery(handles, sink.transactional_id_prefix, info.uid, info.task_index,
+                             info.parallelism, self.tid)
+        self.producer = self._producer(self.tid)
+        others: dict[str, Any] = {}
+        for tid in plan.fence:  # old tasks' ids: abort what they left open
+            self._producer(tid)
+        for handle in plan.handles:
+            if handle.tid == self.tid:
+                producer = self.producer
+            else:
+                producer = others.get(handle.tid) or others.setdefault(
+                    handle.tid, self._producer(handle.tid))
+            if committed(self._marker(handle.tid), handle):
+                continue
+            log.info("Kafka sink %s task %d: redoing checkpoint %d's transaction of %s "
+                     "(%d records)", info.uid, info.task_index, handle.checkpoint_id,
+                     handle.tid, len(handle.records))
+            self._redo(producer, handle)
+
+    def begin_transaction(self) -> _Txn:
+        self._seq += 1
+        txn = _Txn(self._seq)
+        if self.live is None and not self.pending_checkpoints:
+            self.producer.begin_transaction()
+            self.live = txn
+        return txn
+
+    def write(self, txn: _Txn, batch: list[Any]) -> None:
+        ser = self.sink.serializer
+        pairs = [(_bytes(k), _bytes(v)) for k, v in map(ser, batch)]
+        txn.records += pairs
+        if txn is self.live:
+            _produce(self.producer, self.sink.topic, pairs)
+
+    def pre_commit(self, txn: _Txn) -> dict[str, Any]:
+        """Step 3: flush; the handle keeps the records to redo the transaction."""
+        if txn is self.live:
+            self.delivery.flush(self.producer, "a pre-commit flush")
+        return {"tid": self.tid, "writer": self.nonce, "seq": txn.seq,
+                "records": [list(r) for r in txn.records]}
+
+    def commit(self, handle: dict[str, Any]) -> None:
+        """Step 4: commit the live transaction, or redo one from its handle."""
+        live = self.live
+        if live is not None and handle.get("writer") == self.nonce and handle["seq"] == live.seq:
+            self._commit_kafka(self.producer, self.tid, int(handle["checkpoint_id"]))
+            self.live = None
+            return
+        checked = check_entry(handle, self.sink.transactional_id_prefix, self.info.uid)
+        assert isinstance(checked, Handle)
+        self._redo(self.producer, checked)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        super().notify_checkpoint_complete(checkpoint_id)
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """The producer is free and no handle waits: the open transaction's
+        records so far go out now, in a Kafka transaction of its own."""
+        txn = self._txn
+        if txn is None or self.live is not None or self.pending_checkpoints:
+            return
+        self.producer.begin_transaction()
+        self.live = txn
+        _produce(self.producer, self.sink.topic, txn.records)
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        entries = super().snapshot_state(checkpoint_id)
+        entries.append({OWNER: self.tid, "checkpoint_id": checkpoint_id,
+                        "task_index": self.info.task_index})
+        return entries
+
+    def abort(self, handle_or_txn: Any) -> None:
+        """Abort the open Kafka transaction if it is ``handle_or_txn``'s (on
+        close); otherwise nothing: the next attempt's fencing aborts it."""
+        if handle_or_txn is self.live and self.producer is not None:
+            self.live = None
+            try:
+                self.producer.abort_transaction(TXN_TIMEOUT)
+            except kafka_module().KafkaException as e:
+                log.debug("Kafka sink: abort on close failed: %s", e)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for consumer in self._groups.values():
+                try:
+                    consumer.close()
+                except RuntimeError:
+                    pass
+            self._groups.clear()
+            self.producer = None

@@ -1,0 +1,128 @@
+"""The Kafka sink's names and recovery plan — pure, no client.
+
+A sink task's transactional id (also its marker group) is
+``<prefix>-<job>-<uid>-<task>``. Its operator state holds *handles* (one per
+pre-committed checkpoint: ``{"tid", "writer", "seq", "records"}``) and one
+*owner* entry (``{"owner": tid}``), each with the two-phase-commit base's
+``checkpoint_id`` and ``task_index``. Everything read back from a checkpoint
+is checked here before the sink touches a transaction (untrusted input: a
+crafted checkpoint must not make the sink redo another sink's records or
+fence another application's producer).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lockgate.errors import CheckpointCorruptError
+
+__all__ = ["transactional_id", "check_entry", "RecoveryPlan", "plan_recovery", "committed",
+           "Handle", "OWNER"]
+
+OWNER = "owner"
+"""The key of an owner entry."""
+
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def transactional_id(prefix: str, job_id: str, uid: str, task_index: int) -> str:
+    """The transactional id (and marker group) of sink task ``task_index``."""
+    return f"{prefix}-{job_id}-{uid}-{task_index}"
+
+
+def _own_tid(value: Any, prefix: str, uid: str, entry: dict[str, Any]) -> str:
+    """``value`` if it is a transactional id this sink (prefix and uid) gave
+    to the task that wrote ``entry``."""
+    task = entry.get("task_index")
+    ok = (isinstance(value, str) and len(value) <= 249 and type(task) is int and task >= 0
+          and value.startswith(f"{prefix}-") and value.endswith(f"-{uid}-{task}")
+          and _NAME.fullmatch(value[len(prefix) + 1:-len(f"-{uid}-{task}")] or "") is not None)
+    if not ok:
+        raise CheckpointCorruptError(
+            f"Kafka sink {uid!r}: restored state entry names the transactional id {value!r}, "
+            f"not one of this sink's ('{prefix}-<job>-{uid}-<task>'); restore with the sink that "
+            "wrote the checkpoint (same uid and transactional_id_prefix)")
+    assert isinstance(value, str)
+    return value
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A pre-committed checkpoint's transaction of one task, validated."""
+
+    checkpoint_id: int
+    task_index: int
+    tid: str
+    writer: str
+    seq: int
+    records: list[tuple[bytes | None, bytes | None]]
+
+
+def _records(value: Any, uid: str) -> list[tuple[bytes | None, bytes | None]]:
+    ok = isinstance(value, list | tuple) and all(
+        isinstance(r, list | tuple) and len(r) == 2
+        and all(x is None or isinstance(x, bytes) for x in r) for r in value)
+    if not ok:
+        raise CheckpointCorruptError(
+            f"Kafka sink {uid!r}: a restored transaction's records are not [key, value] "
+            "pairs of bytes; the checkpoint was not written by this sink")
+    return [(k, v) for k, v in value]
+
+
+def check_entry(entry: dict[str, Any], prefix: str, uid: str) -> Handle | str:
+    """A restored entry as a :class:`Handle`, or the transactional id of an
+    owner entry; ``CheckpointCorruptError`` for anything else."""
+    cid = entry.get("checkpoint_id")
+    if type(cid) is not int or cid < 0:
+        raise CheckpointCorruptError(
+            f"Kafka sink {uid!r}: restored state entry has no valid checkpoint id")
+    if OWNER in entry:
+        return _own_tid(entry[OWNER], prefix, uid, entry)
+    writer, seq = entry.get("writer"), entry.get("seq")
+    if not isinstance(writer, str) or type(seq) is not int:
+        raise CheckpointCorruptError(
+            f"Kafka sink {uid!r}: restored state entry is not a transaction of this sink")
+    return Handle(cid, entry["task_index"], _own_tid(entry.get("tid"), prefix, uid, entry),
+                  writer, seq, _records(entry.get("records"), uid))
+
+
+def committed(marker: int | None, handle: Handle) -> bool:
+    """Whether ``handle``'s transaction committed, from the marker group's
+    committed offset (``None``: the group never committed): transactions of
+    one id commit in checkpoint order, each with its checkpoint id as marker."""
+    return marker is not None and marker >= handle.checkpoint_id
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What one sink task does with a restored checkpoint's entries."""
+
+    handles: list[Handle]
+    """The transactions to commit (or find committed), in checkpoint order."""
+    fence: list[str]
+    """Transactional ids of old tasks to initialize (aborting what they left
+    open) that no handle and not the task itself uses."""
+
+
+def plan_recovery(entries: list[dict[str, Any]], prefix: str, uid: str, task_index: int,
+                  parallelism: int, own_tid: str) -> RecoveryPlan:
+    """The handles and old ids task ``task_index`` of ``parallelism`` takes
+    over: those written by a task ``t`` with ``t % parallelism ==
+    task_index`` (every entry is seen by every task: UNION state)."""
+    handles: list[Handle] = []
+    owners: set[str] = set()
+    for entry in entries:
+        checked = check_entry(entry, prefix, uid)
+        task = entry["task_index"]
+        if task % parallelism != task_index:
+            continue
+        if isinstance(checked, Handle):
+            handles.append(checked)
+            owners.add(checked.tid)
+        else:
+            owners.add(checked)
+    handles.sort(key=lambda h: (h.checkpoint_id, h.seq))
+    used = {h.tid for h in handles} | {own_tid}
+    return RecoveryPlan(handles, sorted(owners - used))
