@@ -76,12 +76,12 @@ def test_an_unpicklable_record_fails_the_job_naming_its_operator(
 
 
 @pytest.mark.timeout(240)
-def test_an_unpicklable_record_restarts_by_the_strategy(tmp_path: Path) -> None:
+def test_an_unpicklable_record_restarts_by_the_strategy(tmp_path: Path, launcher: str) -> None:
     """Not a fatal error: the job restarts as its strategy says (the same
     record fails every attempt), then fails with the same cause."""
     with pytest.raises(JobFailedError) as failed:
         _unpicklable_job(tmp_path, FixedDelayRestart(max_attempts=2, delay_s=0.0),
-                         "rebalance").run(launcher="local")
+                         "rebalance").run(launcher=launcher)
     message = str(failed.value)
     assert "after 3 failure(s) (2 restarts)" in message, message
     assert "operator 'bad' emitted a record that cannot be sent" in message, message
