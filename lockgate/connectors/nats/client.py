@@ -74,6 +74,7 @@ class NatsConnection:
                                         name=f"nats-{name}")
         self._thread.start()
         self._closed = False
+        self._spawned: set[asyncio.Task[Any]] = set()
         try:
             self.nc: Client = self.call(lambda: self._connect(name), CONNECT_TIMEOUT + 1)
         except Exception as e:
@@ -111,7 +112,13 @@ class NatsConnection:
         """Start ``fn()`` on the loop in the background; the returned future
         can be cancelled and tells how it ended."""
         async def run() -> Any:
-            return await fn()
+            task = asyncio.current_task()
+            assert task is not None
+            self._spawned.add(task)
+            try:
+                return await fn()
+            finally:
+                self._spawned.discard(task)
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop)
 
@@ -124,8 +131,14 @@ class NatsConnection:
         """Close the connection (pending publishes flushed) and stop the loop."""
         if self._closed:
             return
+        async def shutdown() -> None:
+            for task in list(self._spawned):  # background work first, then the connection
+                task.cancel()
+            await asyncio.gather(*self._spawned, return_exceptions=True)
+            await self.nc.close()
+
         try:
-            self.call(self.nc.close, timeout)
+            self.call(shutdown, timeout)
         except Exception:  # noqa: BLE001 - closing: the server may be gone already
             pass
         self._stop_loop()

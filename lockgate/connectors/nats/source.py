@@ -260,6 +260,8 @@ class JetStreamReader(SourceReader[Any]):
             self.splits = fresh[i::p]
         else:
             self.splits = deal_subject_splits(state, fresh, self.source.stream, i, p)
+        for split in self.splits:  # this job's end, whatever the checkpoint's job had
+            split["end"] = self.source.end_sequence if self.source.bounded else None
 
     def _start(self) -> None:
         self._conn = NatsConnection(self.source.url, name=f"lockgate-{self.info.uid}")
