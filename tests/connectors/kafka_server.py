@@ -1,5 +1,6 @@
 """A Kafka broker for the Kafka tests, as a session fixture any test module
-may import (``from tests.connectors.kafka_server import kafka_broker``).
+may import (``from tests.connectors.kafka_server import kafka_broker_fixture``: the
+fixture ``kafka_broker``).
 
 ``LOCKGATE_TEST_KAFKA=host:port`` names a broker to use. Unset, the fixture
 starts its own: ``noida-db`` (the PyPI package, pinned in the ``dev`` extra:
@@ -108,8 +109,8 @@ def noida_broker() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[str]:
+@pytest.fixture(scope="session", name="kafka_broker")
+def kafka_broker_fixture() -> Iterator[str]:
     """``host:port`` of a Kafka broker for the session."""
     try:
         import confluent_kafka  # noqa: F401

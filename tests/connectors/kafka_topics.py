@@ -33,9 +33,11 @@ def produce_numbers(bootstrap: str, topic: str, first: int, last: int,
     assert producer.flush(TIMEOUT) == 0, "records not delivered"
 
 
-def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+def end_offsets(bootstrap: str, topic: str, committed: bool = True) -> dict[int, int]:
+    """Per partition, the last stable offset (``committed``) or the high watermark."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "lockgate-tests-ends",
-                         "isolation.level": "read_committed"})
+                         "isolation.level": "read_committed" if committed
+                         else "read_uncommitted"})
     try:
         meta = consumer.list_topics(topic, timeout=TIMEOUT).topics[topic]
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT)[1]
@@ -48,7 +50,7 @@ def read_all(bootstrap: str, topic: str, *, committed: bool = True,
              timeout: float = TIMEOUT) -> list[Any]:
     """Every record of ``topic`` up to its current end, as (partition,
     offset, key, value) tuples, with ``read_committed`` (or uncommitted)."""
-    ends = end_offsets(bootstrap, topic)
+    ends = end_offsets(bootstrap, topic, committed)
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": "lockgate-tests-reader",
         "enable.auto.commit": False, "enable.partition.eof": True,

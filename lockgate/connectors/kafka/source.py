@@ -212,23 +212,26 @@ class KafkaReader(SourceReader[KafkaRecord]):
             if now >= self._next_discovery:
                 self._next_discovery = now + source.discovery_interval
                 self._discover()
+        buffered = sum(map(len, self.buffers.values()))
+        if buffered < max_records and self._unended():
+            # Keep about a batch of every partition's records at hand, so
+            # that the partitions take turns (the consumer returns a fetch
+            # of one partition at a time); wait only when nothing is.
+            self._fetch(max_records, 0.0 if buffered else POLL_TIMEOUT)
         batch = self._take(max_records)
-        if batch:
+        if batch or self._unended():
             return batch
-        if not self._unended():
-            return None if source.end_offsets is not None else []
-        self._fetch(max_records)
-        return self._take(max_records)
+        return None if source.end_offsets is not None else []
 
     def _unended(self) -> list[Split]:
         return [s for s in self.positions if s not in self.ended]
 
-    def _fetch(self, max_records: int) -> None:
+    def _fetch(self, max_records: int, timeout: float) -> None:
         """Read what the consumer has into the per-partition buffers."""
         k = kafka_module()
         ends = self.source.end_offsets
         eof = False
-        for msg in self._consumer.consume(max_records, POLL_TIMEOUT):
+        for msg in self._consumer.consume(max_records, timeout):
             error = msg.error()
             if error is not None:
                 if error.code() == k.KafkaError._PARTITION_EOF:
