@@ -288,3 +288,24 @@ def test_exactly_once_under_kills(tmp_path, kafka_broker, launcher):
     result = _sums_under_kills(tmp_path, kafka_broker, launcher, n=n, kills=kills,
                                faults=faults, seed=7, rate=4_000)
     assert result["restarts"] >= 2 + kills - 1, result["failures"]
+
+
+# ----------------------------------------------------------------- example
+
+
+def test_example_kafka_sums(tmp_path, kafka_broker, monkeypatch):
+    """examples/kafka_sums.py fills its topic once, then each run (``lockgate
+    run``, then ``python`` on Spark) commits every running sum once."""
+    from tests.connectors.kafka_topics import end_offsets
+    from tests.integration.test_examples import run_example
+
+    n, seen = 5_000, {}
+    monkeypatch.setenv("LOCKGATE_KAFKA", kafka_broker)
+    for way in ("lockgate run", "python"):
+        out = run_example(way, "kafka_sums.py", [str(n)], tmp_path)
+        if way == "python":
+            assert f"{n} running sums committed" in out.stdout, out.stdout
+        records = read_all(kafka_broker, "lockgate-sums")
+        fresh = [r for r in records if r[1] >= seen.get(r[0], 0)]
+        check_running_sums(sums_of(fresh), n, 10)
+        seen = end_offsets(kafka_broker, "lockgate-sums")
