@@ -1,0 +1,6 @@
+"""The connector tests' server fixtures, each defined in its connector's
+``<name>_server.py`` and registered here, so test modules ask for them by
+name without importing them."""
+
+from tests.connectors.postgres_server import postgres_2pc, postgres_dsn  # noqa: F401
+from tests.connectors.redis_server import redis_url  # noqa: F401
