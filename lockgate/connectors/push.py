@@ -102,8 +102,9 @@ class SocketReader(SourceReader[str]):
 
 class HttpPushSource(Source[Any]):
     """Records POSTed to an HTTP endpoint each task serves: task ``i`` listens
-    on ``port + i``. A request's body is JSON lines (one record per line) or a
-    JSON array of records; it is answered ``200`` once its records are queued
+    on ``port + i``. A request's body is JSON lines (one record per line), or
+    with ``Content-Type: application/json`` one JSON array of records; it is
+    answered ``200`` once its records are queued
     in the task (not yet checkpointed: at-most-once, see the module), ``503``
     when the queue stays full for ``timeout`` seconds (the sender may retry),
     ``400`` for a body that is not JSON. Unbounded.
@@ -150,12 +151,16 @@ class HttpPushReader(SourceReader[Any]):
                     self.send_error(411 if length < 0 else 413)
                     return
                 body = self.rfile.read(length)
+                array = self.headers.get_content_type() == "application/json"
                 try:
                     text = body.decode()
-                    got = (json.loads(text) if text.lstrip().startswith("[")
+                    got = (json.loads(text) if array
                            else [json.loads(line) for line in text.splitlines() if line.strip()])
                 except ValueError as e:
                     self.send_error(400, f"not JSON: {e}")
+                    return
+                if not isinstance(got, list):
+                    self.send_error(400, "application/json: the body must be an array")
                     return
                 try:
                     for record in got:

@@ -20,17 +20,13 @@ from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import FileSink, JetStreamSink, JetStreamSource, NatsSink, TaskInfo
 from lockgate.connectors.nats.splits import deal_subject_splits, subjects_overlap
 from lockgate.errors import ConfigurationError, LockgateError
-from tests.connectors.nats_server import (
-    make_stream,
-    nats_url,  # noqa: F401 - the fixture
-    publish,
-    stream_payloads,
-    unique,
-)
+from tests.connectors import nats_server
+from tests.connectors.nats_server import make_stream, publish, stream_payloads, unique
 from tests.fault.checks import drive
 from tests.fixtures import check_exact_sums, check_running_sums, operator_state, start_and_await
 
 HERE = Path(__file__).parent
+nats_url = nats_server.nats_url  # the server's fixture
 
 
 def info(task: int = 0, parallelism: int = 1, job: str = "job", attempt: int = 0) -> TaskInfo:
