@@ -4,8 +4,9 @@
   server with JetStream. One that cannot be reached skips the tests locally
   with the reason and fails them in CI (``CI`` set).
 - ``unique(prefix)``: a stream or subject name no other test uses.
-- ``make_stream``, ``publish``, ``stream_payloads``: set up and read back
-  streams through nats-py, one ``asyncio.run`` per call.
+- ``make_stream`` (deleted at the end of the session), ``publish``,
+  ``stream_payloads``: set up and read back streams through nats-py, one
+  ``asyncio.run`` per call.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pytest
 
@@ -27,9 +28,14 @@ def missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+CREATED: list[tuple[str, str]] = []
+"""(url, stream) of every stream ``make_stream`` created in this session."""
+
+
 @pytest.fixture(scope="session")
-def nats_url() -> str:
-    """The NATS server (with JetStream) of the tests."""
+def nats_url() -> Iterator[str]:
+    """The NATS server (with JetStream) of the tests; the streams the tests
+    made are deleted at the end of the session."""
     url = os.environ.get("LOCKGATE_TEST_NATS", DEFAULT_URL)
     try:
         import nats
@@ -48,7 +54,12 @@ def nats_url() -> str:
     except Exception as e:  # noqa: BLE001 - any reason it is not there
         missing(f"no NATS server with JetStream at {url} (LOCKGATE_TEST_NATS): "
                 f"{type(e).__name__}: {e}")
-    return url
+    yield url
+    for where, name in CREATED:
+        try:
+            delete_stream(where, name)
+        except Exception:  # noqa: BLE001 - cleaning up: it may be gone
+            pass
 
 
 def unique(prefix: str) -> str:
@@ -70,6 +81,7 @@ def make_stream(url: str, name: str, subjects: list[str], *,
             await nc.close()
 
     asyncio.run(run())
+    CREATED.append((url, name))
 
 
 def delete_stream(url: str, name: str) -> None:

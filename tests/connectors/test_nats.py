@@ -307,3 +307,28 @@ def test_random_kills(tmp_path, nats_url, launcher):
     result, kills, name = run_sums(tmp_path, nats_url, launcher, n=n, kills=3, seed=7)
     assert kills == 3, f"only {kills} kills happened"
     check_output(nats_url, name, n, result)
+
+
+def test_example_nats_sums(tmp_path, nats_url):
+    """``examples/nats_sums.py`` as ``lockgate run`` runs it (streams of its own)."""
+    import os
+    import subprocess
+
+    prefix = unique("EX").upper()
+    env = dict(os.environ, NATS_URL=nats_url, NATS_PREFIX=prefix)
+    example = HERE.parents[1] / "examples" / "nats_sums.py"
+    cmd = [sys.executable, "-m", "lockgate.cli", "run", str(example), "--launcher", "local",
+           "-q", "3000"]
+    try:
+        out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=180)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "guarantee exactly_once" in out.stderr + out.stdout
+        sums = [json.loads(p) for p in stream_payloads(nats_url, f"{prefix}_SUMS")]
+        check_running_sums(sums, 3000, 10)
+    finally:
+        for stream in (f"{prefix}_NUMBERS", f"{prefix}_SUMS"):
+            try:
+                nats_server.delete_stream(nats_url, stream)
+            except Exception:  # noqa: BLE001 - not created
+                pass
