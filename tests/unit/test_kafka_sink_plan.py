@@ -1,0 +1,66 @@
+"""The Kafka sink's recovery plan (pure): which restored transactions and
+old transactional ids a task takes over, and entries of a crafted checkpoint
+refused before any transaction is touched."""
+
+from __future__ import annotations
+
+import pytest
+
+from lockgate.connectors.kafka.sink_plan import (
+    Handle,
+    check_entry,
+    committed,
+    plan_recovery,
+    transactional_id,
+)
+from lockgate.errors import CheckpointCorruptError
+
+UID = "out"
+
+
+def handle(task: int, cid: int, job: str = "job-1", records=None) -> dict:
+    return {"tid": transactional_id("lockgate", job, UID, task), "writer": "w", "seq": cid,
+            "records": records if records is not None else [[b"k", b"v"]],
+            "checkpoint_id": cid, "task_index": task}
+
+
+def owner(task: int, cid: int, job: str = "job-1") -> dict:
+    return {"owner": transactional_id("lockgate", job, UID, task), "checkpoint_id": cid,
+            "task_index": task}
+
+
+def test_each_old_task_is_taken_over_by_one_new_task():
+    entries = [handle(t, c) for t in range(3) for c in (5, 4)] + [owner(t, 5) for t in range(3)]
+    plans = [plan_recovery(entries, "lockgate", UID, i, 2,
+                           transactional_id("lockgate", "job-2", UID, i)) for i in range(2)]
+    taken = sorted((h.task_index, h.checkpoint_id) for p in plans for h in p.handles)
+    assert taken == sorted((t, c) for t in range(3) for c in (4, 5))
+    assert [h.checkpoint_id for h in plans[0].handles] == [4, 4, 5, 5]  # checkpoint order
+    # ids of old tasks without a handle are fenced by their new owner
+    entries = [owner(t, 5) for t in range(3)] + [handle(0, 5)]
+    plan = plan_recovery(entries, "lockgate", UID, 0, 1,
+                         transactional_id("lockgate", "job-2", UID, 0))
+    assert plan.fence == [transactional_id("lockgate", "job-1", UID, t) for t in (1, 2)]
+
+
+def test_the_marker_says_which_transactions_committed():
+    h = check_entry(handle(0, 7), "lockgate", UID)
+    assert isinstance(h, Handle)
+    assert not committed(None, h) and not committed(6, h)
+    assert committed(7, h) and committed(9, h)
+
+
+@pytest.mark.parametrize("entry", [
+    {**handle(0, 3), "tid": "other-app-producer"},                  # not this sink's id
+    {**handle(0, 3), "tid": transactional_id("lockgate", "j", "other", 0)},
+    {**handle(0, 3), "tid": transactional_id("lockgate", "j", UID, 1)},  # another task's
+    {**handle(0, 3), "tid": transactional_id("lockgate", "a/b", UID, 0)},
+    handle(0, 3, records=[[b"k"]]),
+    handle(0, 3, records=[["k", "v"]]),
+    {**handle(0, 3), "checkpoint_id": "3"},
+    {**handle(0, 3), "seq": None},
+    {**owner(0, 3), "owner": "someone-else"},
+])
+def test_crafted_entries_are_refused(entry):
+    with pytest.raises(CheckpointCorruptError):
+        plan_recovery([entry], "lockgate", UID, 0, 1, "lockgate-j-out-0")
