@@ -2,5 +2,6 @@
 ``<name>_server.py`` and registered here, so test modules ask for them by
 name without importing them."""
 
+from tests.connectors.nats_server import nats_url  # noqa: F401
 from tests.connectors.postgres_server import postgres_2pc, postgres_dsn  # noqa: F401
 from tests.connectors.redis_server import redis_url  # noqa: F401

@@ -1,5 +1,6 @@
 """The fault-injection job of the NATS tests: JetStream -> running sums per
-key -> JetStreamSink (exactly-once by ``Nats-Msg-Id``).
+key -> JetStreamSink (exactly-once by ``Nats-Msg-Id``), or with ``--dsn``
+-> PostgresSink (two-phase commit) into ``--table (k bigint, s bigint)``.
 
 Run as the driver process of a fault test::
 
@@ -21,7 +22,7 @@ import logging
 import time
 
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
-from lockgate.connectors import JetStreamSink, JetStreamSource
+from lockgate.connectors import JetStreamSink, JetStreamSource, PostgresSink
 
 
 def slowly(x: int, pause: float) -> int:
@@ -42,7 +43,8 @@ def build(args: argparse.Namespace) -> Pipeline:
        .map(lambda x: (x % keys, slowly(x, pause)), uid="pairs")
        .key_by(lambda kv: kv[0])
        .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
-       .sink(JetStreamSink(args.out, url=args.url), uid="out"))
+       .sink(JetStreamSink(args.out, url=args.url) if not args.dsn
+             else PostgresSink(args.dsn, args.table, ["k", "s"]), uid="out"))
     return p
 
 
@@ -51,7 +53,9 @@ def main() -> None:
     ap.add_argument("--url", required=True)
     ap.add_argument("--stream", required=True)
     ap.add_argument("--subjects", required=True)
-    ap.add_argument("--out", required=True, help="the output subject")
+    ap.add_argument("--out", help="the output subject")
+    ap.add_argument("--dsn", help="write to PostgreSQL (PostgresSink) instead")
+    ap.add_argument("--table", help="with --dsn: the table (k bigint, s bigint)")
     ap.add_argument("--storage", required=True)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--keys", type=int, default=5)

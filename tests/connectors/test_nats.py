@@ -26,7 +26,6 @@ from tests.fault.checks import drive
 from tests.fixtures import check_exact_sums, check_running_sums, operator_state, start_and_await
 
 HERE = Path(__file__).parent
-nats_url = nats_server.nats_url  # the server's fixture
 
 
 def info(task: int = 0, parallelism: int = 1, job: str = "job", attempt: int = 0) -> TaskInfo:
