@@ -256,7 +256,7 @@ def serve_connections(
                                               max_frame=max_frame, timeout=timeout)
         except (AuthenticationError, ProtocolError, OSError, EOFError) as e:
             refusals.note(f"{type(e).__name__}: {e}")
-            sock.close()
+            _drop(sock)
             return
         finally:
             deadlines.discard(sock)
@@ -297,6 +297,15 @@ def _accept_loop(listener: socket.socket, what: str, serve: Callable[[socket.soc
             slots.release()
             refusals.note(str(e))
             sock.close()
+
+
+def _drop(sock: socket.socket) -> None:
+    """Close ``sock`` now, though a file made by ``makefile`` still refers to it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
 
 
 def close_listener(listener: socket.socket) -> None:
