@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from lockgate.api.watermarks import TimeDomain, TimerService
@@ -20,11 +21,24 @@ IN = TypeVar("IN")
 OUT = TypeVar("OUT")
 OUT_contra = TypeVar("OUT_contra", contravariant=True)
 
-__all__ = ["RuntimeContext", "KeyedProcessFunction", "Collector"]
+__all__ = ["RuntimeContext", "KeyedProcessFunction", "Collector", "OutputTag"]
 
 
 class Collector(Protocol[OUT_contra]):
     def collect(self, record: OUT_contra) -> None: ...
+
+
+@dataclass(frozen=True)
+class OutputTag:
+    """Names a side output: a process function emits to it with
+    ``ctx.output(tag, value)`` and ``stream.side_output(tag)`` is the stream
+    of those values (``late = OutputTag("late")``)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"an OutputTag needs a non-empty name, got {self.name!r}")
 
 
 class RuntimeContext(ABC):
@@ -56,6 +70,12 @@ class RuntimeContext(ABC):
 
     @abstractmethod
     def get_map_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+
+    @abstractmethod
+    def output(self, tag: OutputTag, value: Any) -> None:
+        """Emit ``value`` to the side output ``tag``: the stream
+        ``stream.side_output(tag)`` of this operator's stream. A tag nobody
+        reads drops its values."""
 
 
 class KeyedProcessFunction(ABC, Generic[IN, OUT]):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from lockgate.api.functions import KeyedProcessFunction
+from lockgate.api.functions import KeyedProcessFunction, OutputTag
 from lockgate.api.watermarks import WatermarkStrategy
 from lockgate.config import CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Sink, Source
@@ -31,6 +31,8 @@ from lockgate.graph.types import OperatorKind, Partitioning
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
+    from lockgate.api.windowed import WindowedStream
+    from lockgate.api.windows import WindowAssigner
     from lockgate.cluster.client import JobClient
     from lockgate.cluster.result import JobResult, Progress
 
@@ -59,6 +61,9 @@ class Node:
     consumers: list[int] = field(default_factory=list)
     watermarks: WatermarkStrategy | None = None
     """Sources only: how the source stamps its stream with watermarks."""
+    side_tag: str | None = None
+    """Which output of its input it reads: None for the main output, else the
+    name of a side output (``OutputTag``)."""
 
 
 class Pipeline:
@@ -138,7 +143,8 @@ class Pipeline:
 
     def _add(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
              upstream: Node | None, partitioning: Partitioning = Partitioning.FORWARD,
-             key_selector: Callable[[Any], Any] | None = None) -> Node:
+             key_selector: Callable[[Any], Any] | None = None,
+             side_tag: str | None = None) -> Node:
         if uid is not None and not _UID_RE.match(uid):
             raise PipelineDefinitionError(
                 f"uid {uid!r} may only contain letters, digits, '_', '-' and '.'"
@@ -154,7 +160,7 @@ class Pipeline:
             )
         node = Node(len(self.nodes), kind, fn, uid, p,
                     upstream.id if upstream else None, partitioning, key_selector,
-                    name=getattr(fn, "__name__", kind))
+                    name=getattr(fn, "__name__", kind), side_tag=side_tag)
         if upstream is not None:
             upstream.consumers.append(node.id)
         self.nodes.append(node)
@@ -221,10 +227,13 @@ class DataStream(Generic[T]):
     """A stream of records of type ``T``."""
 
     def __init__(self, pipeline: Pipeline, node: Node,
-                 partitioning: Partitioning = Partitioning.FORWARD) -> None:
+                 partitioning: Partitioning = Partitioning.FORWARD,
+                 tag: str | None = None) -> None:
         self._p = pipeline
         self._node = node
         self._partitioning = partitioning
+        self._tag = tag
+        """None: the node's main output; else the side output of this name."""
 
     def _then(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
               partitioning: Partitioning | None = None,
@@ -235,7 +244,8 @@ class DataStream(Generic[T]):
         p = parallelism or self._p.parallelism
         if part == Partitioning.FORWARD and p != self._node.parallelism:
             part = Partitioning.REBALANCE
-        return self._p._add(kind, fn, uid, parallelism, self._node, part, key_selector)
+        return self._p._add(kind, fn, uid, parallelism, self._node, part, key_selector,
+                            self._tag)
 
     def map(self, fn: Callable[[T], U], *, uid: str | None = None,
             parallelism: int | None = None) -> DataStream[U]:
@@ -259,11 +269,31 @@ class DataStream(Generic[T]):
 
     def rebalance(self) -> DataStream[T]:
         """Spread the records round-robin over the next operator's tasks."""
-        return DataStream(self._p, self._node, Partitioning.REBALANCE)
+        return DataStream(self._p, self._node, Partitioning.REBALANCE, self._tag)
 
     def key_by(self, key_selector: Callable[[T], Any]) -> KeyedStream[T]:
         """Partition by key: records with equal keys go to the same task."""
-        return KeyedStream(self._p, self._node, key_selector)
+        return KeyedStream(self._p, self._node, key_selector, self._tag)
+
+    def side_output(self, tag: OutputTag) -> DataStream[Any]:
+        """The values this stream's operator emitted to the side output ``tag``
+        (``ctx.output(tag, value)`` in a process or window function; a
+        window's late records with ``side_output_late_data(tag)``).
+
+        A side output travels on an edge of its own from the operator, with the
+        same barriers and watermarks as its main output, so it is exactly-once
+        like any stream.
+
+        >>> late = windowed.side_output(OutputTag("late"))
+        """
+        if not isinstance(tag, OutputTag):
+            raise PipelineDefinitionError(f"side_output takes an OutputTag, got {tag!r}")
+        if self._tag is not None or self._node.kind not in (OperatorKind.PROCESS,
+                                                             OperatorKind.WINDOW):
+            raise PipelineDefinitionError(
+                "side_output(tag) needs the stream of a process or window operator "
+                "(.process(...), .window(...)....): only they emit side outputs")
+        return DataStream(self._p, self._node, tag=tag.name)
 
     def sink(self, sink: Sink[T], *, uid: str | None = None,
              parallelism: int | None = None) -> DataStream[T]:
@@ -276,14 +306,44 @@ class DataStream(Generic[T]):
 class KeyedStream(Generic[T]):
     """A stream partitioned by key; its operators see keyed state."""
 
-    def __init__(self, pipeline: Pipeline, node: Node, key_selector: Callable[[T], Any]) -> None:
+    def __init__(self, pipeline: Pipeline, node: Node, key_selector: Callable[[T], Any],
+                 tag: str | None = None) -> None:
         self._p = pipeline
         self._node = node
         self._key = key_selector
+        self._tag = tag
 
     def _keyed(self, kind: OperatorKind, fn: Any, uid: str | None,
                parallelism: int | None) -> Node:
-        return self._p._add(kind, fn, uid, parallelism, self._node, Partitioning.HASH, self._key)
+        return self._p._add(kind, fn, uid, parallelism, self._node, Partitioning.HASH, self._key,
+                            self._tag)
+
+    def window(self, assigner: WindowAssigner, *,
+               timestamp_of: Callable[[T], int] | None = None) -> WindowedStream[T]:
+        """Group each key's records into windows (:mod:`lockgate.api.windows`);
+        then ``.reduce``, ``.aggregate`` or ``.process`` the windows.
+
+        Event-time windows need each record's timestamp (records do not carry
+        one): ``timestamp_of``, by default the ``WatermarkStrategy``'s of the
+        source, when only filters stand between it and the window.
+
+        >>> counts = (clicks.key_by(lambda c: c["user"])
+        ...                 .window(TumblingEventTimeWindows.of(60_000))
+        ...                 .aggregate(Count(), uid="clicks-per-minute"))
+        """
+        from lockgate.api.windowed import WindowedStream
+
+        return WindowedStream(self._p, self._node, self._key, self._tag, assigner, timestamp_of)
+
+    def count_window(self, size: int) -> WindowedStream[T]:
+        """A window per ``size`` records of a key, in their arrival order
+        (Flink's ``countWindow(size)``): it fires when its last record arrives.
+        A key's last incomplete window never fires (and stays in state)."""
+        from lockgate.api.windowed import WindowedStream
+        from lockgate.api.windows import CountWindows
+
+        return WindowedStream(self._p, self._node, self._key, self._tag, CountWindows(size),
+                              None)
 
     def reduce(self, fn: Callable[[T, T], T], *, uid: str | None = None,
                parallelism: int | None = None) -> DataStream[T]:

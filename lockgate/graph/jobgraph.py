@@ -2,7 +2,10 @@
 
 Operators joined by a forward edge with equal parallelism, where the upstream
 has no other consumer, are *chained*: they run in one task as plain function
-calls over batches. Every other edge becomes a network exchange.
+calls over batches. Every other edge becomes a network exchange. A side
+output (``stream.side_output(tag)``) is an edge of its own from the operator
+that emits it (``OutputEdge.tag``), never chained: so that operator is always
+the last of its chain.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class OutputEdge:
     """The uid of the operator the edge leads to (whose key selector it applies)."""
     upstream_uid: str = ""
     """The uid of the operator whose records the edge carries (the last of its chain)."""
+    tag: str | None = None
+    """None: the operator's main output; else the name of the side output
+    (``OutputTag``) the edge carries."""
 
 
 @dataclass
@@ -142,6 +148,7 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
             and n.partitioning == Partitioning.FORWARD
             and up.parallelism == n.parallelism
             and len(up.consumers) == 1
+            and n.side_tag is None
         )
         if chainable:
             assert up is not None
@@ -158,6 +165,6 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
             if part == Partitioning.FORWARD and uv.parallelism != v.parallelism:
                 part = Partitioning.REBALANCE
             uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector, spec.uid,
-                                          uids[up.id][0]))
+                                          uids[up.id][0], n.side_tag))
             v.inputs.append(InputEdge(uv.id, uv.parallelism, part))
     return JobGraph(pipeline.name, pipeline.max_parallelism, vertices)

@@ -25,6 +25,8 @@ class OperatorKind(StrEnum):
     """Keyed: combines each record with its key's running value."""
     PROCESS = "process"
     """Keyed: a ``KeyedProcessFunction``."""
+    WINDOW = "window"
+    """Keyed: windows (``KeyedStream.window``), a ``WindowSpec``."""
     SINK = "sink"
 
 

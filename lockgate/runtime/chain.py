@@ -6,6 +6,14 @@ timers when the task's watermark advances (:meth:`OperatorChain.advance`),
 processing-time timers when they are due (:meth:`fire_processing_timers`);
 what a timer emits flows through the rest of the chain. A user function's
 error names the operator and the input batch it was processing.
+
+Side outputs: an operator whose side output is read is the last of its chain
+(``graph/jobgraph.py``), and each such output is an edge of its own
+(``OutputEdge.tag``). After every call into an operator, the chain hands
+what the last operator emitted to a side output (``StreamOperator.side``) to
+the edges of that tag, and drops what other operators emitted to tags nobody
+reads. Barriers and watermarks go out on every edge after the records before
+them, side outputs included, so every edge stays ordered.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ class OperatorChain:
         """The operators a record read (from the source or a channel) goes through."""
         self.faults = faults
         self.outputs: list[OutputEdgeWriter] = []
+        """The edges of the last operator's main output."""
+        self.side_outputs: dict[str, list[OutputEdgeWriter]] = {}
+        """The edges of the last operator's side outputs, by tag."""
         self.skipped: set[str] = set()
         """Operators restored as finished (FLIP-147): they read nothing, and
         ``end_input``/``finish`` do not run again."""
@@ -37,7 +48,11 @@ class OperatorChain:
         self._timed: list[int] = []
 
     def start(self, outputs: list[OutputEdgeWriter], skipped: set[str]) -> None:
-        self.outputs = outputs
+        self.outputs = [out for out in outputs if out.edge.tag is None]
+        self.side_outputs = {}
+        for out in outputs:
+            if out.edge.tag is not None:
+                self.side_outputs.setdefault(out.edge.tag, []).append(out)
         self.skipped = skipped
         self._timed = [i for i, op in enumerate(self.chain)
                        if op.has_processing_timers and op.uid not in skipped]
@@ -63,12 +78,24 @@ class OperatorChain:
                 error = UserFunctionError(f"operator {op.uid!r} raised {type(e).__name__}: {e}")
                 error.where = self.input_position(given)
                 raise error from e
+            if op.side:
+                self.emit_side(op)
             if not batch:
                 return
         self.faults.hit("batch")
         self.records_out += len(batch)
         for out in self.outputs:
             out.add(batch)
+
+    def emit_side(self, op: StreamOperator) -> None:
+        """Send what ``op`` emitted to side outputs down their edges (those
+        of the chain's last operator; nobody reads another's)."""
+        side, op.side = op.side, {}
+        if op is not self.ops[-1]:
+            return
+        for tag, records in side.items():
+            for out in self.side_outputs.get(tag, ()):
+                out.add(records)
 
     def input_position(self, batch: list[Any]) -> str:
         """Where in this task's input ``batch`` was (for a user function's error):
@@ -88,6 +115,8 @@ class OperatorChain:
         chain = self.chain
         for i, op in enumerate(chain):
             fired = op.process_watermark(watermark)
+            if op.side:
+                self.emit_side(op)
             if fired:
                 self.run(fired, chain[i + 1:])
 
@@ -102,6 +131,8 @@ class OperatorChain:
             due = op.next_processing_timer()
             if due is not None and due <= now:
                 fired = op.process_processing_time(now)
+                if op.side:
+                    self.emit_side(op)
                 if fired:
                     self.run(fired, chain[i + 1:])
                 due = op.next_processing_timer()
@@ -117,6 +148,8 @@ class OperatorChain:
             if op.uid in self.skipped:
                 continue  # it finished before the checkpoint this attempt restored
             tail = op.end_input() + op.finish()
+            if op.side:
+                self.emit_side(op)
             if tail:
                 self.run(tail, ops[i + 1:])
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
+from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.watermarks import TimeDomain, TimerService
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import SinkWriter, TaskInfo
@@ -42,7 +42,12 @@ class OperatorSnapshot:
 
 
 class StreamOperator:
-    """Base of the runtime operators. ``process`` maps a batch to a batch."""
+    """Base of the runtime operators. ``process`` maps a batch to a batch.
+
+    What an operator emits to side outputs (``emit_side``) waits in ``side``
+    (tag name -> records) until the chain takes it, after every call that may
+    emit: ``process``, ``process_watermark``, ``process_processing_time``,
+    ``end_input``, ``finish``."""
 
     keyed = False
     operator_state_mode = OperatorStateMode.SPLIT  # how entries are redistributed
@@ -53,6 +58,15 @@ class StreamOperator:
         self.uid = spec.uid
         self.info = info
         self.backend: HeapKeyedStateBackend | None = None
+        self.side: dict[str, list[Any]] = {}
+
+    def emit_side(self, tag: str, value: Any) -> None:
+        """Emit ``value`` to the side output named ``tag``."""
+        records = self.side.get(tag)
+        if records is None:
+            self.side[tag] = [value]
+        else:
+            records.append(value)
 
     def open(self, serializer: StateSerializer) -> None:
         pass
@@ -121,7 +135,9 @@ class MapBatchOperator(StreamOperator):
         return out if isinstance(out, list) else list(out)
 
 
-class _KeyedOperator(StreamOperator):
+class KeyedOperator(StreamOperator):
+    """An operator with keyed state: its task's key groups."""
+
     keyed = True
 
     def open(self, serializer: StateSerializer) -> None:
@@ -130,7 +146,7 @@ class _KeyedOperator(StreamOperator):
         self.backend = HeapKeyedStateBackend(self.info.max_parallelism, kg, serializer)
 
 
-class ReduceOperator(_KeyedOperator):
+class ReduceOperator(KeyedOperator):
     """Keeps one value per key; emits every updated value.
 
     The function may mutate and return its first argument (``a[1] += b[1];
@@ -196,9 +212,12 @@ class ReduceOperator(_KeyedOperator):
 _MISSING = object()
 
 
-class _Context(RuntimeContext):
-    def __init__(self, op: ProcessOperator) -> None:
+class KeyedContext(RuntimeContext):
+    """The ``RuntimeContext`` of a keyed operator's user functions."""
+
+    def __init__(self, op: StreamOperator, timers: TimerService) -> None:
         self._op = op
+        self._timers = timers
         self.task_index = op.info.task_index
         self.parallelism = op.info.parallelism
         self.attempt = op.info.attempt
@@ -212,7 +231,7 @@ class _Context(RuntimeContext):
 
     @property
     def timer_service(self) -> TimerService:
-        return self._op.timers
+        return self._timers
 
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
         state: ValueState = self._state(descriptor, ValueStateDescriptor)
@@ -226,6 +245,11 @@ class _Context(RuntimeContext):
         state: MapState = self._state(descriptor, MapStateDescriptor)
         return state
 
+    def output(self, tag: OutputTag, value: Any) -> None:
+        if not isinstance(tag, OutputTag):
+            raise TypeError(f"ctx.output takes an OutputTag, got {tag!r}")
+        self._op.emit_side(tag.name, value)
+
     def _state(self, descriptor: object, expected: type) -> Any:
         if not isinstance(descriptor, expected):
             raise PipelineDefinitionError(
@@ -236,7 +260,7 @@ class _Context(RuntimeContext):
 
 
 @contextmanager
-def _user_hook(uid: str, hook: str) -> Iterator[None]:
+def user_hook(uid: str, hook: str) -> Iterator[None]:
     """Report an exception of a user function's hook as ``UserFunctionError``
     naming the operator (``process`` is wrapped by the task's chain loop)."""
     try:
@@ -248,7 +272,7 @@ def _user_hook(uid: str, hook: str) -> Iterator[None]:
             f"operator {uid!r} raised {type(e).__name__} in {hook}(): {e}") from e
 
 
-class ProcessOperator(_KeyedOperator):
+class ProcessOperator(KeyedOperator):
     """Runs a user ``KeyedProcessFunction``."""
 
     has_processing_timers = True
@@ -258,8 +282,8 @@ class ProcessOperator(_KeyedOperator):
         assert self.backend is not None
         self.fn: KeyedProcessFunction = self.spec.fn
         self.timers = KeyedTimers(self.backend)
-        self.ctx = _Context(self)
-        with _user_hook(self.uid, "open"):
+        self.ctx = KeyedContext(self, self.timers)
+        with user_hook(self.uid, "open"):
             self.fn.open(self.ctx)
 
     def process_watermark(self, watermark: float) -> list[Any]:
@@ -277,7 +301,7 @@ class ProcessOperator(_KeyedOperator):
         out: list[Any] = []
         ctx.time_domain = domain
         try:
-            with _user_hook(self.uid, "on_timer"):
+            with user_hook(self.uid, "on_timer"):
                 for key, ts in due:
                     backend.current_key = key
                     res = fn.on_timer(ts, ctx)
@@ -301,11 +325,11 @@ class ProcessOperator(_KeyedOperator):
         return out
 
     def end_input(self) -> list[Any]:
-        with _user_hook(self.uid, "end_input"):
+        with user_hook(self.uid, "end_input"):
             return list(self.fn.end_input(self.ctx) or [])
 
     def finish(self) -> list[Any]:
-        with _user_hook(self.uid, "finish"):
+        with user_hook(self.uid, "finish"):
             return list(self.fn.finish(self.ctx) or [])
 
     def close(self) -> None:
@@ -350,17 +374,6 @@ class SinkOperator(StreamOperator):
         self.writer.close()
 
 
-OPERATORS: dict[str, type[StreamOperator]] = {
-    "map": MapOperator,
-    "filter": FilterOperator,
-    "flat_map": FlatMapOperator,
-    "map_batch": MapBatchOperator,
-    "reduce": ReduceOperator,
-    "process": ProcessOperator,
-    "sink": SinkOperator,
-}
-
-
 class SourceOperator(StreamOperator):
     """Head of a source chain: polls the source's reader for batches."""
 
@@ -387,5 +400,3 @@ class SourceOperator(StreamOperator):
     def close(self) -> None:
         self.reader.close()
 
-
-OPERATORS["source"] = SourceOperator

@@ -66,8 +66,9 @@ from lockgate.runtime.barriers import AbortReason, BarrierHandler
 from lockgate.runtime.chain import OperatorChain
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.mailbox import CONTROL, Mailbox
-from lockgate.runtime.operators import OPERATORS, SourceOperator, StreamOperator
+from lockgate.runtime.operators import SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
+from lockgate.runtime.registry import OPERATORS
 from lockgate.runtime.script_classes import register_script_classes
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name

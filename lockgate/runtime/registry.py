@@ -1,0 +1,31 @@
+"""Which runtime operator runs each kind of operator of the job graph."""
+
+from __future__ import annotations
+
+from lockgate.graph.types import OperatorKind
+from lockgate.runtime.operators import (
+    FilterOperator,
+    FlatMapOperator,
+    MapBatchOperator,
+    MapOperator,
+    ProcessOperator,
+    ReduceOperator,
+    SinkOperator,
+    SourceOperator,
+    StreamOperator,
+)
+from lockgate.runtime.windows import WindowOperator
+
+__all__ = ["OPERATORS"]
+
+OPERATORS: dict[OperatorKind, type[StreamOperator]] = {
+    OperatorKind.SOURCE: SourceOperator,
+    OperatorKind.MAP: MapOperator,
+    OperatorKind.FILTER: FilterOperator,
+    OperatorKind.FLAT_MAP: FlatMapOperator,
+    OperatorKind.MAP_BATCH: MapBatchOperator,
+    OperatorKind.REDUCE: ReduceOperator,
+    OperatorKind.PROCESS: ProcessOperator,
+    OperatorKind.WINDOW: WindowOperator,
+    OperatorKind.SINK: SinkOperator,
+}

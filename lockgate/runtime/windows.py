@@ -1,0 +1,346 @@
+"""The window operator: windows of a keyed stream on keyed state and timers.
+
+State (keyed by the stream's key, so snapshots, restores and rescales move it
+by key group like any keyed state):
+
+- ``_windows`` (map state): key -> ``{(start, end): contents}``; contents are
+  the reduced value (``reduce``), the accumulator (``aggregate``) or the list
+  of records (``process``). Count windows keep ``{None: contents}`` and the
+  key's count in ``_window_counts``.
+- the operator's :class:`KeyedTimers`: for an event-time window a timer at
+  ``end - 1`` (it fires the window) and one at ``end - 1 + allowed_lateness``
+  (it removes the window); a processing-time window fires and goes at
+  ``end - 1`` on the task's clock. Timers carry no window: a timer of a key
+  fires every window of that key whose firing or clean-up time it is.
+
+Rules (Flink's ``WindowOperator``): a window is *late* once the watermark
+reached ``end - 1 + allowed_lateness``; a record is added to every window of
+it that is not late, and a window whose end the watermark already passed
+fires again at once (a late firing: the updated result). A record all of
+whose windows are late, itself at or before ``watermark - allowed_lateness``,
+goes to the late side output (or is dropped). Session windows merge with the
+windows of the key they intersect, before the record is added.
+
+Value semantics: stored contents are never reachable from user code. A
+mutable value is changed in place only if it was stored after the last
+snapshot (``_fresh``); else it is copied first, once per checkpoint. Results
+and the records handed to a ``ProcessWindowFunction`` are copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lockgate.api.functions import OutputTag
+from lockgate.api.watermarks import END_OF_TIME, MAX_WATERMARK, MIN_WATERMARK, TimeDomain
+from lockgate.api.windows import (
+    CountWindows,
+    GlobalWindow,
+    TimeWindow,
+    WindowContext,
+    WindowFunctionKind,
+    WindowSpec,
+)
+from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.runtime.operators import KeyedContext, KeyedOperator, OperatorSnapshot, user_hook
+from lockgate.runtime.timers import KeyedTimers, processing_time
+from lockgate.state.backend import MapStateDescriptor, ValueStateDescriptor
+from lockgate.state.serde import StateSerializer
+from lockgate.state.values import ATOMIC, private_copy
+
+__all__ = ["WindowOperator", "WINDOWS_STATE", "WINDOW_COUNTS_STATE"]
+
+WINDOWS_STATE = "_windows"
+"""The keyed state of a window operator's windows and their contents."""
+WINDOW_COUNTS_STATE = "_window_counts"
+"""Count windows: the records of the key's open window."""
+
+Window = tuple[int, int]
+_MISSING = object()
+
+
+class _Context(WindowContext):
+    def __init__(self, op: WindowOperator) -> None:
+        self._op = op
+        self.window: TimeWindow | GlobalWindow = GlobalWindow()
+
+    def current_watermark(self) -> float:
+        return self._op.timers.watermark
+
+    def current_processing_time(self) -> int:
+        return self._op.clock()
+
+    def output(self, tag: OutputTag, value: Any) -> None:
+        if not isinstance(tag, OutputTag):
+            raise TypeError(f"context.output takes an OutputTag, got {tag!r}")
+        self._op.emit_side(tag.name, value)
+
+
+class WindowOperator(KeyedOperator):
+    """Runs a :class:`WindowSpec`: assigns records to windows, keeps their
+    contents, fires them by timers (or by count)."""
+
+    has_processing_timers = True
+    operator_state_mode = OperatorStateMode.UNION
+
+    def open(self, serializer: StateSerializer) -> None:
+        super().open(serializer)
+        backend = self.backend
+        assert backend is not None
+        spec: WindowSpec = self.spec.fn
+        self.window_spec = spec
+        self.kind = spec.kind
+        self.assigner = spec.assigner
+        self.event_time = spec.assigner.event_time
+        self.count = spec.assigner.size if isinstance(spec.assigner, CountWindows) else 0
+        self.lateness = spec.allowed_lateness
+        backend.get_state(MapStateDescriptor(WINDOWS_STATE))
+        self.windows: dict[Any, dict[Window | None, Any]] = backend.raw(WINDOWS_STATE)
+        if self.count:
+            backend.get_state(ValueStateDescriptor(WINDOW_COUNTS_STATE))
+            self.counts: dict[Any, int] = backend.raw(WINDOW_COUNTS_STATE)
+        self.timers = KeyedTimers(backend)
+        self.clock = processing_time
+        """The task's clock (ms since the epoch); tests replace it."""
+        self.ctx = KeyedContext(self, self.timers)
+        self.window_ctx = _Context(self)
+        self._floor = MIN_WATERMARK
+        """The watermark restored from the checkpoint (the smallest of its
+        subtasks'): event time never goes back behind it, so a record late
+        before a failure is late after the restore too."""
+        self._finite = MIN_WATERMARK
+        """The last watermark before the end of input's."""
+        self._fresh: set[tuple[Any, Window | None]] = set()
+        """Windows whose mutable contents were stored after the last snapshot."""
+        self._user = spec.function if self.kind == WindowFunctionKind.PROCESS \
+            else spec.window_function
+        if self._user is not None:
+            with user_hook(self.uid, "open"):
+                self._user.open(self.ctx)
+
+    def restore_operator_state(self, entries: list[Any] | None) -> None:
+        marks = [float(e) for e in entries or () if isinstance(e, int | float)]
+        if marks:
+            self._floor = self.timers.watermark = min(marks)
+
+    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+        self._fresh.clear()  # the snapshot shares every stored object from now on
+        keyed = super().snapshot(checkpoint_id).keyed
+        watermark = self.timers.watermark
+        if watermark == MAX_WATERMARK:  # the end of input: not a promise about what follows
+            watermark = self._finite
+        return OperatorSnapshot(keyed, [watermark])
+
+    # -- records ----------------------------------------------------------
+    def process(self, batch: list[Any]) -> list[Any]:
+        backend, key_of = self.backend, self.spec.key_selector
+        assert backend is not None
+        out: list[Any] = []
+        if self.count:
+            for r in batch:
+                key = backend.current_key = key_of(r)
+                self._count_add(key, r, out)
+            return out
+        timestamp_of = self.window_spec.timestamp_of
+        now = 0 if self.event_time else self.clock()
+        assign = self.assigner.assign
+        watermark = self.timers.watermark
+        lateness, merging = self.lateness, self.assigner.merging
+        for r in batch:
+            key = backend.current_key = key_of(r)
+            ts = timestamp_of(r) if timestamp_of is not None else now
+            skipped = True
+            for w in assign(ts):
+                if merging:  # merges only with windows that are not late
+                    w = self._merge(key, w)
+                if self.event_time and w[1] - 1 + lateness <= watermark:
+                    continue  # too late for this window
+                skipped = False
+                self._add(key, w, r)
+                if self.event_time and w[1] - 1 <= watermark:
+                    self._fire(key, w, out)  # a late firing: the updated result
+            if skipped and self.event_time and ts + lateness <= watermark:
+                tag = self.window_spec.late_tag
+                if tag is not None:
+                    self.emit_side(tag, r)
+        return out
+
+    def _add(self, key: Any, w: Window | None, r: Any) -> None:
+        """Add ``r`` to the window ``w`` of ``key`` (made, with its timers, if new)."""
+        table = self.windows.get(key)
+        if table is None:
+            table = self.windows[key] = {}
+        old = table.get(w, _MISSING)
+        kind = self.kind
+        fn = self.window_spec.function
+        if old is _MISSING:
+            if w is not None:
+                self._register(w)
+            if kind == WindowFunctionKind.REDUCE:
+                new = r
+            elif kind == WindowFunctionKind.AGGREGATE:
+                new = fn.add(r, fn.create_accumulator())
+            else:
+                new = [r]
+        else:
+            if old.__class__ not in ATOMIC and (key, w) not in self._fresh:
+                old = private_copy(old)
+                table[w] = old
+                self._fresh.add((key, w))
+            if kind == WindowFunctionKind.REDUCE:
+                new = fn(old, r)
+            elif kind == WindowFunctionKind.AGGREGATE:
+                new = fn.add(r, old)
+            else:
+                old.append(r if r.__class__ in ATOMIC else private_copy(r))
+                return
+        if new is old or new.__class__ in ATOMIC:
+            table[w] = new
+        else:
+            table[w] = private_copy(new)
+            self._fresh.add((key, w))
+
+    def _count_add(self, key: Any, r: Any, out: list[Any]) -> None:
+        self._add(key, None, r)
+        n = self.counts.get(key, 0) + 1
+        if n < self.count:
+            self.counts[key] = n
+            return
+        self.counts.pop(key, None)
+        self._fire(key, None, out)
+        self._remove(key, None)
+
+    # -- session merging ---------------------------------------------------
+    def _merge(self, key: Any, w: Window) -> Window:
+        """Merge the new session ``w`` with the key's windows it intersects
+        (touching included); returns the window the record goes to. (The
+        key's windows are never late: their clean-up timers fired before.)"""
+        table = self.windows.get(key)
+        if not table:
+            return w
+        start, end = w
+        overlapping = sorted(v for v in table if v is not None and v[0] <= end and start <= v[1])
+        if not overlapping:
+            return w
+        merged = (min(start, overlapping[0][0]), max(end, max(v[1] for v in overlapping)))
+        if overlapping == [merged]:
+            return merged
+        contents = [table.pop(v) for v in overlapping]
+        for v in overlapping:
+            self._fresh.discard((key, v))
+        acc: Any = contents[0] if contents[0].__class__ in ATOMIC else private_copy(contents[0])
+        fn, kind = self.window_spec.function, self.kind
+        for c in contents[1:]:
+            if kind == WindowFunctionKind.REDUCE:
+                acc = fn(acc, c if c.__class__ in ATOMIC else private_copy(c))
+            elif kind == WindowFunctionKind.AGGREGATE:
+                acc = fn.merge(acc, c if c.__class__ in ATOMIC else private_copy(c))
+            else:
+                acc.extend(private_copy(c))
+        table[merged] = acc if acc.__class__ in ATOMIC else private_copy(acc)
+        self._fresh.add((key, merged))
+        self._register(merged)
+        needed = {t for v in table if v is not None for t in self._times(v)}
+        for v in overlapping:
+            for t in self._times(v) - needed:
+                self._delete_timer(t)
+        return merged
+
+    # -- timers -------------------------------------------------------------
+    def _times(self, w: Window) -> set[int]:
+        """The timer timestamps of window ``w``: its firing and its clean-up."""
+        fire = w[1] - 1
+        if not self.event_time:
+            return {fire}
+        return {fire, min(fire + self.lateness, END_OF_TIME)}
+
+    def _cleanup_time(self, w: Window) -> int:
+        return min(w[1] - 1 + self.lateness, END_OF_TIME) if self.event_time else w[1] - 1
+
+    def _register(self, w: Window) -> None:
+        timers = self.timers
+        if not self.event_time:
+            timers.register_processing_time_timer(w[1] - 1)
+            return
+        if w[1] - 1 > timers.watermark:  # else it fires at once, as a late firing
+            timers.register_event_time_timer(w[1] - 1)
+        if self.lateness:
+            timers.register_event_time_timer(self._cleanup_time(w))
+
+    def _delete_timer(self, ts: int) -> None:
+        if self.event_time:
+            self.timers.delete_event_time_timer(ts)
+        else:
+            self.timers.delete_processing_time_timer(ts)
+
+    def process_watermark(self, watermark: float) -> list[Any]:
+        watermark = max(watermark, self._floor)
+        if watermark != MAX_WATERMARK:
+            self._finite = watermark
+        return self._on_timers(self.timers.due(watermark), TimeDomain.EVENT_TIME)
+
+    def next_processing_timer(self) -> float | None:
+        return self.timers.processing.next_timestamp()
+
+    def process_processing_time(self, now: int) -> list[Any]:
+        return self._on_timers(self.timers.due_processing(now), TimeDomain.PROCESSING_TIME)
+
+    def _on_timers(self, due: Any, domain: TimeDomain) -> list[Any]:
+        """Fire and clean up the windows whose time each due timer is."""
+        backend = self.backend
+        assert backend is not None
+        out: list[Any] = []
+        event = domain == TimeDomain.EVENT_TIME
+        if event != self.event_time:
+            for _ in due:  # timers of the other clock: none are registered
+                pass
+            return out
+        for key, ts in due:
+            table = self.windows.get(key)
+            if not table:
+                continue
+            backend.current_key = key
+            for w in sorted(v for v in table if v is not None
+                            and (v[1] - 1 == ts or self._cleanup_time(v) == ts)):
+                if w[1] - 1 == ts:
+                    self._fire(key, w, out)
+                if self._cleanup_time(w) == ts:
+                    self._remove(key, w)
+        return out
+
+    # -- firing ---------------------------------------------------------------
+    def _fire(self, key: Any, w: Window | None, out: list[Any]) -> None:
+        """Emit the result of window ``w`` of ``key`` to ``out``."""
+        contents = self.windows[key][w]
+        kind = self.kind
+        with user_hook(self.uid, "the window function"):
+            if kind == WindowFunctionKind.PROCESS:
+                elements = private_copy(contents)
+            else:
+                result = contents if kind == WindowFunctionKind.REDUCE \
+                    else self.window_spec.function.get_result(contents)
+                if result.__class__ not in ATOMIC:
+                    result = private_copy(result)
+                if self._user is None:
+                    out.append(result)
+                    return
+                elements = [result]
+            ctx = self.window_ctx
+            ctx.window = GlobalWindow() if w is None else TimeWindow(*w)
+            assert self._user is not None
+            emitted = self._user.process(key, ctx, elements)
+            if emitted is not None:
+                out.extend(emitted)
+
+    def _remove(self, key: Any, w: Window | None) -> None:
+        table = self.windows.get(key)
+        if table is None:
+            return
+        table.pop(w, None)
+        self._fresh.discard((key, w))
+        if not table:
+            del self.windows[key]
+
+    def close(self) -> None:
+        if self._user is not None:
+            self._user.close()
