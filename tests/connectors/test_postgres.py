@@ -218,3 +218,23 @@ def test_upsert_sink_last_write_per_key_wins(postgres_dsn, method):
             ("a", 1, 3, None), ("a", 2, 4, None), ("b", 1, 2, None)]
     finally:
         execute(dsn, f"DROP TABLE {table}")
+
+
+# --------------------------------------------------------------- example
+
+
+def test_example_postgres_sums(tmp_path, postgres_2pc, monkeypatch):
+    """``examples/postgres_sums.py`` as ``lockgate run`` runs it: every
+    running (count, sum) per remainder once, nothing left prepared."""
+    from tests.integration.test_examples import run_example
+
+    table = f"lg_ex_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("POSTGRES_DSN", postgres_2pc)
+    monkeypatch.setenv("POSTGRES_TABLE", table)
+    out = run_example("lockgate run", "postgres_sums.py", ["5000"], tmp_path)
+    assert "5000 records in, 5000 out" in out.stdout, out.stdout
+    rows = query(postgres_2pc, f"SELECT remainder, count, sum FROM {table}")
+    check_running_sums([[r, s] for r, _, s in rows], 5000, 100)
+    assert sorted((r, c) for r, c, _ in rows) == [(r, c) for r in range(100)
+                                                   for c in range(1, 51)]
+    assert prepared(postgres_2pc, "out") == []

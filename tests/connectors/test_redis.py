@@ -218,3 +218,18 @@ def test_streams_to_upsert_sinks_under_kills(tmp_path, redis_url, postgres_dsn, 
                 "count": str(count), "sum": str(expected[(k, count)])}
     finally:
         execute(postgres_dsn, f"DROP TABLE IF EXISTS {table}")
+
+
+def test_example_redis_upsert(tmp_path, redis_url, prefix, monkeypatch):
+    """``examples/redis_upsert.py`` as ``lockgate run`` runs it (keys of its
+    own prefix): the final (count, sum) per remainder."""
+    from tests.integration.test_examples import run_example
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("REDIS_PREFIX", prefix)
+    out = run_example("lockgate run", "redis_upsert.py", ["4000"], tmp_path)
+    assert "4000 records in" in out.stdout, out.stdout
+    c = client(redis_url)
+    for r in range(10):
+        assert c.hgetall(f"{prefix}sums:{r}") == {
+            "count": "400", "sum": str(sum(x for x in range(1, 4001) if x % 10 == r))}
