@@ -1,6 +1,6 @@
 """Lockgate: exactly-once stateful stream processing for Python."""
 
-from lockgate.api.functions import KeyedProcessFunction, RuntimeContext
+from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
 from lockgate.api.watermarks import (
     END_OF_TIME,
@@ -8,6 +8,18 @@ from lockgate.api.watermarks import (
     MIN_WATERMARK,
     TimeDomain,
     WatermarkStrategy,
+)
+from lockgate.api.windowed import WindowedStream
+from lockgate.api.windows import (
+    AggregateFunction,
+    EventTimeSessionWindows,
+    ProcessingTimeSessionWindows,
+    ProcessWindowFunction,
+    SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
+    TimeWindow,
+    TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
 )
 from lockgate.config import (
     CheckpointConfig,
@@ -27,6 +39,17 @@ from lockgate.state.backend import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AggregateFunction",
+    "EventTimeSessionWindows",
+    "OutputTag",
+    "ProcessWindowFunction",
+    "ProcessingTimeSessionWindows",
+    "SlidingEventTimeWindows",
+    "SlidingProcessingTimeWindows",
+    "TimeWindow",
+    "TumblingEventTimeWindows",
+    "TumblingProcessingTimeWindows",
+    "WindowedStream",
     "CheckpointConfig",
     "CheckpointingMode",
     "DataStream",
