@@ -127,3 +127,45 @@ def stream_watermarks(timestamps: list[int], out_of_orderness: int, behind: int)
             top = max(top, timestamps[j])
         out.append(top - out_of_orderness - 1)
     return out
+
+
+# ------------------------------------------- an input for jobs, late by design
+
+SIZE = 1_000
+"""The tumbling windows of the jobs' tests."""
+LATENESS = 5_000
+OUT_OF_ORDER = 50
+BATCH = 50
+"""The jobs' source batches (``Pipeline(batch_size=BATCH)``)."""
+
+
+def timestamp(x: int) -> int:
+    """The event time of record ``x`` (``SequenceSource``, one source task,
+    a watermark after every batch): 10 per record, up to ``OUT_OF_ORDER``
+    out of order; every 97th (after 1,000) late within ``LATENESS`` and
+    every 89th too late for it. The margins are wider than two batches, so
+    whichever batches the records come in (they differ after a restore: the
+    window operator restores its watermark) the same records are late:
+    :func:`job_reference` checks that."""
+    if x > 1_000 and x % 97 == 0:
+        return 10 * x - 4_000
+    if x > 1_000 and x % 89 == 0:
+        return 10 * x - 9_000
+    return 10 * x - (x * 7) % OUT_OF_ORDER
+
+
+def job_reference(n: int, keys: int, assign: Callable[[int], list[Window]], *,
+                  merging: bool = False, lateness: int = LATENESS,
+                  result: Callable[[list[Any]], Any] = sum) -> tuple[list[tuple], list[int]]:
+    """The firings and late records of ``1..n`` keyed by ``x % keys`` (value
+    ``x``), the same under the exact watermark after every record as under
+    the one of batches of ``BATCH``."""
+    xs = list(range(1, n + 1))
+    stamps = [timestamp(x) for x in xs]
+    runs = [simulate(xs, stream_watermarks(stamps, OUT_OF_ORDER, behind),
+                     key_of=lambda x: x % keys, ts_of=timestamp, value_of=lambda x: x,
+                     assign=assign, merging=merging, lateness=lateness, result=result)
+            for behind in (1, BATCH)]
+    (fired, late), (fired_b, late_b) = runs
+    assert sorted(fired) == sorted(fired_b) and late == late_b, "the input is not late by design"
+    return fired, late
