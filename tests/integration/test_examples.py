@@ -100,3 +100,26 @@ def test_event_time_windows(tmp_path, way):
         assert (r["user"], r["window_start"]) not in got, "a window was emitted twice"
         got[(r["user"], r["window_start"])] = r["clicks"]
     assert got == Counter((c["user"], c["ts"] - c["ts"] % 60_000) for c in clicks)
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_windowed_counts(tmp_path, way):
+    """Clicks out of order, some of them very late: each window's last count
+    and its late clicks together are every click of the window, once."""
+    rng = random.Random(4)
+    src = tmp_path / "in"
+    src.mkdir()
+    clicks = [{"user": rng.choice("abc"), "ts": 1_700_000_000_000 + i * 100}
+              for i in range(6_000)]
+    for i, c in enumerate(clicks):
+        c["ts"] -= rng.randint(0, 5_000) if i % 50 else 180_000  # some 3 minutes late
+    (src / "clicks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in clicks))
+    run_example(way, "windowed_counts.py", [str(src), str(tmp_path / "out")], tmp_path)
+    last: dict[tuple[str, int], int] = {}
+    for r in committed_lines(tmp_path / "out" / "counts"):
+        window = (r["user"], r["window_start"])
+        last[window] = max(last.get(window, 0), r["clicks"])
+    late = Counter((c["user"], c["ts"] - c["ts"] % 60_000)
+                   for c in committed_lines(tmp_path / "out" / "late"))
+    assert Counter(last) + late == Counter((c["user"], c["ts"] - c["ts"] % 60_000)
+                                           for c in clicks)
