@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lockgate import CheckpointConfig, Pipeline
+from lockgate import CheckpointConfig, KeyedProcessFunction, Pipeline, WatermarkStrategy
 from lockgate.connectors import CollectSink, FileSink, SequenceSource
 from lockgate.connectors.base import TaskInfo
 from lockgate.connectors.kafka import KafkaSink, KafkaSource
@@ -93,6 +93,74 @@ def test_partitions_are_dealt_stably():
         assert all(more[s] == o for s, o in owners.items())
 
 
+class LateOrTimer(KeyedProcessFunction):
+    """Emits ``["late", ts]`` for a record at or behind the watermark, and
+    ``["fired", ts]`` when the event-time timer at ``fire_at`` fires."""
+
+    def __init__(self, fire_at: int | None = None) -> None:
+        self.fire_at = fire_at
+
+    def process_element(self, r, ctx):
+        if self.fire_at is not None:
+            ctx.timer_service.register_event_time_timer(self.fire_at)
+        if r.timestamp <= ctx.timer_service.current_watermark():
+            return [["late", r.timestamp]]
+        return None
+
+    def on_timer(self, ts, ctx):
+        return [["fired", ts]]
+
+
+def _produce_timed(bootstrap: str, topic: str, partition: int, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(count):
+        producer.produce(topic, str(i).encode(), partition=partition, timestamp=BASE + i)
+    assert producer.flush(30) == 0
+
+
+BASE = int(time.time() * 1000) - 3_600_000
+"""An hour ago: records far older than the topic's retention would be deleted."""
+
+
+def test_one_watermark_per_partition_makes_no_record_late(tmp_path, kafka_broker):
+    """One task reads three partitions that walk through the same event
+    time; it reads them in turns, chunk by chunk, but its watermark is the
+    smallest of its partitions': no record is behind it."""
+    topic = new_topic(kafka_broker, "event-time", 3)
+    for part in range(3):
+        _produce_timed(kafka_broker, topic, part, 3_000)
+    sink = CollectSink(str(tmp_path / "out"))
+    p = Pipeline("kafka-event-time", parallelism=1,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")))
+    (p.source(KafkaSource(kafka_broker, topic, bounded=True), uid="numbers",
+              watermarks=WatermarkStrategy(lambda r: r.timestamp, 0, interval=0))
+       .key_by(lambda r: 0)
+       .process(LateOrTimer(), uid="late")
+       .sink(sink, uid="out"))
+    result = p.run(launcher="local")
+    assert result.status == "finished" and result.records_in == 9_000, result
+    assert sink.results() == []
+
+
+def test_an_idle_partition_stops_holding_the_watermark_back(tmp_path, kafka_broker):
+    """Unbounded, one partition with records and one empty: with
+    ``partition_idle_timeout`` event time moves on (a timer fires)."""
+    topic = new_topic(kafka_broker, "idle", 2)
+    _produce_timed(kafka_broker, topic, 0, 1_000)
+    p = Pipeline("kafka-idle", parallelism=1,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")))
+    sink = CollectSink(str(tmp_path / "out"))
+    (p.source(KafkaSource(kafka_broker, topic, partition_idle_timeout=0.5), uid="numbers",
+              watermarks=WatermarkStrategy(lambda r: r.timestamp, 0, interval=0.1))
+       .key_by(lambda r: 0)
+       .process(LateOrTimer(fire_at=BASE + 500), uid="late")
+       .sink(sink, uid="out"))
+    client = start_and_await(p, launcher="local", until=lambda pr: pr.records_written >= 1,
+                             timeout=60, what="the idle partition held the watermark back")
+    client.cancel()
+    assert sink.results() == [["fired", BASE + 500]]
+
+
 def _throttle(r):
     time.sleep(0.0005)  # ~2,000 records/s a task: every hop stops part of the way
     return r
@@ -128,7 +196,7 @@ def test_source_rescaled_2_3_1_through_savepoints_reads_every_record_once(
         n += 1_000
         last = hop == 2
         if last:  # the last hop reads to the end, then drains
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 240
             while len(committed_lines(tmp_path / "out")) < n and time.monotonic() < deadline:
                 time.sleep(0.2)  # the committed files are polled: no event to await
         before = positions(savepoint) if savepoint else {}
