@@ -290,21 +290,18 @@ def check_output(url: str, name: str, n: int, result: dict) -> None:
     check_running_sums(out, n, 5)
 
 
-def test_kills_at_protocol_points(tmp_path, nats_url, launcher):
+def test_kills_at_protocol_points_and_random_moments(tmp_path, nats_url, launcher):
     """Kills of the sink tasks between pre-commit and commit (``acked``) and
-    after the completion notice arrived (``commit``)."""
-    n = 6000
+    after the completion notice arrived (``commit``), then 3 at random
+    moments (a kill while a checkpoint's records are being published makes
+    the recovery publish some twice: JetStream drops them by id)."""
+    n = 12000
     faults = [{"point": "acked", "task": 2, "attempt": 0, "count": 3},
               {"point": "commit", "task": 3, "attempt": 1, "count": 2}]
-    result, _, name = run_sums(tmp_path, nats_url, launcher, n=n, faults=faults)
-    assert result["restarts"] == 2, result["failures"]
-    check_output(nats_url, name, n, result)
-
-
-def test_random_kills(tmp_path, nats_url, launcher):
-    n = 12000
-    result, kills, name = run_sums(tmp_path, nats_url, launcher, n=n, kills=3, seed=7)
-    assert kills == 3, f"only {kills} kills happened"
+    result, kills, name = run_sums(tmp_path, nats_url, launcher, n=n, faults=faults, kills=3,
+                                   seed=7)
+    assert kills == 3, f"only {kills} random kills happened"
+    assert result["restarts"] >= len(faults), result["failures"]
     check_output(nats_url, name, n, result)
 
 
