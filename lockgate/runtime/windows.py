@@ -313,7 +313,8 @@ class WindowOperator(KeyedOperator):
         """Emit the result of window ``w`` of ``key`` to ``out``."""
         contents = self.windows[key][w]
         kind = self.kind
-        with user_hook(self.uid, "the window function"):
+        hook = "process" if self._user is not None else "get_result"
+        with user_hook(self.uid, hook):
             if kind == WindowFunctionKind.PROCESS:
                 elements = private_copy(contents)
             else:
