@@ -191,7 +191,7 @@ def test_source_rescaled_2_3_1_through_savepoints_reads_every_record_once(
         client = start_and_await(_rescale_job(tmp_path, kafka_broker, topic, p),
                                  launcher="local", from_savepoint=savepoint,
                                  until=lambda pr, read=read: pr.records_read >= read + 1_500,
-                                 what="the hop read too little")
+                                 timeout=240, what="the hop read too little")
         produce_numbers(kafka_broker, topic, n + 1, n + 1_000, 4)
         n += 1_000
         last = hop == 2
