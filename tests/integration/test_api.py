@@ -434,7 +434,8 @@ def test_non_replayable_source_is_refused_under_exactly_once(tmp_path: Path) -> 
     with pytest.raises(PipelineDefinitionError) as e:
         _from_list(tmp_path, sink).run(launcher=LAUNCHER)
     msg = str(e.value)
-    assert "['socket'] cannot be replayed" in msg and "allow_non_replayable=True" in msg
+    assert "['socket'] cannot be replayed" in msg
+    assert "allow_non_replayable=['socket']" in msg and "or True for every such source" in msg
     assert sink.results() == []
 
 
