@@ -11,6 +11,7 @@ are for the callers that can do without the atomicity of one file's rename
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 
@@ -77,13 +78,19 @@ def move_or_copy(src: Location, dst: Location) -> None:
 def rename_dir(src: Location, dst: Location) -> None:
     """Give the folder ``src`` the name ``dst`` (which must not exist),
     atomically, on a filesystem with folders (local, then the parent is
-    fsynced; HDFS). Object stores have none: ``OSError`` ``ENOTSUP``."""
+    fsynced: if that fails, the rename is undone; HDFS). Object stores have
+    none: ``OSError`` ``ENOTSUP``."""
     s, d = local_path(src), local_path(dst)
     if s is not None and d is not None:
         if os.path.lexists(d):  # rename(2) would replace an empty folder
             raise FileExistsError(errno.EEXIST, f"{d} already exists")
         os.rename(s, d)
-        sync_dir(os.path.dirname(d))
+        try:
+            sync_dir(os.path.dirname(d))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.rename(d, s)  # the caller is told it failed: nothing may trust it
+            raise
         return
     if not same_filesystem(src, dst) or is_object_store(src):
         raise OSError(errno.ENOTSUP, f"cannot rename the folder {redact(src)} to {redact(dst)}")

@@ -229,6 +229,29 @@ def test_write_savepoint_into_a_full_tmpfs_leaves_nothing(tmp_path: Path) -> Non
         os.system(f"umount {mnt}")
 
 
+def test_a_savepoint_whose_last_rename_cannot_be_synced_is_not_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fsync of the folder that holds the savepoints fails after its
+    folder was renamed into place: the rename is undone and everything
+    removed, so no savepoint exists that its request says failed."""
+    chk = tmp_path / "job" / "chk-7"
+    chk.mkdir(parents=True)
+    meta = _handmade_metadata(chk, {"a-0.state": 1000, "a-1.state": 2000})
+    target = tmp_path / "sp"
+    target.mkdir()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.samestat(os.fstat(fd), os.stat(target)):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        storage.write_savepoint(str(chk), str(target), "job", 7, meta)
+    assert os.listdir(target) == []
+
+
 def _handmade_metadata(chk: Path, files: dict[str, int]):
     """The metadata of a checkpoint ``chk`` whose one operator has a state
     file of each size in ``files`` (written there)."""
