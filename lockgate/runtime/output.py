@@ -93,7 +93,10 @@ class OutputEdgeWriter:
             failed.where = f"a batch of {len(records)} records on its way to {to}"
         else:
             n, record = culprit
-            shown = repr(record)
+            try:
+                shown = repr(record)
+            except Exception:  # noqa: BLE001 - the user's __repr__
+                shown = f"<a {type(record).__name__} whose repr() raised>"
             if len(shown) > 200:
                 shown = shown[:200] + "..."
             failed.where = (f"record {n + 1} of a batch of {len(records)} on its way to "
