@@ -4,6 +4,7 @@ credentials, HDFS that cannot load, a local folder that cannot be written)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from urllib.parse import urlsplit
 
@@ -20,6 +21,8 @@ def explain(error: BaseException, location: Location) -> str:
                 "libhdfs on every machine: set JAVA_HOME, HADOOP_HOME and "
                 "CLASSPATH=$(hadoop classpath --glob)")
     if is_local(location):
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return f"{loc!r}: {text}; the disk is full: free space there or choose another folder"
         return (f"{loc!r}: {text}; choose a folder this process can create and write, "
                 "or fix its permissions")
     if "bucket" in low and ("not found" in low or "does not exist" in low

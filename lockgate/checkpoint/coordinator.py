@@ -255,7 +255,7 @@ class CheckpointCoordinator:
                 target = storage.write_savepoint(chk, p.savepoint_dir, self.job_id,
                                                  p.checkpoint_id, metadata)
             except OSError as e:
-                self._abort(CheckpointAbortReason.DECLINED,
+                self._abort(CheckpointAbortReason.WRITE_FAILED,
                             detail=f"the savepoint could not be written: {e}")
                 return
             self.savepoint_results[p.checkpoint_id] = target
@@ -266,7 +266,7 @@ class CheckpointCoordinator:
                 storage.write_metadata(chk, metadata)
             except OSError as e:  # disk full, permissions, a flaky object store
                 # the checkpoint never existed: declined, counted, the job goes on
-                self._abort(CheckpointAbortReason.DECLINED,
+                self._abort(CheckpointAbortReason.WRITE_FAILED,
                             detail=f"its _metadata could not be written: {explain(e, chk)}")
                 return
         self.pending = None
@@ -335,10 +335,11 @@ class CheckpointCoordinator:
         record.status = CheckpointStatus.FAILED
         record.failure = f"{reason.value}: {detail}" if detail else reason.value
         # As Flink's CheckpointFailureManager: only periodic checkpoints that
-        # expire or are declined count towards failing the job; a failed
-        # savepoint fails the savepoint request, and nothing else.
+        # expire, are declined or cannot be written count towards failing the
+        # job; a failed savepoint fails the savepoint request, and nothing else.
         counts = p.savepoint_dir is None and reason in (CheckpointAbortReason.EXPIRED,
-                                                        CheckpointAbortReason.DECLINED)
+                                                        CheckpointAbortReason.DECLINED,
+                                                        CheckpointAbortReason.WRITE_FAILED)
         if counts:
             # the user must see these: enough in a row fail the job
             log.warning("checkpoint %d failed (%d in a row, %d tolerated): %s", p.checkpoint_id,

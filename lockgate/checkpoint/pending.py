@@ -26,6 +26,7 @@ class AckResult(Enum):
 class CheckpointAbortReason(StrEnum):
     EXPIRED = "expired before every task acknowledged"
     DECLINED = "a task declined it"
+    WRITE_FAILED = "its files could not be written"
     TASK_FAILURE = "a task failed"
     JOB_ENDED = "the job ended"
     SUBSUMED = "a newer checkpoint completed"

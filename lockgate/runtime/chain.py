@@ -101,7 +101,10 @@ class OperatorChain:
         """Where in this task's input ``batch`` was (for a user function's error):
         records are processed a batch at a time, so the batch is named."""
         last = self.records_in
-        first = repr(batch[0]) if batch else "-"
+        try:
+            first = repr(batch[0]) if batch else "-"
+        except Exception as e:  # noqa: BLE001 - a user __repr__ must not hide the error
+            first = f"<{type(batch[0]).__name__}: repr() raised {type(e).__name__}>"
         if len(first) > 200:
             first = first[:200] + "..."
         spec = self.spec

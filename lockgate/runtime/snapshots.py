@@ -111,12 +111,11 @@ class SnapshotWriter:
             self.faults.hit("acked")
         except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
             log.exception("snapshot %d failed", checkpoint_id)
+            reason = f"writing the snapshot failed: {type(e).__name__}: {e}"
             try:
-                self.send(Decline(checkpoint_id,
-                                  f"writing the snapshot failed: {type(e).__name__}: {e}",
-                                  type(e).__name__))
-            except OSError:
-                pass
+                self.send(Decline(checkpoint_id, reason[:4000], type(e).__name__))
+            except Exception:  # noqa: BLE001 - the control link is gone: the task fails by it
+                log.exception("could not decline snapshot %d", checkpoint_id)
 
     def _write_state_file(self, chk: str, uid: str,
                           snap: OperatorSnapshot) -> StateHandle | None:

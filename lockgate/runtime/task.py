@@ -153,7 +153,9 @@ class Task:
         try:
             while True:
                 self.mailbox.put_control(self.control.recv())
-        except (OSError, EOFError, ValueError):
+        except Exception as e:  # noqa: BLE001 - whatever ends the reader ends the task
+            if not isinstance(e, OSError | EOFError | ValueError):
+                log.error("the control channel failed: %s: %s", type(e).__name__, e)
             self.mailbox.put_control(ControlLost())
 
     def _open_operators(self) -> None:
