@@ -68,7 +68,7 @@ def _keys(secret: bytes, server_nonce: bytes, client_nonce: bytes,
     material; the mode is part of the info, so two ends that disagree about
     encryption fail at the first frame."""
     prk = hmac.new(server_nonce + client_nonce, secret, hashlib.sha256).digest()
-    mode = b"aes-256-gcm" if encrypt else b"hmac-sha256-128"
+    mode = b"aes-256-gcm" if encrypt else b"gmac-aes-256"
     return (hmac.new(prk, b"lockgate link v1 client to server " + mode + b"\x01",
                      hashlib.sha256).digest(),
             hmac.new(prk, b"lockgate link v1 server to client " + mode + b"\x01",

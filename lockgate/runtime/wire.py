@@ -19,8 +19,6 @@ element is a frame of its own type (:func:`element_frame`,
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import os
 import pickle
@@ -54,8 +52,10 @@ from lockgate.runtime import script_classes
 log = logging.getLogger("lockgate.wire")
 
 HEADER = struct.Struct(">IB")
-SEQUENCE = struct.Struct(">QB")
-"""What a frame's tag covers before its payload: sequence number and type."""
+SEQUENCE = struct.Struct(">11sB")
+"""A frame's GMAC nonce: its sequence number (11 bytes) and type; the tag
+covers the payload under it (a nonce is never reused under one key: each
+connection and direction has its own)."""
 TAG_BYTES = 16
 MAX_CONTROL_FRAME = 64 << 20
 """Largest payload of a control frame (control port, leases): a message of
@@ -132,13 +132,14 @@ class Link:
         self._send_seq = 0
         self._recv_seq = 0
         self._lock = threading.Lock()
-        if encrypt:
-            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-            self._seal = AESGCM(send_key).encrypt
-            self._open = AESGCM(recv_key).decrypt
-        else:
-            self._send_mac = hmac.new(send_key, digestmod=hashlib.sha256)
-            self._recv_mac = hmac.new(recv_key, digestmod=hashlib.sha256)
+        # AES-GCM either way: sealing the payload (encrypt), or as GMAC, the
+        # payload only authenticated (the default) - with AES-NI and PCLMUL a
+        # few times faster than HMAC-SHA256 on a batch
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        self._seal = AESGCM(send_key).encrypt
+        self._open = AESGCM(recv_key).decrypt
+        self._invalid = InvalidTag
 
     def send(self, kind: int, payload: bytes = b"") -> None:
         n = len(payload)
@@ -151,10 +152,7 @@ class Link:
             if self.encrypt:
                 self.sock.sendall(header + self._seal(_nonce(seq), payload, header[4:]))
                 return
-            mac = self._send_mac.copy()
-            mac.update(SEQUENCE.pack(seq, kind))
-            mac.update(payload)
-            tag = mac.digest()[:TAG_BYTES]
+            tag = self._seal(_mac_nonce(seq, kind), b"", payload)
             if n < 65536:
                 self.sock.sendall(header + payload + tag)
             else:
@@ -175,20 +173,18 @@ class Link:
         seq = self._recv_seq
         self._recv_seq = seq + 1
         if self.encrypt:
-            from cryptography.exceptions import InvalidTag
             sealed = recv_exact(self.reader, n + TAG_BYTES)
             try:
                 return kind, self._open(_nonce(seq), sealed, header[4:])
-            except InvalidTag:
+            except self._invalid:
                 raise TamperedFrame(f"frame {seq} (type {kind}, {n} bytes) failed "
                                     "authentication") from None
         payload = recv_exact(self.reader, n) if n else b""
         tag = recv_exact(self.reader, TAG_BYTES)
-        mac = self._recv_mac.copy()
-        mac.update(SEQUENCE.pack(seq, kind))
-        mac.update(payload)
-        if not hmac.compare_digest(mac.digest()[:TAG_BYTES], tag):
-            raise TamperedFrame(f"frame {seq} (type {kind}, {n} bytes) failed its MAC")
+        try:
+            self._open(_mac_nonce(seq, kind), tag, payload)
+        except self._invalid:
+            raise TamperedFrame(f"frame {seq} (type {kind}, {n} bytes) failed its MAC") from None
         return kind, payload
 
     def close(self) -> None:
@@ -201,6 +197,10 @@ class Link:
 
 def _nonce(seq: int) -> bytes:
     return seq.to_bytes(12, "big")
+
+
+def _mac_nonce(seq: int, kind: int) -> bytes:
+    return SEQUENCE.pack(seq.to_bytes(11, "big"), kind)
 
 
 def _too_large(n: int, limit: int) -> str:
