@@ -73,6 +73,7 @@ def _run(args: argparse.Namespace) -> int:
         launcher=args.launcher, from_checkpoint=args.from_checkpoint,
         from_savepoint=args.from_savepoint,
         allow_non_restored_state=args.allow_non_restored_state,
+        allow_non_replayable=args.allow_non_replayable or False,
         on_progress=None if args.quiet else progress, master=args.master))
     job_id = master.job_id
     if not args.quiet:
@@ -264,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--allow-non-restored-state", action="store_true",
                      help="drop the state of operator uids the job no longer has, instead of "
                      "refusing the checkpoint or savepoint")
+    run.add_argument("--allow-non-replayable", action="append", metavar="UID",
+                     help="run with the source UID that cannot replay (a push source), "
+                          "accepting at-most-once for its records (repeat for several)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     run.add_argument("app_args", nargs="*",
                      help="arguments for the app (its sys.argv[1:]): whatever lockgate does "

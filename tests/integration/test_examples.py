@@ -123,3 +123,21 @@ def test_windowed_counts(tmp_path, way):
                    for c in committed_lines(tmp_path / "out" / "late"))
     assert Counter(last) + late == Counter((c["user"], c["ts"] - c["ts"] % 60_000)
                                            for c in clicks)
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_socket_word_count(tmp_path, way):
+    """A source that cannot replay: the job runs because it names it, and
+    says at-most-once."""
+    from lockgate.connectors import CollectSink
+
+    args = ["--allow-non-replayable", "lines"] if way == "lockgate run" else []
+    out = run_example(way, "socket_word_count.py", args, tmp_path)
+    assert "at_most_once" in out.stdout, out.stdout
+    assert "AT-MOST-ONCE" in out.stderr, out.stderr[-2000:]
+    counts: dict[str, int] = {}
+    for word, n in CollectSink(str(tmp_path / "counts")).results():
+        counts[word] = max(n, counts.get(word, 0))
+    assert counts == {"the": 3, "lock": 2, "holds": 1, "water": 1, "until": 1, "both": 1,
+                      "levels": 1, "are": 1, "aligned": 1, "then": 1, "one": 1, "batch": 1,
+                      "goes": 1, "through": 1}
