@@ -108,7 +108,7 @@ def saved(savepoint: str, state: str) -> dict[int, object]:
     """Key -> value of one keyed state of ``hold`` in a savepoint (read
     without Spark, with the reader ``read_state`` runs on executors)."""
     location, meta = _load_metadata(savepoint)
-    handles = [h for h in meta["operators"]["hold"]["subtasks"] if h]
+    handles = [h for h in meta.operators["hold"].subtasks if h]
     return dict(_read_entries(location, state, handles))
 
 

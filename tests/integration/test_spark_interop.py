@@ -16,6 +16,8 @@ import pytest
 
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
 from lockgate.checkpoint import storage
+from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
+from lockgate.checkpoint.metadata import CheckpointMetadata, OperatorMetadata, StateHandle
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.connectors import dataframe as dataframe_source
 from lockgate.errors import (
@@ -293,12 +295,11 @@ def test_read_state_never_unpickles(spark, tmp_path: Path) -> None:
     sp.mkdir()
     blob = StateSerializer(allow_pickle=True).dumps([7, {"reduce": [[1, _Opaque()]]}])
     size, crc = storage.write_state_file(str(sp), "sums-0.state", lambda out: out.write(blob))
-    handle = {"file": "sums-0.state", "keyed_offset": 0, "key_groups": {"7": [0, len(blob)]},
-              "states": {"reduce": "value"}, "size": size, "crc32": crc}
-    storage.write_metadata(str(sp), {
-        "format": 1, "checkpoint_id": 1, "kind": "savepoint", "max_parallelism": 128,
-        "operators": {"sums": {"parallelism": 1, "operator_state_mode": "split",
-                               "subtasks": [handle]}}})
+    handle = StateHandle("sums-0.state", size, crc, 0, {7: (0, len(blob))}, {"reduce": "value"})
+    storage.write_metadata(str(sp), CheckpointMetadata(
+        job_id="pickled", checkpoint_id=1, kind=CheckpointKind.SAVEPOINT, timestamp=0.0,
+        final=False, max_parallelism=128,
+        operators={"sums": OperatorMetadata(1, OperatorStateMode.SPLIT, [handle])}))
     with pytest.raises(StateSerializationError, match="pickled.*never unpickles"):
         read_state(spark, str(sp), "sums", "reduce")
 
