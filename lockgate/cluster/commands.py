@@ -55,9 +55,9 @@ class Commands:
         self.savepoint_path: str | None = None
         """The savepoint the job stopped with."""
 
-    def submit(self, kind: str, args: dict[str, Any], accepting: bool,
+    def submit(self, kind: CommandKind, args: dict[str, Any], accepting: bool,
                status: str) -> Future[dict[str, Any]]:
-        cmd = Command(CommandKind(kind), args)
+        cmd = Command(kind, args)
         if not accepting:
             cmd.future.set_exception(LockgateError(f"job {self.job_id} is {status}"))
         else:

@@ -32,7 +32,7 @@ from lockgate.checkpoint.coordinator import (
     CompletedCheckpoint,
 )
 from lockgate.checkpoint.kinds import OperatorStateMode
-from lockgate.cluster.commands import Commands
+from lockgate.cluster.commands import CommandKind, Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
     BROKEN_CHANNEL,
@@ -142,10 +142,12 @@ class JobMaster:
         """Ask the running job for a ``savepoint`` (``dir``), a ``stop`` (``dir``,
         ``drain``) or a ``cancel``; the future resolves when it is done (a
         stop or a cancel: when the job has ended)."""
-        if kind not in ("savepoint", "stop", "cancel"):
-            raise ValueError(f"unknown command {kind!r}")
+        try:
+            command = CommandKind(kind)
+        except ValueError:
+            raise ValueError(f"unknown command {kind!r}") from None
         return self.commands.submit(
-            kind, args, self.state in (JobStatus.CREATED, JobStatus.RUNNING), self.state)
+            command, args, self.state in (JobStatus.CREATED, JobStatus.RUNNING), self.state)
 
     def status(self) -> dict[str, Any]:
         return {
