@@ -303,11 +303,15 @@ class JobMaster:
                 # A connected task's messages all arrive before its
                 # disconnection: judge it then, not at its exit.
                 self.exit_codes[task] = code
-            case TaskExited(task=task) | TaskDisconnected(task=task):
-                code = self.exit_codes.get(task, getattr(event, "exit_code", None))
-                what = ("lost its connection to the coordinator" if code is None
-                        else f"exited with code {code}")
-                raise AttemptFailed(f"task {self._task_name(task)} {what}", task)
+            case TaskExited(task=task, exit_code=code):  # it never connected
+                raise self._gone(task, code)
+            case TaskDisconnected(task=task):
+                raise self._gone(task, self.exit_codes.get(task))
+
+    def _gone(self, task: int, exit_code: int | None) -> AttemptFailed:
+        what = ("lost its connection to the coordinator" if exit_code is None
+                else f"exited with code {exit_code}")
+        return AttemptFailed(f"task {self._task_name(task)} {what}", task)
 
     def _on_message(self, task: int, msg: ToDriver) -> None:
         match msg:
