@@ -1,5 +1,6 @@
 """Lockgate: exactly-once stateful stream processing for Python."""
 
+from lockgate.api.async_io import AsyncContext, AsyncFunction, AsyncTimeoutError
 from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
 from lockgate.api.watermarks import (
@@ -39,6 +40,9 @@ from lockgate.state.backend import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncContext",
+    "AsyncFunction",
+    "AsyncTimeoutError",
     "AggregateFunction",
     "EventTimeSessionWindows",
     "OutputTag",

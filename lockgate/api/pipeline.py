@@ -267,6 +267,26 @@ class DataStream(Generic[T]):
         """Apply ``fn`` to a whole batch (a list) at once; it returns a list."""
         return DataStream(self._p, self._then(OperatorKind.MAP_BATCH, fn, uid, parallelism))
 
+    def async_map(self, fn: Any, *, capacity: int = 100, ordered: bool = True,
+                  timeout: float | None = None,
+                  on_timeout: Callable[[T], Any] | None = None, uid: str | None = None,
+                  parallelism: int | None = None) -> DataStream[Any]:
+        """Call an external service per record (Flink's ``AsyncDataStream``):
+        ``fn`` is an ``async def`` (or an ``AsyncFunction``) whose result is
+        the output record; at most ``capacity`` requests in flight per task,
+        results in input order (``ordered``) or as they complete; a request
+        longer than ``timeout`` seconds gives ``on_timeout(record)`` or fails
+        the attempt. Requests in flight at a checkpoint are part of it and are
+        issued again on recovery (:mod:`lockgate.api.async_io`).
+
+        >>> enriched = clicks.async_map(lookup, capacity=64, timeout=2.0, uid="lookup")
+        """
+        from lockgate.api.async_io import as_async_function
+
+        spec = as_async_function(fn, capacity=capacity, ordered=ordered, timeout=timeout,
+                                 on_timeout=on_timeout)
+        return DataStream(self._p, self._then(OperatorKind.ASYNC_MAP, spec, uid, parallelism))
+
     def rebalance(self) -> DataStream[T]:
         """Spread the records round-robin over the next operator's tasks."""
         return DataStream(self._p, self._node, Partitioning.REBALANCE, self._tag)

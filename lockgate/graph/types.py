@@ -27,6 +27,8 @@ class OperatorKind(StrEnum):
     """Keyed: a ``KeyedProcessFunction``."""
     WINDOW = "window"
     """Keyed: windows (``KeyedStream.window``), a ``WindowSpec``."""
+    ASYNC_MAP = "async_map"
+    """Calls of an ``async def`` per record (``DataStream.async_map``), an ``AsyncSpec``."""
     SINK = "sink"
 
 

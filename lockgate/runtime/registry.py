@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lockgate.graph.types import OperatorKind
+from lockgate.runtime.async_io import AsyncOperator
 from lockgate.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -27,5 +28,6 @@ OPERATORS: dict[OperatorKind, type[StreamOperator]] = {
     OperatorKind.REDUCE: ReduceOperator,
     OperatorKind.PROCESS: ProcessOperator,
     OperatorKind.WINDOW: WindowOperator,
+    OperatorKind.ASYNC_MAP: AsyncOperator,
     OperatorKind.SINK: SinkOperator,
 }
