@@ -7,6 +7,7 @@ from enum import Enum, StrEnum
 
 from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
 from lockgate.checkpoint.metadata import (
+    CHANNEL_STATE_KEY,
     CheckpointMetadata,
     OperatorMetadata,
     Progress,
@@ -122,11 +123,16 @@ def build_metadata(
     subtasks: dict[str, list[StateHandle | None]] = {
         uid: [None] * p for uid, p in operator_parallelism.items()}
     finished_subtasks: dict[str, int] = dict.fromkeys(subtasks, 0)
+    channels: dict[str, list[StateHandle | None]] = {}
     for task, handles in pending.acks.items():
         _, index, uids = task_operators[task]
         for uid in uids:
             subtasks[uid][index] = handles.get(uid)
             finished_subtasks[uid] += task in pending.finished_tasks
+        if handles.get(CHANNEL_STATE_KEY) is not None and uids:
+            # an unaligned checkpoint's in-flight data: on the chain's first operator
+            channels.setdefault(uids[0], [None] * operator_parallelism[uids[0]])[index] = \
+                handles[CHANNEL_STATE_KEY]
     locations = locations or {}
     baseline = baseline or Progress()
     operators = {
@@ -134,7 +140,8 @@ def build_metadata(
             parallelism=p, operator_state_mode=operator_modes[uid], subtasks=subtasks[uid],
             # FLIP-147: every subtask had finished: on restore the operator is
             # skipped (reads nothing, runs no end_input/finish again)
-            finished=finished_subtasks[uid] == p, location=locations.get(uid))
+            finished=finished_subtasks[uid] == p, location=locations.get(uid),
+            channel_state=channels.get(uid))
         for uid, p in operator_parallelism.items()}
     return CheckpointMetadata(
         job_id=job_id, checkpoint_id=pending.checkpoint_id, kind=pending.kind,

@@ -26,6 +26,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, overload
 from lockgate.errors import LockgateError
 from lockgate.state.keygroups import KeyGroupAssigner
 from lockgate.state.serde import StateSerializer
+from lockgate.state.ttl_config import (
+    SnapshotFilter,
+    StateTtlConfig,
+    kind_change_message,
+    snapshot_filters,
+    stored_kind,
+    structure_kind,
+)
 from lockgate.state.values import ATOMIC, private_copy
 
 if TYPE_CHECKING:
@@ -61,22 +69,26 @@ class StateKind(StrEnum):
 class ValueStateDescriptor:
     """A value per key; ``default`` is what ``value()`` returns for a key
     with none (a mutable default, such as ``[]`` or ``{}``, is copied for
-    every key: no two keys share it)."""
+    every key: no two keys share it). ``ttl``: a :class:`StateTtlConfig`
+    gives values a time to live (docs/state-ttl.md)."""
 
     name: str
     default: Any = None
+    ttl: StateTtlConfig | None = None
     kind: ClassVar[StateKind] = StateKind.VALUE
 
 
 @dataclass(frozen=True)
 class ListStateDescriptor:
     name: str
+    ttl: StateTtlConfig | None = None
     kind: ClassVar[StateKind] = StateKind.LIST
 
 
 @dataclass(frozen=True)
 class MapStateDescriptor:
     name: str
+    ttl: StateTtlConfig | None = None
     kind: ClassVar[StateKind] = StateKind.MAP
 
 
@@ -206,7 +218,9 @@ class HeapKeyedStateBackend:
         self.serializer = serializer
         self.current_key: Any = None
         self._tables: dict[str, dict[Any, Any]] = {}
-        self._kinds: dict[str, StateKind] = {}
+        self._kinds: dict[str, str] = {}
+        """Registered: the kind, with TTL marked (``ttl_config.stored_kind``)."""
+        self._ttl: dict[str, StateTtlConfig] = {}
         self._restored_kinds: dict[str, str] = {}
         """As read back from a checkpoint: strings."""
         self._handles: dict[str, _State] = {}
@@ -220,13 +234,12 @@ class HeapKeyedStateBackend:
     def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
 
     def get_state(self, descriptor: Descriptor) -> _State:
-        name, kind = descriptor.name, descriptor.kind
+        name, kind = descriptor.name, stored_kind(descriptor.kind, descriptor.ttl)
         known = self._kinds.get(name) or self._restored_kinds.get(name)
         if known is not None and known != kind:
-            raise StateTypeError(
-                f"state {name!r} was a {known} state and is now asked for as a {kind} state; "
-                "use a new state name for the new type"
-            )
+            raise StateTypeError(kind_change_message(name, known, kind, in_checkpoint=False))
+        if descriptor.ttl is not None:
+            self._ttl[name] = descriptor.ttl  # (the state layer wraps: lockgate.state.ttl)
         if name in self._handles:
             return self._handles[name]
         table = self._tables.setdefault(name, {})
@@ -259,24 +272,27 @@ class HeapKeyedStateBackend:
         tables: dict[str, dict[Any, Any]] = {}
         kinds = self.state_kinds()
         for name, table in self._tables.items():
-            kind = kinds[name]
+            kind = structure_kind(kinds[name])
             if kind == StateKind.LIST:
                 tables[name] = {k: list(v) for k, v in table.items()}
             elif kind == StateKind.MAP:
                 tables[name] = {k: dict(v) for k, v in table.items()}
             else:
                 tables[name] = dict(table)
-        return KeyedStateSnapshot(tables, kinds, self._assigner, self.serializer)
+        return KeyedStateSnapshot(tables, kinds, self._assigner, self.serializer,
+                                  snapshot_filters(self._ttl, kinds))
+
+    def state_keys(self, name: str) -> list[Any]:
+        """Every key with a value in state ``name`` now, safe to iterate
+        while state changes (TTL's incremental cleanup visits them)."""
+        return list(self._tables.get(name, ()))
 
     def restore_block(self, data: bytes, states: dict[str, str]) -> None:
         """Merge one key-group block written by ``KeyedStateSnapshot.write``."""
         for name, kind in states.items():
             known = self._kinds.get(name)
             if known is not None and known != kind:
-                raise StateTypeError(
-                    f"state {name!r} was a {kind} state in the checkpoint and is now "
-                    f"registered as a {known} state; use a new state name for the new type"
-                )
+                raise StateTypeError(kind_change_message(name, kind, known, in_checkpoint=True))
             self._restored_kinds[name] = kind
         block = self.serializer.loads(data)
         kg, content = block
@@ -305,11 +321,15 @@ class KeyedStateSnapshot:
     """A consistent copy of keyed state; ``write`` runs on a background thread."""
 
     def __init__(self, tables: dict[str, dict[Any, Any]], kinds: dict[str, str],
-                 assigner: KeyGroupAssigner, serializer: StateSerializer) -> None:
+                 assigner: KeyGroupAssigner, serializer: StateSerializer,
+                 filters: dict[str, SnapshotFilter] | None = None) -> None:
         self.tables = tables
         self.kinds = kinds
         self.assigner = assigner
         self.serializer = serializer
+        self.filters = filters or {}
+        """Per state name: what of a stored object is written (TTL: the
+        unexpired part), None for nothing (``ttl_config.snapshot_filters``)."""
 
     def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
         """Write one block per non-empty key group, ascending; return offsets
@@ -317,7 +337,10 @@ class KeyedStateSnapshot:
         groups: dict[int, dict[str, list[list[Any]]]] = defaultdict(dict)
         kg_of = self.assigner.key_group
         for name, table in self.tables.items():
+            keep = self.filters.get(name)
             for key, value in table.items():
+                if keep is not None and (value := keep(value)) is None:
+                    continue  # expired: cleanup in full snapshots
                 groups[kg_of(key)].setdefault(name, []).append([key, value])
         offsets: dict[int, tuple[int, int]] = {}
         pos = 0
