@@ -31,6 +31,7 @@ from lockgate.graph.types import OperatorKind, Partitioning
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
+    from lockgate.api.arrow import ArrowStream
     from lockgate.api.windowed import WindowedStream
     from lockgate.api.windows import WindowAssigner
     from lockgate.cluster.client import JobClient
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 U = TypeVar("U")
 
-__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node"]
+__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node", "NodeInput"]
 
 _UID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -64,6 +65,20 @@ class Node:
     side_tag: str | None = None
     """Which output of its input it reads: None for the main output, else the
     name of a side output (``OutputTag``)."""
+    extra_inputs: list[NodeInput] = field(default_factory=list)
+    """Inputs 1, 2, ... of an operator with several (``union``, ``connect``,
+    joins); input 0 is ``input``, ``partitioning``, ``key_selector``, ``side_tag``."""
+
+
+@dataclass
+class NodeInput:
+    """One more input of a node: which node, which of its outputs, how records
+    reach the node (and by which key, hash-partitioned)."""
+
+    node: int
+    partitioning: Partitioning
+    key_selector: Callable[[Any], Any] | None = None
+    side_tag: str | None = None
 
 
 class Pipeline:
@@ -140,6 +155,25 @@ class Pipeline:
         from lockgate.connectors.dataframe import DataFrameSource
 
         return self.source(DataFrameSource(df, spark=spark), uid=uid, parallelism=parallelism)
+
+    def source_arrow(self, source: Any, *, uid: str | None = None,
+                     parallelism: int | None = None, batch_rows: int = 65_536,
+                     rate: float | None = None) -> ArrowStream:
+        """Add a source of ``pyarrow.RecordBatch`` es: a ``FileSource`` in
+        Parquet format, a ``DataFrameSource`` or a Spark DataFrame, read as
+        batches of at most ``batch_rows`` rows, with the same splits and
+        checkpointed positions (file, row) as when read as rows. Returns an
+        :class:`~lockgate.api.arrow.ArrowStream` (``map_arrow``,
+        ``key_by_column(...).aggregate_arrow(...)``, ...; docs/arrow.md)."""
+        from lockgate.api.arrow import ArrowStream
+        from lockgate.connectors.dataframe import DataFrameSource
+        from lockgate.connectors.parquet import ArrowSource
+
+        if hasattr(source, "sparkSession") and hasattr(source, "write"):
+            source = DataFrameSource(source)
+        if not isinstance(source, ArrowSource):
+            source = ArrowSource(source, batch_rows=batch_rows, rate=rate)
+        return ArrowStream(self, self._add(OperatorKind.SOURCE, source, uid, parallelism, None))
 
     def _add(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
              upstream: Node | None, partitioning: Partitioning = Partitioning.FORWARD,
@@ -287,6 +321,16 @@ class DataStream(Generic[T]):
                                  on_timeout=on_timeout)
         return DataStream(self._p, self._then(OperatorKind.ASYNC_MAP, spec, uid, parallelism))
 
+    def to_arrow(self, schema: Any = None, *, uid: str | None = None,
+                 parallelism: int | None = None) -> ArrowStream:
+        """Each batch of records as one ``pyarrow.RecordBatch`` (dict records
+        become columns, ``schema`` if given; other records one column
+        ``value``): an :class:`~lockgate.api.arrow.ArrowStream`."""
+        from lockgate.api.arrow import ArrowStream, to_arrow_step
+
+        return ArrowStream(self._p, self._then(OperatorKind.ARROW, to_arrow_step(schema), uid,
+                                               parallelism))
+
     def rebalance(self) -> DataStream[T]:
         """Spread the records round-robin over the next operator's tasks."""
         return DataStream(self._p, self._node, Partitioning.REBALANCE, self._tag)
@@ -308,12 +352,43 @@ class DataStream(Generic[T]):
         """
         if not isinstance(tag, OutputTag):
             raise PipelineDefinitionError(f"side_output takes an OutputTag, got {tag!r}")
-        if self._tag is not None or self._node.kind not in (OperatorKind.PROCESS,
-                                                             OperatorKind.WINDOW):
+        if self._tag is not None or self._node.kind not in (
+                OperatorKind.PROCESS, OperatorKind.WINDOW, OperatorKind.CO_PROCESS,
+                OperatorKind.BROADCAST_PROCESS, OperatorKind.INTERVAL_JOIN):
             raise PipelineDefinitionError(
                 "side_output(tag) needs the stream of a process or window operator "
                 "(.process(...), .window(...)....): only they emit side outputs")
         return DataStream(self._p, self._node, tag=tag.name)
+
+    def union(self, *others: DataStream[T]) -> DataStream[T]:
+        """One stream of this stream's records and those of ``others`` (same
+        type), in no particular order between them (:mod:`lockgate.api.connected`)."""
+        from lockgate.api.connected import union
+
+        return union(self, others)
+
+    def connect(self, other: Any) -> Any:
+        """Two streams into one operator: ``ConnectedStreams`` (then
+        ``.process(CoProcessFunction)``), or with a ``BroadcastStream`` a
+        ``BroadcastConnectedStream`` (``.process(BroadcastProcessFunction)``)."""
+        from lockgate.api.connected import connect
+
+        return connect(self, other)
+
+    def broadcast(self, *descriptors: Any) -> Any:
+        """This stream sent to every task of the operator it is connected to,
+        with broadcast state ``descriptors`` (``MapStateDescriptor``s):
+        a ``BroadcastStream`` (:mod:`lockgate.api.broadcast`)."""
+        from lockgate.api.broadcast import BroadcastStream
+
+        return BroadcastStream(self, descriptors)
+
+    def join(self, other: DataStream[Any]) -> Any:
+        """A window join: ``a.join(b).where(ka).equal_to(kb).window(assigner)
+        .apply(fn)`` (:mod:`lockgate.api.joins`)."""
+        from lockgate.api.joins import JoinedStreams
+
+        return JoinedStreams(self, other)
 
     def sink(self, sink: Sink[T], *, uid: str | None = None,
              parallelism: int | None = None) -> DataStream[T]:
@@ -387,3 +462,20 @@ class KeyedStream(Generic[T]):
         if not isinstance(fn, KeyedProcessFunction):
             raise PipelineDefinitionError(f"{fn!r} is not a KeyedProcessFunction")
         return DataStream(self._p, self._keyed(OperatorKind.PROCESS, fn, uid, parallelism))
+
+    def connect(self, other: Any) -> Any:
+        """With another ``KeyedStream``: keyed ``ConnectedStreams`` (both
+        inputs share this operator's keyed state and timers); with a
+        ``BroadcastStream``: ``.process(KeyedBroadcastProcessFunction)``."""
+        from lockgate.api.connected import connect
+
+        return connect(self, other)
+
+    def interval_join(self, other: KeyedStream[Any], *,
+                      timestamp_of: Callable[[T], int] | None = None,
+                      other_timestamp_of: Callable[[Any], int] | None = None) -> Any:
+        """An event-time interval join with ``other``: ``.between(lower,
+        upper).process(ProcessJoinFunction)`` (:mod:`lockgate.api.joins`)."""
+        from lockgate.api.joins import IntervalJoin
+
+        return IntervalJoin(self, other, timestamp_of, other_timestamp_of)

@@ -39,6 +39,9 @@ class InputEdge:
     upstream: int
     upstream_parallelism: int
     partitioning: Partitioning
+    input_index: int = 0
+    """Which input of the vertex's first operator the edge feeds (``connect``,
+    joins: 0 or 1; the edges of a ``union`` all feed the same input)."""
 
 
 @dataclass
@@ -54,6 +57,8 @@ class OutputEdge:
     tag: str | None = None
     """None: the operator's main output; else the name of the side output
     (``OutputTag``) the edge carries."""
+    input_index: int = 0
+    """Which input of the downstream operator the edge feeds."""
 
 
 @dataclass
@@ -114,7 +119,8 @@ def _assign_uids(nodes: list[Node]) -> dict[int, tuple[str, bool]]:
             uid += "_"
         taken.add(uid)
         uids[n.id] = (uid, True)
-    generated = [uids[n.id][0] for n in nodes if uids[n.id][1]]
+    generated = [uids[n.id][0] for n in nodes
+                 if uids[n.id][1] and n.kind != OperatorKind.UNION]
     if generated:
         warnings.warn(
             f"operators without a uid got generated ones derived from their position "
@@ -140,11 +146,15 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
     vertex_of: dict[int, int] = {}
     vertices: list[JobVertex] = []
     for n in nodes:
+        if n.kind == OperatorKind.UNION:
+            continue  # no operator: its consumers read its inputs' edges
         up = nodes[n.input] if n.input is not None else None
         spec = OperatorSpec(uids[n.id][0], n.kind, n.fn, n.key_selector, uids[n.id][1],
                             n.watermarks)
         chainable = (
             up is not None
+            and up.kind != OperatorKind.UNION
+            and not n.extra_inputs
             and n.partitioning == Partitioning.FORWARD
             and up.parallelism == n.parallelism
             and len(up.consumers) == 1
@@ -159,12 +169,39 @@ def build_job_graph(pipeline: Pipeline) -> JobGraph:
         v = JobVertex(len(vertices), n.parallelism, [spec])
         vertices.append(v)
         vertex_of[n.id] = v.id
-        if up is not None:
-            uv = vertices[vertex_of[up.id]]
-            part = n.partitioning
+        for index, up_id, part, key_selector, tag in _inputs(n, nodes):
+            uv = vertices[vertex_of[up_id]]
+            if any(e.upstream == uv.id for e in v.inputs):
+                raise PipelineDefinitionError(
+                    f"operator {spec.uid!r} reads the operators {uv.name!r} twice (a union "
+                    "or join of a stream with itself): put a map(...) on one of the two")
             if part == Partitioning.FORWARD and uv.parallelism != v.parallelism:
                 part = Partitioning.REBALANCE
-            uv.outputs.append(OutputEdge(v.id, v.parallelism, part, n.key_selector, spec.uid,
-                                          uids[up.id][0], n.side_tag))
-            v.inputs.append(InputEdge(uv.id, uv.parallelism, part))
+            uv.outputs.append(OutputEdge(v.id, v.parallelism, part, key_selector, spec.uid,
+                                          uids[up_id][0], tag, index))
+            v.inputs.append(InputEdge(uv.id, uv.parallelism, part, index))
     return JobGraph(pipeline.name, pipeline.max_parallelism, vertices)
+
+
+def _inputs(n: Node, nodes: list[Node]) -> list[tuple[int, int, Partitioning, Any, str | None]]:
+    """``(input index, upstream node, partitioning, key selector, side tag)``
+    of every edge into ``n``: a union's inputs stand for the union (the
+    consumer's partitioning and key selector apply to each)."""
+    direct = ([(n.input, n.partitioning, n.key_selector, n.side_tag)]
+              if n.input is not None else [])
+    direct += [(i.node, i.partitioning, i.key_selector, i.side_tag) for i in n.extra_inputs]
+    out = []
+    for index, (up_id, part, key_selector, tag) in enumerate(direct):
+        for real, real_tag in _expand(up_id, tag, nodes):
+            out.append((index, real, part, key_selector, real_tag))
+    return out
+
+
+def _expand(up_id: int, tag: str | None, nodes: list[Node]) -> list[tuple[int, str | None]]:
+    """The real upstream nodes behind ``up_id`` (itself, or a union's inputs)."""
+    up = nodes[up_id]
+    if up.kind != OperatorKind.UNION:
+        return [(up_id, tag)]
+    assert up.input is not None
+    parts = [(up.input, up.side_tag)] + [(i.node, i.side_tag) for i in up.extra_inputs]
+    return [e for node, t in parts for e in _expand(node, t, nodes)]

@@ -30,6 +30,15 @@ class OperatorKind(StrEnum):
     ASYNC_MAP = "async_map"
     """Calls of an ``async def`` per record (``DataStream.async_map``), an ``AsyncSpec``."""
     SINK = "sink"
+    UNION = "union"
+    """Several streams as one (``DataStream.union``): no operator of its own;
+    its consumer reads every input's edges (``graph/jobgraph.py``)."""
+    CO_PROCESS = "co_process"
+    """Two inputs: a ``CoProcessFunction`` (``connect(...).process``), keyed or not."""
+    BROADCAST_PROCESS = "broadcast_process"
+    """Two inputs, the second broadcast: a ``(Keyed)BroadcastProcessFunction``."""
+    INTERVAL_JOIN = "interval_join"
+    """Two keyed inputs: ``interval_join(...).between(...).process``."""
 
 
 class Partitioning(StrEnum):
@@ -41,3 +50,5 @@ class Partitioning(StrEnum):
     """By key group of the record's key: equal keys reach the same task."""
     REBALANCE = "rebalance"
     """Whole batches round-robin over the downstream tasks."""
+    BROADCAST = "broadcast"
+    """Every record to every downstream task (``DataStream.broadcast``)."""

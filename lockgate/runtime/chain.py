@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from lockgate.errors import LockgateError, UserFunctionError
+from lockgate.runtime.coprocess import TwoInputOperator
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.operators import SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
@@ -65,6 +66,25 @@ class OperatorChain:
         """A batch of this task's input."""
         self.records_in += len(batch)
         self.run(batch, self.chain)
+
+    def process_input(self, index: int, batch: list[Any]) -> None:
+        """A batch of input ``index`` of the first operator, one of several
+        inputs (:class:`~lockgate.runtime.coprocess.TwoInputOperator`)."""
+        self.records_in += len(batch)
+        head = self.chain[0]
+        assert isinstance(head, TwoInputOperator)
+        try:
+            out = head.process_input(index, batch)
+        except LockgateError:
+            raise
+        except Exception as e:
+            error = UserFunctionError(f"operator {head.uid!r} raised {type(e).__name__}: {e}")
+            error.where = self.input_position(batch)
+            raise error from e
+        if head.side:
+            self.emit_side(head)
+        if out:
+            self.run(out, self.chain[1:])
 
     def run(self, batch: list[Any], ops: list[StreamOperator]) -> None:
         """``batch`` through ``ops`` (the rest of the chain), then out."""

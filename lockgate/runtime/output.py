@@ -64,6 +64,9 @@ class OutputEdgeWriter:
             if len(b) >= size:
                 self._send(i)
         if time.monotonic() - self.last_flush > MAX_BUFFER_AGE:
+        elif self.partitioning == "broadcast":  # every record to every task
+            for b in bufs:
+                b.extend(batch)
             self.flush()
 
     def _send(self, i: int) -> None:

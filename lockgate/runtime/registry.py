@@ -16,6 +16,9 @@ from lockgate.runtime.operators import (
     StreamOperator,
 )
 from lockgate.runtime.windows import WindowOperator
+from lockgate.runtime.broadcast_process import BroadcastProcessOperator
+from lockgate.runtime.coprocess import CoProcessOperator
+from lockgate.runtime.interval_join import IntervalJoinOperator
 
 __all__ = ["OPERATORS"]
 
@@ -31,3 +34,6 @@ OPERATORS: dict[OperatorKind, type[StreamOperator]] = {
     OperatorKind.ASYNC_MAP: AsyncOperator,
     OperatorKind.SINK: SinkOperator,
 }
+    OperatorKind.CO_PROCESS: CoProcessOperator,
+    OperatorKind.BROADCAST_PROCESS: BroadcastProcessOperator,
+    OperatorKind.INTERVAL_JOIN: IntervalJoinOperator,

@@ -95,6 +95,10 @@ class Task:
         self.faults = FaultInjector(spec.faults, spec.task_id, spec.attempt)
         self.ops: list[StreamOperator] = []
         self.outputs: list[OutputEdgeWriter] = []
+        index = [e.input_index for e, ts in zip(spec.vertex.inputs, spec.inputs, strict=True)
+                 for _ in ts]
+        self.input_of: list[int] | None = index if any(index) else None
+        """Multi-input operators (``connect``, joins): the input of each channel."""
         self.inputs = channels.InputChannels(
             spec, secret, {t: i for i, t in enumerate(self.channels)}, self.mailbox)
         self.snapshots = SnapshotWriter(spec, self.serializer, self.faults, self._send)
@@ -241,7 +245,10 @@ class Task:
             return
         match item:
             case Batch(records):
-                self.chain.process(records)
+                if self.input_of is None:
+                    self.chain.process(records)
+                else:
+                    self.chain.process_input(self.input_of[ch], records)
             case Barrier(checkpoint_id):
                 if self.spec.aligned and len(self.barriers.live) > 1:
                     self.faults.hit("alignment")

@@ -1,0 +1,209 @@
+"""Several inputs: ``union`` of streams and ``connect`` of two streams into a
+``CoProcessFunction``.
+
+* ``a.union(b, c)``: one stream of the records of all (no operator of its
+  own: the next operator reads every input's edges, ``graph/jobgraph.py``).
+* ``a.connect(b).process(CoProcessFunction)``: records of ``a`` go to
+  ``process_element1``, those of ``b`` to ``process_element2``, in one
+  operator. Keyed (``a.key_by(ka).connect(b.key_by(kb))``, or
+  ``a.connect(b).key_by(ka, kb)``): records of equal keys of both inputs
+  reach the same task, and both methods see the keyed state and timers of
+  the current key (``on_timer`` too).
+
+The operator's watermark is the smallest of both inputs'; a checkpoint's
+barrier is aligned across both inputs, like any task with several channels.
+
+Example::
+
+    class Match(CoProcessFunction):
+        def open(self, ctx):
+            self.seen = ctx.get_state(ValueStateDescriptor("seen"))
+
+        def process_element1(self, order, ctx):
+            self.seen.update(order)
+            return None
+
+        def process_element2(self, payment, ctx):
+            order = self.seen.value()
+            return [(order, payment)] if order is not None else None
+
+    orders.key_by(lambda o: o["id"]).connect(payments.key_by(lambda p: p["order"])) \\
+          .process(Match(), uid="match")
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from lockgate.api.functions import RuntimeContext
+from lockgate.errors import PipelineDefinitionError
+from lockgate.graph.types import OperatorKind, Partitioning
+
+if TYPE_CHECKING:
+    from lockgate.api.pipeline import DataStream, KeyedStream, Node, Pipeline
+
+__all__ = ["CoProcessFunction", "ConnectedStreams", "CoSpec", "StreamInput", "union",
+           "connect", "add_node"]
+
+IN1 = TypeVar("IN1")
+IN2 = TypeVar("IN2")
+OUT = TypeVar("OUT")
+
+
+class CoProcessFunction(ABC, Generic[IN1, IN2, OUT]):
+    """A function of two inputs (``connect(...).process``). Both methods
+    return an iterable of output records (or ``None``) and may emit to side
+    outputs (``ctx.output(tag, value)``). On keyed connected streams they
+    see the current key's keyed state and timers, shared by both inputs."""
+
+    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
+        """Called once per task before the first record; register state here."""
+
+    @abstractmethod
+    def process_element1(self, value: IN1, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """A record of the first input."""
+
+    @abstractmethod
+    def process_element2(self, value: IN2, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """A record of the second input."""
+
+    def on_timer(self, timestamp: int, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """A timer of ``ctx.current_key`` fired (keyed only; as in
+        ``KeyedProcessFunction.on_timer``)."""
+        return None
+
+    def end_input(self, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """Called once when both inputs are exhausted (bounded jobs)."""
+        return None
+
+    def finish(self, ctx: RuntimeContext) -> Iterable[OUT] | None:
+        """Called after ``end_input``: last chance to emit records."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; always called, also on failure."""
+
+
+@dataclass(frozen=True)
+class CoSpec:
+    """What a two-input operator runs (``OperatorSpec.fn``): the user's
+    function, each input's key selector (keyed: both set), and what the
+    kind of operator needs besides (broadcast state descriptors, join
+    bounds and timestamps)."""
+
+    function: Any
+    key_selectors: tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]
+    extra: Any = None
+
+    @property
+    def keyed(self) -> bool:
+        return self.key_selectors[0] is not None
+
+
+@dataclass(frozen=True)
+class StreamInput:
+    """One input of a multi-input operator, as the API holds it."""
+
+    node: Node
+    partitioning: Partitioning
+    key_selector: Callable[[Any], Any] | None
+    tag: str | None
+
+
+def _input_of(stream: DataStream[Any] | KeyedStream[Any]) -> StreamInput:
+    from lockgate.api.pipeline import DataStream, KeyedStream
+
+    if isinstance(stream, KeyedStream):
+        return StreamInput(stream._node, Partitioning.HASH, stream._key, stream._tag)
+    if isinstance(stream, DataStream):
+        return StreamInput(stream._node, stream._partitioning, None, stream._tag)
+    raise PipelineDefinitionError(f"expected a stream, got {stream!r}")
+
+
+def add_node(p: Pipeline, kind: OperatorKind, fn: Any, uid: str | None,
+             parallelism: int | None, inputs: Sequence[StreamInput]) -> Node:
+    """A node reading ``inputs`` (input ``i`` is ``inputs[i]``)."""
+    from lockgate.api.pipeline import NodeInput
+
+    par = parallelism or p.parallelism
+    resolved = []
+    for i in inputs:
+        if i.node.kind == OperatorKind.SINK:
+            raise PipelineDefinitionError("a sink has no output stream")
+        if i.node not in p.nodes:
+            raise PipelineDefinitionError("streams of different pipelines cannot be combined")
+        part = i.partitioning
+        if part == Partitioning.FORWARD and par != i.node.parallelism:
+            part = Partitioning.REBALANCE
+        resolved.append((i, part))
+    first, part0 = resolved[0]
+    node = p._add(kind, fn, uid, parallelism, first.node, part0, first.key_selector, first.tag)
+    for i, part in resolved[1:]:
+        node.extra_inputs.append(NodeInput(i.node.id, part, i.key_selector, i.tag))
+        i.node.consumers.append(node.id)
+    return node
+
+
+def union(first: DataStream[Any], others: Sequence[DataStream[Any]]) -> DataStream[Any]:
+    from lockgate.api.pipeline import DataStream
+
+    if not others:
+        return first
+    streams = [first, *others]
+    for s in streams:
+        if not isinstance(s, DataStream):
+            raise PipelineDefinitionError(
+                f"union takes DataStreams (key the union afterwards), got {s!r}")
+    node = add_node(first._p, OperatorKind.UNION, None, None,
+                    max(s._node.parallelism for s in streams),
+                    [_input_of(s) for s in streams])
+    node.name = "union"
+    return DataStream(first._p, node)
+
+
+def connect(first: DataStream[Any] | KeyedStream[Any], other: Any) -> Any:
+    from lockgate.api.broadcast import BroadcastConnectedStream, BroadcastStream
+    from lockgate.api.pipeline import KeyedStream
+
+    if isinstance(other, BroadcastStream):
+        return BroadcastConnectedStream(first, other)
+    if isinstance(first, KeyedStream) != isinstance(other, KeyedStream):
+        raise PipelineDefinitionError(
+            "connect a keyed stream with a keyed stream (or a BroadcastStream): key both "
+            "sides with key_by, or neither and use .key_by(key1, key2) on the connected streams")
+    return ConnectedStreams(first, other)
+
+
+class ConnectedStreams(Generic[IN1, IN2]):
+    """Two streams to be processed by one ``CoProcessFunction``."""
+
+    def __init__(self, first: DataStream[IN1] | KeyedStream[IN1],
+                 second: DataStream[IN2] | KeyedStream[IN2]) -> None:
+        self._first = first
+        self._second = second
+
+    def key_by(self, key1: Callable[[IN1], Any],
+               key2: Callable[[IN2], Any]) -> ConnectedStreams[IN1, IN2]:
+        """Key both inputs (``key1`` for the first, ``key2`` for the second):
+        the function then has keyed state and timers shared by both."""
+        from lockgate.api.pipeline import DataStream
+
+        if not (isinstance(self._first, DataStream) and isinstance(self._second, DataStream)):
+            raise PipelineDefinitionError("these connected streams are keyed already")
+        return ConnectedStreams(self._first.key_by(key1), self._second.key_by(key2))
+
+    def process(self, fn: CoProcessFunction[IN1, IN2, OUT], *, uid: str | None = None,
+                parallelism: int | None = None) -> DataStream[OUT]:
+        from lockgate.api.pipeline import DataStream
+
+        if not isinstance(fn, CoProcessFunction):
+            raise PipelineDefinitionError(f"{fn!r} is not a CoProcessFunction")
+        a, b = _input_of(self._first), _input_of(self._second)
+        spec = CoSpec(fn, (a.key_selector, b.key_selector))
+        node = add_node(self._first._p, OperatorKind.CO_PROCESS, spec, uid, parallelism,
+                        [a, b])
+        node.name = type(fn).__name__
+        return DataStream(self._first._p, node)
