@@ -30,6 +30,7 @@ from lockgate.state.backend import (
 )
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
+from lockgate.state.ttl import TtlStates
 from lockgate.state.values import ATOMIC, private_copy
 
 
@@ -223,6 +224,8 @@ class KeyedContext(RuntimeContext):
         self.attempt = op.info.attempt
         self.uid = op.uid
         self.time_domain: TimeDomain | None = None
+        self.ttl_states: TtlStates | None = None
+        """The states as user functions see them: with TTL wrapped (state/ttl.py)."""
 
     @property
     def current_key(self) -> Any:
@@ -256,7 +259,9 @@ class KeyedContext(RuntimeContext):
                 f"expected a {expected.__name__}, got {type(descriptor).__name__}"
             )
         assert self._op.backend is not None
-        return self._op.backend.get_state(descriptor)  # type: ignore[call-overload]
+        if self.ttl_states is None:
+            self.ttl_states = TtlStates(self._op.backend)
+        return self.ttl_states.get_state(descriptor)  # type: ignore[call-overload]
 
 
 @contextmanager
@@ -322,6 +327,8 @@ class ProcessOperator(KeyedOperator):
             res = element(r, ctx)
             if res is not None:
                 extend(res)
+        if ctx.ttl_states is not None and ctx.ttl_states.per_record:
+            ctx.ttl_states.records_processed(len(batch))  # TTL: incremental cleanup
         return out
 
     def end_input(self) -> list[Any]:
