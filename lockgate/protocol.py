@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeAlias
 
 import msgpack
@@ -184,9 +184,17 @@ class Register(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class Running(ControlMessage):
-    """Every channel of the task is connected; it processes."""
+    """Every channel of the task is connected; it processes. ``steps``: when
+    each of its start-up steps happened (wall clock, :mod:`lockgate.runtime.steps`)."""
 
     tag: ClassVar[str] = "running"
+    steps: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.steps) > 16 or not all(
+                isinstance(k, str) and len(k) <= 32 and isinstance(v, int | float)
+                and not isinstance(v, bool) and 0 <= v < 1e11 for k, v in self.steps.items()):
+            raise ProtocolError("running: steps must map at most 16 names to times")
 
 
 @dataclass(frozen=True, slots=True)

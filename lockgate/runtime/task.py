@@ -72,6 +72,7 @@ from lockgate.runtime.registry import OPERATORS
 from lockgate.runtime.script_classes import register_script_classes
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
+from lockgate.runtime.steps import Steps, mark
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.serde import StateSerializer
 
@@ -80,8 +81,11 @@ log = logging.getLogger("lockgate.task")
 
 class Task:
     def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
-                 before_finished: Callable[[], None] | None = None) -> None:
+                 before_finished: Callable[[], None] | None = None,
+                 steps: Steps | None = None) -> None:
         self.spec = spec
+        self.steps: Steps = dict(steps or {})
+        """When each start-up step happened (:mod:`lockgate.runtime.steps`)."""
         self.coordinator = coordinator
         self.secret = secret
         self.before_finished = before_finished
@@ -117,19 +121,25 @@ class Task:
             # Step 1. Listen for inputs, connect to the coordinator, register.
             listener = channels.listen(self.spec, len(self.channels))
             self._connect_control(listener.getsockname()[1] if listener else 0)
+            mark(self.steps, "connected")
             # Step 2. Open operators and restore their state.
             self._open_operators()
             skipped = restore_operators(self.spec, self.ops, self.serializer)
+            mark(self.steps, "restored")
             # Step 3. Wire the channels of this attempt.
             peers = self._await_start()
+            mark(self.steps, "started")
             self.outputs = channels.connect_outputs(self.spec, peers, self.secret)
+            mark(self.steps, "outputs")
             self.chain.start(self.outputs, skipped)
             if listener is not None:
                 self.inputs.accept(listener)
                 self._await_inputs()
+            mark(self.steps, "inputs")
             # Step 4. Process until finished.
             self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned)
-            self._send(Running())
+            mark(self.steps, "running")
+            self._send(Running(self.steps))
             self._loop()
             # Step 5. End: tell downstream and the coordinator.
             for out in self.outputs:
@@ -413,7 +423,9 @@ class Task:
 
 
 def run_task(spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
-             before_finished: Callable[[], None] | None = None) -> None:
-    """The task entry point of every launcher."""
+             before_finished: Callable[[], None] | None = None,
+             steps: Steps | None = None) -> None:
+    """The task entry point of every launcher (``steps``: those the launcher's
+    code marked before, :mod:`lockgate.runtime.steps`)."""
     with process_name(task_process_name(spec)):
-        Task(spec, coordinator, secret, before_finished).run()
+        Task(spec, coordinator, secret, before_finished, steps).run()
