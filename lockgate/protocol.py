@@ -12,7 +12,8 @@ Two families travel on the same framing (:mod:`lockgate.runtime.wire`):
   :class:`NotifyAborted`, :class:`Finish`, :class:`Drain`, :class:`Cancel`
   (and :class:`ControlLost`, a task's own note that the driver went away);
   from a task :class:`Register`, :class:`Running`, :class:`Ack`,
-  :class:`Decline`, :class:`InputEnded`, :class:`Finished`, :class:`Failed`.
+  :class:`Decline`, :class:`InputEnded`, :class:`Finished`, :class:`Failed`,
+  :class:`TaskMetrics`.
 
 A receiver handles them with one ``match``. Control messages are encoded here
 (:func:`encode_control`, :func:`decode_control`) as a msgpack list
@@ -209,6 +210,10 @@ class Ack(ControlMessage):
     written: int
     finished: bool
     alignment: float
+    sync_duration: float = 0.0
+    """Seconds of the snapshot's synchronous part (the task thread)."""
+    async_duration: float = 0.0
+    """Seconds of its asynchronous part (writing the files), to the ack."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +253,38 @@ class Failed(ControlMessage):
     error_type: str
     where: str | None
     traceback: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMetrics(ControlMessage):
+    """A task's figures, sent about once a second (:mod:`lockgate.runtime.metrics`):
+    records in and out of its chain since the attempt started; seconds busy,
+    backpressured (blocked sending) and idle (waiting for input) since then;
+    the fill of its input queues (0..1); its current watermark (ms; None
+    before the first); the number of keys in its keyed state."""
+
+    tag: ClassVar[str] = "metrics"
+    records_in: int
+    records_out: int
+    busy: float
+    backpressured: float
+    idle: float
+    queue_fill: float
+    watermark: float | None
+    state_keys: int
+
+    def __post_init__(self) -> None:
+        for name in ("records_in", "records_out", "state_keys"):
+            if getattr(self, name) < 0:
+                raise ProtocolError(f"metrics: {name} must be >= 0")
+        for name in ("busy", "backpressured", "idle"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1e12:
+                raise ProtocolError(f"metrics: {name} must be seconds >= 0, got {value!r}")
+        if not 0.0 <= self.queue_fill <= 1.0:
+            raise ProtocolError(f"metrics: queue_fill must be in [0, 1], got {self.queue_fill!r}")
+        if self.watermark is not None and self.watermark != self.watermark:
+            raise ProtocolError("metrics: watermark is NaN")
 
 
 # a connection's first message, after the HMAC challenge
@@ -300,13 +337,14 @@ class Exited(ControlMessage):
 
 ToTask: TypeAlias = (Start | TriggerCheckpoint | NotifyComplete | NotifyAborted | Finish | Drain
                      | Cancel | ControlLost)
-ToDriver: TypeAlias = Register | Running | Ack | Decline | InputEnded | Finished | Failed
+ToDriver: TypeAlias = (Register | Running | Ack | Decline | InputEnded | Finished | Failed
+                       | TaskMetrics)
 
 _MESSAGES: dict[str, type[ControlMessage]] = {
     cls.tag: cls for cls in (Start, TriggerCheckpoint, NotifyComplete, NotifyAborted, Finish,
                              Drain, Cancel, Register, Running, Ack, Decline, InputEnded,
-                             Finished, Failed, Hello, LeaseGranted, LeaseRefused, Finishing,
-                             FinishingSeen, Exited)
+                             Finished, Failed, TaskMetrics, Hello, LeaseGranted,
+                             LeaseRefused, Finishing, FinishingSeen, Exited)
 }
 
 

@@ -68,6 +68,12 @@ class CheckpointRecord:
     alignment: float | None = None
     """Seconds of barrier alignment: the longest any task blocked its inputs."""
     alignments: dict[int, float] = field(default_factory=dict)
+    sync_duration: float | None = None
+    """Seconds of the longest synchronous part of a task's snapshot."""
+    async_duration: float | None = None
+    """Seconds of the longest asynchronous part (writing a task's files)."""
+    completed_time: float | None = None
+    """Wall-clock time it completed (``time.time()``)."""
 
     def completed(self, p: PendingCheckpoint, now: float) -> None:
         self.status = CheckpointStatus.COMPLETED
@@ -76,6 +82,12 @@ class CheckpointRecord:
         self.alignments = dict(p.alignments)
         self.alignment = max(p.alignments.values(), default=0.0)
         self.size = p.size
+        self.completed_time = time.time()
+
+    def task_durations(self, sync_duration: float, async_duration: float) -> None:
+        """A task's acknowledgement: keep the longest parts."""
+        self.sync_duration = max(self.sync_duration or 0.0, sync_duration)
+        self.async_duration = max(self.async_duration or 0.0, async_duration)
 
 
 @dataclass
@@ -137,6 +149,8 @@ class CheckpointCoordinator:
         """Per savepoint id: its folder once completed, or why it failed."""
         self._final_savepoint_dir: str | None = None
         self.completed_count = 0
+        self.failed_count = 0
+        """Checkpoints and savepoints that failed (history keeps the newest only)."""
         self.baseline = Progress()
         """Records read and written before this attempt (from the restored checkpoint)."""
 
@@ -219,11 +233,14 @@ class CheckpointCoordinator:
 
     def on_ack(self, task: int, checkpoint_id: int, handles: StateHandles,
                counts: tuple[int, int] = (0, 0), finished: bool = False,
-               alignment: float = 0.0) -> AckResult:
+               alignment: float = 0.0, sync_duration: float = 0.0,
+               async_duration: float = 0.0) -> AckResult:
         p = self.pending
         if p is None or p.checkpoint_id != checkpoint_id:
             return AckResult.DISCARDED
         result = p.acknowledge(task, handles, self.clock(), counts, finished, alignment)
+        if result is AckResult.SUCCESS:
+            self._record(checkpoint_id).task_durations(sync_duration, async_duration)
         if result is AckResult.SUCCESS and p.fully_acknowledged:
             self._complete(p)
         return result
@@ -334,6 +351,7 @@ class CheckpointCoordinator:
         record = self._record(p.checkpoint_id)
         record.status = CheckpointStatus.FAILED
         record.failure = f"{reason.value}: {detail}" if detail else reason.value
+        self.failed_count += 1
         # As Flink's CheckpointFailureManager: only periodic checkpoints that
         # expire, are declined or cannot be written count towards failing the
         # job; a failed savepoint fails the savepoint request, and nothing else.

@@ -44,11 +44,13 @@ from lockgate.cluster.failures import (
     root_cause,
 )
 from lockgate.cluster.launcher import Launcher, make_launcher
+from lockgate.cluster.metrics import JobMetrics, history_entry, overview
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.specs import task_specs
+from lockgate.cluster.startup import StartupLog
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
 from lockgate.errors import JobFailedError
 from lockgate.graph.jobgraph import JobGraph
@@ -64,6 +66,7 @@ from lockgate.protocol import (
     Register,
     Running,
     Start,
+    TaskMetrics,
     ToDriver,
 )
 from lockgate.runtime.script_classes import script_classes, script_traceback
@@ -136,6 +139,10 @@ class JobMaster:
         self.recovery_times: list[float] = []
         """Seconds from detecting a failure until every task of the next attempt runs."""
         self.state = JobStatus.CREATED
+        self.startup = StartupLog()
+        """When each start-up step of each attempt happened (cold start, recoveries)."""
+        self.monitor = JobMetrics(graph)
+        """The figures of the dashboard and of ``/metrics`` (:meth:`metrics`)."""
 
     # --------------------------------------------------- control (any thread)
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
@@ -159,13 +166,11 @@ class JobMaster:
         }
 
     def checkpoint_history(self) -> list[dict[str, Any]]:
-        return [{
-            "id": r.checkpoint_id, "kind": r.kind, "status": r.status,
-            "trigger_time": r.trigger_time, "duration": r.duration, "size": r.size,
-            "alignment": r.alignment, "failure": r.failure,
-            "ack_times": {str(t): v for t, v in sorted(r.ack_times.items())},
-            "alignments": {str(t): v for t, v in sorted(r.alignments.items())},
-        } for r in list(self.coordinator.history)]
+        return [history_entry(r) for r in list(self.coordinator.history)]
+
+    def metrics(self) -> dict[str, Any]:
+        """The dashboard's and ``/metrics``' figures (``GET /jobs/<id>/metrics``)."""
+        return overview(self)
 
     # ------------------------------------------------------------------ run
     def run(self) -> JobResult:
@@ -223,10 +228,13 @@ class JobMaster:
             except JobEnds as e:
                 return JobStatus(e.status)
             except (AttemptFailed, CheckpointFailureError) as e:
+                self.startup.mark("failed")
                 if isinstance(e, AttemptFailed):
                     e = self._root_cause(e)
+                self.startup.mark("cause")
                 self._failed_at = time.monotonic()
                 self._end_attempt()
+                self.startup.mark("stopped")
                 self.commands.attempt_failed()
                 self._restart_after(e)
 
@@ -234,6 +242,7 @@ class JobMaster:
         """Fail the job, or wait for the restart strategy and count the attempt."""
         reason = e.reason if isinstance(e, AttemptFailed) else str(e)
         self.failures.append(reason)
+        self.monitor.on_restart(self.attempt, reason, getattr(e, "task", None), self._task_name)
         if isinstance(e, AttemptFailed) and e.fatal:
             raise JobFailedError(f"job {self.job_id} failed: {reason}.{self._other_job()} "
                                  "Restarting cannot help; nothing committed was lost") from None
@@ -264,6 +273,7 @@ class JobMaster:
         self._registered = {}
         self._finished = set()
         self.exit_codes = {}
+        self.monitor.start_attempt()
         self.launcher = make_launcher(self.options.launcher, self.events)
         latest = self.coordinator.latest
         specs = task_specs(
@@ -271,6 +281,7 @@ class JobMaster:
             aligned=self.config.mode == CheckpointingMode.EXACTLY_ONCE, restore=latest,
             continues_final=latest is not None and latest is self._started_from,
             script_classes=self.script_classes, faults=self.options.fault_injection or [])
+        self.startup.begin(self.attempt)
         self.launcher.start(specs, self.server.address, self.secret)
         running = False
         while len(self._finished) < n:
@@ -317,15 +328,21 @@ class JobMaster:
         match msg:
             case Register(host, port):
                 self._registered[task] = (host, port)
-            case Running():
+            case Running(steps):
                 self._running.add(task)
+                self.startup.task_running(task, steps, len(self._running) == self.graph.num_tasks,
+                                          getattr(self.launcher, "steps", None))
                 if len(self._running) == self.graph.num_tasks and self._failed_at is not None:
                     self.recovery_times.append(time.monotonic() - self._failed_at)
                     self._failed_at = None
             case Ack():
                 self._count(task, msg.read, msg.written)
                 self.coordinator.on_ack(task, msg.checkpoint_id, msg.handles,
-                                        (msg.read, msg.written), msg.finished, msg.alignment)
+                                        (msg.read, msg.written), msg.finished, msg.alignment,
+                                        msg.sync_duration, msg.async_duration)
+                self.monitor.on_state_bytes(task, sum(h.size for h in msg.handles.values() if h))
+            case TaskMetrics():
+                self.monitor.on_task_metrics(task, msg)
             case Decline(checkpoint_id, reason, error_type):
                 failure = AttemptFailed(f"task {self._task_name(task)} cannot checkpoint: "
                                         f"{reason}", task, error_type)
@@ -380,6 +397,7 @@ class JobMaster:
                 yield event
 
     def _start_tasks(self) -> None:
+        self.startup.mark("registered")
         peers = dict(self._registered)
         for t in self._registered:
             self._send(self.attempt, t, Start(peers))

@@ -97,6 +97,11 @@ class Source(ABC, Generic[T]):
         the job's checkpoint folder ``job_dir`` (a path or URL) for this source's
         ``uid``. Whatever it sets on ``self`` reaches the tasks."""
 
+    def size_hint(self) -> int | None:
+        """Optional: the number of records the source reads in all, when it
+        knows (a bounded source), for the progress bar and its ETA; None if not."""
+        return None
+
     @abstractmethod
     def create_reader(self, info: TaskInfo) -> SourceReader[T]: ...
 

@@ -40,6 +40,10 @@ class SequenceSource(Source[int]):
         self.rate = rate
         self.bounded = end is not None
 
+    def size_hint(self) -> int | None:
+        """The records it reads in all (bounded), for progress bars; None if unbounded."""
+        return None if self.end is None else self.end - self.start + 1
+
     def splits(self, parallelism: int) -> list[dict[str, Any]]:
         """The initial splits, one per task."""
         if self.end is None:

@@ -64,6 +64,14 @@ class Mailbox:
                 if not self._not_empty.wait(timeout):
                     return None
 
+    def fill(self) -> float:
+        """How full the input queues are, 0..1 (read without the lock: a
+        monitoring estimate from another thread)."""
+        queues = self._queues
+        if not queues:
+            return 0.0
+        return min(1.0, sum(len(q) for q in queues) / (self._capacity * len(queues)))
+
     def take_control(self) -> ControlMessage | None:
         with self._lock:
             return self._control.popleft() if self._control else None

@@ -36,6 +36,9 @@ class OutputEdgeWriter:
         self.assigner = KeyGroupAssigner(max_parallelism)
         self.next = task_index % len(links)
         self.last_flush = time.monotonic()
+        self.send_time = 0.0
+        """Seconds spent sending batches (blocked while downstream is full:
+        backpressure; :mod:`lockgate.runtime.metrics`)."""
 
     def add(self, batch: list[Any]) -> None:
         bufs = self.buffers
@@ -78,7 +81,9 @@ class OutputEdgeWriter:
             payload = wire.encode_batch(records)
         except Exception as e:  # noqa: BLE001 - pickle raises TypeError, PicklingError, ...
             raise self._unsendable(records, i, e) from e
+        started = time.perf_counter()
         link.send(Frame.BATCH, payload)
+        self.send_time += time.perf_counter() - started
 
     def _unsendable(self, records: list[Any], i: int, error: Exception) -> UserFunctionError:
         """The error of a batch that cannot be pickled: it names the operator

@@ -14,12 +14,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lockgate import fs
-from lockgate.checkpoint.metadata import StateHandle
+from lockgate.checkpoint.metadata import CHANNEL_STATE_KEY, StateHandle
 from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
 from lockgate.checkpoint.storage import (
     ChecksumWriter,
@@ -28,6 +29,7 @@ from lockgate.checkpoint.storage import (
     write_state_file,
 )
 from lockgate.protocol import Ack, ControlMessage, Decline
+from lockgate.runtime.channel_state import InFlight, write_channel_state
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.spec import TaskSpec
@@ -88,26 +90,37 @@ class SnapshotWriter:
         self.faults = faults
         self.send = send
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self.in_flight: dict[int, InFlight] = {}
+        """Per checkpoint about to be submitted: an unaligned one's in-flight
+        data, written beside the state files (``<head uid>-<subtask>.channels``)."""
 
     def submit(self, checkpoint_id: int, snaps: list[tuple[StreamOperator, OperatorSnapshot]],
                *, read: int, written: int, finished: bool, alignment: float,
-               final: bool) -> None:
-        """Write ``snaps`` (captured by the task thread) and acknowledge."""
+               final: bool, sync_duration: float = 0.0) -> None:
+        """Write ``snaps`` (captured by the task thread in ``sync_duration``
+        seconds) and acknowledge."""
         self._pool.submit(self._write, checkpoint_id, snaps, read, written, finished, alignment,
-                          "final_snapshot" if final else "snapshot")
+                          "final_snapshot" if final else "snapshot", sync_duration,
+                          time.monotonic())
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
     def _write(self, checkpoint_id: int, snaps: list[tuple[StreamOperator, OperatorSnapshot]],
                read: int, written: int, finished: bool, alignment: float,
-               fault_point: str) -> None:
+               fault_point: str, sync_duration: float = 0.0,
+               submitted: float = 0.0) -> None:
         try:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
             fs.makedirs(chk)
             handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
+            in_flight = self.in_flight.pop(checkpoint_id, None)
+            if in_flight is not None:
+                handles[CHANNEL_STATE_KEY] = write_channel_state(chk, self.spec, in_flight,
+                                                                 self.faults)
             self.faults.hit(fault_point)  # before the ack: never races it
-            self.send(Ack(checkpoint_id, handles, read, written, finished, alignment))
+            self.send(Ack(checkpoint_id, handles, read, written, finished, alignment,
+                          sync_duration, time.monotonic() - submitted if submitted else 0.0))
             self.faults.hit("acked")
         except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
             log.exception("snapshot %d failed", checkpoint_id)

@@ -66,6 +66,7 @@ from lockgate.runtime.barriers import AbortReason, BarrierHandler
 from lockgate.runtime.chain import OperatorChain
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.mailbox import CONTROL, Mailbox
+from lockgate.runtime.metrics import TaskMeter
 from lockgate.runtime.operators import SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.registry import OPERATORS
@@ -114,6 +115,8 @@ class Task:
         the final savepoint reads on, so nothing is recorded as finished."""
         self.valve = WatermarkValve(len(self.channels), now=time.monotonic())
         self.done = False
+        self.meter = TaskMeter()
+        """Busy, idle and backpressured time; reports the task's figures."""
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
@@ -140,6 +143,7 @@ class Task:
             self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned)
             mark(self.steps, "running")
             self._send(Running(self.steps))
+            self.meter.start(self, self._send)
             self._loop()
             # Step 5. End: tell downstream and the coordinator.
             for out in self.outputs:
@@ -228,7 +232,11 @@ class Task:
             if item is None:
                 for out in outputs:
                     out.flush()
+                meter = self.meter
+                meter.idle_since = waited = time.monotonic()
                 item = mailbox.take(wait)  # <= 1 s; wakes up for the next timer
+                meter.idle += time.monotonic() - waited
+                meter.idle_since = 0.0
                 if item is None:
                     continue
             self._on_item(*item)
@@ -244,7 +252,11 @@ class Task:
             self._source_watermark(source, batch)  # also periodic emission, idleness
         if not batch:
             self._flush_all()
+            meter = self.meter
+            meter.idle_since = waited = time.monotonic()
             item = self.mailbox.take(0.01)
+            meter.idle += time.monotonic() - waited
+            meter.idle_since = 0.0
             if item is not None:
                 self._on_item(*item)
 
@@ -382,6 +394,7 @@ class Task:
     def trigger_snapshot(self, checkpoint_id: int) -> None:
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
+        started = time.monotonic()
         snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
         self._flush_all()
         barrier = Barrier(checkpoint_id, "checkpoint", time.time())
@@ -390,7 +403,8 @@ class Task:
         read, written = self._counts()
         self.snapshots.submit(checkpoint_id, snaps, read=read, written=written,
                               finished=self.reached_end and not self.drained,
-                              alignment=self.barriers.take_alignment(), final=self.reached_end)
+                              alignment=self.barriers.take_alignment(), final=self.reached_end,
+                              sync_duration=time.monotonic() - started)
 
     # ---------------------------------------------------------------- end
     def _report_failure(self, e: BaseException) -> None:
@@ -408,6 +422,7 @@ class Task:
             pass
 
     def _close(self) -> None:
+        self.meter.stop()
         self.mailbox.close()
         self.snapshots.close()
         for op in self.ops:

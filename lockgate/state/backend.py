@@ -265,6 +265,11 @@ class HeapKeyedStateBackend:
             keys.update(t)
         return len(keys)
 
+    def approximate_keys(self) -> int:
+        """The most keys of any one state: cheap, and safe from another thread
+        (a monitoring estimate, not :meth:`num_keys`)."""
+        return max((len(t) for t in list(self._tables.values())), default=0)
+
     def state_kinds(self) -> dict[str, str]:
         return {**self._restored_kinds, **self._kinds}
 

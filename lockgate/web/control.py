@@ -48,6 +48,12 @@ class JobControl(Protocol):
         """A copy of its checkpoints, each with a ``status``."""
         ...
 
+    def metrics(self) -> dict[str, Any]:
+        """The dashboard's and ``/metrics``' figures (``GET /jobs/<id>/metrics``):
+        ``job``, ``vertices`` (with ``tasks``), ``checkpoints``, ``restarts``,
+        ``savepoints``."""
+        ...
+
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
         """Hand ``kind`` (``savepoint``, ``stop``, ``cancel``) to the job; a job
         that cannot do it now answers with a future already failed."""

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from lockgate.web.routes import JobTable, RouteError, parse_json_object, route
+from lockgate.web.routes import JobTable, Raw, RouteError, parse_json_object, route
+from lockgate.web.ui_files import ui_file
 
 log = logging.getLogger("lockgate.rest")
 
@@ -163,10 +164,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ---------------------------------------------------------
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(body, default=str).encode()
+        if isinstance(body, Raw):
+            data, content_type = body.data, body.content_type
+        else:
+            data, content_type = _json(body), "application/json"
         self.conn.sock.settimeout(SEND_TIMEOUT)
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
+        self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-store")
         if self.close_connection:
@@ -202,6 +207,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         try:
+            if method == "GET" and (self.path == "/ui" or self.path.startswith("/ui/")):
+                # the dashboard's static files hold no data: no token (a browser
+                # cannot send one when it opens a page); its script sends the token
+                status, page, headers = ui_file(self.path)
+                self._send(status, page, headers)
+                return
             if not self._authorized():
                 self._error(401, "missing or wrong token: send 'Authorization: Bearer <token>'; "
                             "the token is in the job's discovery file "
@@ -238,3 +249,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:  # noqa: N802
         self._handle("DELETE")
+
+
+def _json(body: Any) -> bytes:
+    """JSON text; a float that JSON cannot spell (an infinite watermark) is null."""
+    try:
+        return json.dumps(body, default=str, allow_nan=False).encode()
+    except ValueError:
+        return json.dumps(_finite(body), default=str).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

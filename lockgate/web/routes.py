@@ -9,6 +9,14 @@
     POST  /jobs/<id>/stop                    {"targetDirectory": D|null, "drain": bool}
                                              -> {"request-id"} (polled like a savepoint)
     PATCH /jobs/<id>?mode=cancel             202; the job ends
+    GET   /jobs/<id>/metrics                 the dashboard's figures: job, vertices and
+                                             tasks, checkpoints, restarts, savepoints
+    GET   /jobs/<id>/vertices                {"vertices": [...]} (graph, tasks' figures)
+    GET   /jobs/<id>/exceptions              {"restarts": [...]} (cause, failing operator)
+    GET   /jobs/<id>/savepoints              {"savepoints": [...]} (taken by this job)
+    GET   /metrics                           every job's figures, Prometheus text format
+    GET   /ui, /ui/<file>                    the dashboard (static; no token: it holds no
+                                             data, its script sends the token)
 
 Errors are :class:`RouteError` (answered as ``{"errors": [...]}``): 400 (bad
 input), 404 (unknown job or path), 405, 409 (the job is not running). Reads
@@ -27,9 +35,19 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from lockgate.web import prometheus
 from lockgate.web.control import JobControl
 
-__all__ = ["JobTable", "RouteError", "ServedJob", "Trigger", "parse_json_object", "route"]
+__all__ = ["JobTable", "Raw", "RouteError", "ServedJob", "Trigger", "parse_json_object",
+           "route"]
+
+
+@dataclass(frozen=True)
+class Raw:
+    """An answer that is not JSON (the Prometheus exposition, a dashboard file)."""
+
+    content_type: str
+    data: bytes
 
 
 class RouteError(Exception):
@@ -93,6 +111,11 @@ def route(table: JobTable, method: str, target: str,
     parts = urlsplit(target)
     seg = [unquote(s) for s in parts.path.strip("/").split("/") if s]
     query = parse_qs(parts.query)
+    if seg == ["metrics"]:
+        _allow(method, "GET")
+        return 200, Raw(prometheus.CONTENT_TYPE, prometheus.render(
+            (j.master.job_id, j.master.pipeline.name, j.master.metrics())
+            for j in table.all()).encode())
     if not seg or seg[0] != "jobs":
         raise RouteError(404, f"no such path {target!r}; the API starts at /jobs")
     if len(seg) == 1:
@@ -123,6 +146,14 @@ def route(table: JobTable, method: str, target: str,
         counts = {s: sum(1 for h in history if h["status"] == s)
                   for s in ("completed", "failed", "in_progress")}
         return 200, {"counts": {**counts, "total": len(history)}, "history": history}
+    if tail in (["metrics"], ["vertices"], ["exceptions"]) or (
+            tail == ["savepoints"] and method == "GET"):
+        _allow(method, "GET")
+        overview = master.metrics()
+        if tail == ["metrics"]:
+            return 200, overview
+        key = {"vertices": "vertices", "exceptions": "restarts"}.get(tail[0], tail[0])
+        return 200, {key: overview[key]}
     if tail == ["savepoints"] or tail == ["stop"]:
         _allow(method, "POST")
         fields = body()

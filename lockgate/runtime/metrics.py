@@ -1,0 +1,85 @@
+"""A task's figures for the dashboard and ``/metrics``: :class:`TaskMeter`.
+
+Time is split as Flink splits it: *idle* is the task thread waiting on its
+mailbox for input, *backpressured* is the thread blocked sending a batch
+downstream (:attr:`OutputEdgeWriter.send_time`), *busy* is the rest. The task
+thread only adds up two durations where it waits anyway (no per-record work);
+a daemon thread reads the counters once a second and sends them to the
+driver as one :class:`~lockgate.protocol.TaskMetrics` message on the control
+connection (thread-safe sends), so the main loop pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from lockgate.protocol import ControlMessage, TaskMetrics
+
+if TYPE_CHECKING:
+    from lockgate.runtime.task import Task
+
+log = logging.getLogger("lockgate.task")
+
+INTERVAL = 1.0
+"""Seconds between two reports of a task."""
+
+__all__ = ["INTERVAL", "TaskMeter"]
+
+
+class TaskMeter:
+    """Idle time of the task thread, and the thread that reports."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.idle = 0.0
+        self.idle_since = 0.0
+        """When the current wait began (0: not waiting)."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, task: Task, send: Callable[[ControlMessage], None],
+              interval: float = INTERVAL) -> None:
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._report, args=(task, send, interval),
+                                        daemon=True, name="metrics")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def sample(self, task: Task) -> TaskMetrics:
+        """The task's figures now (from the reporting thread: every read is of
+        one attribute or one ``len``, each atomic under the GIL)."""
+        now = time.monotonic()
+        since = self.idle_since
+        idle = self.idle + (now - since if since else 0.0)
+        elapsed = now - self.started
+        backpressured = sum(out.send_time for out in list(task.outputs))
+        busy = max(0.0, elapsed - idle - backpressured)
+        chain = getattr(task, "chain", None)
+        records_in = chain.records_in if chain is not None else 0
+        records_out = chain.records_out + chain.written() if chain is not None else 0
+        keys = 0
+        for op in task.ops:
+            backend = op.backend
+            if backend is not None:
+                keys += backend.approximate_keys()
+        watermark = task.valve.watermark
+        return TaskMetrics(
+            records_in, records_out, busy, backpressured, max(0.0, idle),
+            task.mailbox.fill(), watermark if math.isfinite(watermark) else None, keys)
+
+    def _report(self, task: Task, send: Callable[[ControlMessage], None],
+                interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                send(self.sample(task))
+            except OSError:
+                return  # the control connection is gone: the task ends by it
+            except Exception:  # noqa: BLE001 - monitoring never fails the task
+                log.debug("could not report the task's metrics", exc_info=True)

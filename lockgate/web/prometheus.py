@@ -1,0 +1,133 @@
+"""``GET /metrics``: the served jobs' figures in Prometheus' text exposition
+format (version 0.0.4), hand-written, from the same :meth:`JobControl.metrics`
+the dashboard reads.
+
+Names follow Flink's metrics where Flink has one (``numRecordsIn``,
+``busyTimeMsPerSecond``, ``numberOfCompletedCheckpoints``...), prefixed
+``lockgate_job_`` (one series per job) or ``lockgate_task_`` (one per task,
+labelled with its vertex, chained operators and subtask index). As Flink's
+Prometheus reporter does, every metric is a gauge. docs/dashboard.md lists them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["CONTENT_TYPE", "JOB_METRICS", "TASK_METRICS", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+JOB_METRICS: list[tuple[str, str, str]] = [
+    # (name, help, how to read it from the overview)
+    ("uptime", "Milliseconds since the job started.", "uptime_ms"),
+    ("numRestarts", "Restarts of the job (failed attempts).", "restarts"),
+    ("numRecordsIn", "Records the job's sources read (exact across restarts, as of the "
+     "latest acknowledgement).", "records_read"),
+    ("numRecordsOut", "Records the job's sinks wrote (as of the latest acknowledgement).",
+     "records_written"),
+    ("numberOfCompletedCheckpoints", "Checkpoints completed.", "completed"),
+    ("numberOfFailedCheckpoints", "Checkpoints and savepoints that failed or were declined.",
+     "failed"),
+    ("numberOfInProgressCheckpoints", "Checkpoints in progress.", "in_progress"),
+    ("lastCheckpointDuration", "End-to-end milliseconds of the latest completed checkpoint.",
+     "last_duration_ms"),
+    ("lastCheckpointSize", "Bytes of the latest completed checkpoint.", "last_size"),
+    ("lastCheckpointAlignmentTime", "Milliseconds of barrier alignment of the latest "
+     "completed checkpoint (the longest of its tasks).", "last_alignment_ms"),
+    ("lastCheckpointSyncDuration", "Milliseconds of the longest synchronous snapshot part "
+     "of the latest completed checkpoint.", "last_sync_ms"),
+    ("lastCheckpointAgeSeconds", "Seconds since the latest checkpoint completed.",
+     "last_age"),
+    ("lastCompletedCheckpointId", "Id of the latest completed checkpoint.", "last_id"),
+]
+
+TASK_METRICS: list[tuple[str, str, str]] = [
+    ("numRecordsIn", "Records into the task's chain (this attempt).", "records_in"),
+    ("numRecordsOut", "Records out of the task's chain, or written by its sinks "
+     "(this attempt).", "records_out"),
+    ("numRecordsInPerSecond", "Records in per second.", "records_in_per_second"),
+    ("numRecordsOutPerSecond", "Records out per second.", "records_out_per_second"),
+    ("busyTimeMsPerSecond", "Milliseconds per second the task thread worked.",
+     "busy_ms_per_second"),
+    ("backPressuredTimeMsPerSecond", "Milliseconds per second it was blocked sending "
+     "downstream.", "backpressured_ms_per_second"),
+    ("idleTimeMsPerSecond", "Milliseconds per second it waited for input.",
+     "idle_ms_per_second"),
+    ("inPoolUsage", "Fill of the task's input queues, 0 to 1.", "queue_fill"),
+    ("currentInputWatermark", "The task's current watermark (ms since the epoch).",
+     "watermark"),
+    ("watermarkLag", "Milliseconds between the wall clock and the task's watermark.",
+     "watermark_lag_ms"),
+    ("stateKeys", "Keys in the task's keyed state (the largest state).", "state_keys"),
+    ("checkpointedStateSize", "Bytes of the task's state in its latest acknowledged "
+     "checkpoint.", "state_bytes"),
+]
+
+
+def _label(value: Any) -> str:
+    text = str(value)
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: dict[str, Any]) -> str:
+    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in pairs.items()) + "}"
+
+
+def _number(value: Any) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "+Inf" if value > 0 else "-Inf" if value < 0 else "NaN"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _job_values(o: dict[str, Any]) -> dict[str, Any]:
+    job, chk = o["job"], o["checkpoints"]
+    last = chk.get("last") or {}
+
+    def ms(v: Any) -> Any:
+        return None if v is None else v * 1000.0
+
+    return {
+        "uptime_ms": ms(job.get("uptime")), "restarts": job.get("restarts"),
+        "records_read": job.get("records_read"), "records_written": job.get("records_written"),
+        "completed": chk.get("completed"), "failed": chk.get("failed"),
+        "in_progress": chk.get("in_progress"),
+        "last_duration_ms": ms(last.get("end_to_end")), "last_size": last.get("bytes"),
+        "last_alignment_ms": ms(last.get("alignment")),
+        "last_sync_ms": ms(last.get("sync_duration")), "last_age": chk.get("last_age"),
+        "last_id": last.get("id"),
+    }
+
+
+def render(jobs: Iterable[tuple[str, str, dict[str, Any]]]) -> str:
+    """The exposition of ``(job id, job name, overview)`` for every job."""
+    jobs = list(jobs)
+    lines: list[str] = []
+    for name, help_text, key in JOB_METRICS:
+        metric = f"lockgate_job_{name}"
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for job_id, job_name, o in jobs:
+            value = _number(_job_values(o).get(key))
+            if value is not None:
+                labels = {"job_id": job_id, "job_name": job_name,
+                          "status": o["job"].get("status", "")}
+                lines.append(f"{metric}{_labels(labels)} {value}")
+    for name, help_text, key in TASK_METRICS:
+        metric = f"lockgate_task_{name}"
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        for job_id, job_name, o in jobs:
+            for vertex in o["vertices"]:
+                for task in vertex["tasks"]:
+                    value = _number(task.get(key))
+                    if value is None:
+                        continue
+                    labels = {"job_id": job_id, "job_name": job_name,
+                              "task_name": vertex["name"], "vertex": vertex["id"],
+                              "subtask_index": task["subtask"]}
+                    lines.append(f"{metric}{_labels(labels)} {value}")
+    return "\n".join(lines) + "\n"
