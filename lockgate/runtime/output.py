@@ -59,6 +59,9 @@ class OutputEdgeWriter:
                     appends[t](r)
         elif self.partitioning == "forward":
             bufs[self.forward_index].extend(batch)
+        elif self.partitioning == "broadcast":  # every record to every task
+            for b in bufs:
+                b.extend(batch)
         else:  # rebalance: whole batches round-robin
             bufs[self.next].extend(batch)
             self.next = (self.next + 1) % len(bufs)
@@ -67,9 +70,6 @@ class OutputEdgeWriter:
             if len(b) >= size:
                 self._send(i)
         if time.monotonic() - self.last_flush > MAX_BUFFER_AGE:
-        elif self.partitioning == "broadcast":  # every record to every task
-            for b in bufs:
-                b.extend(batch)
             self.flush()
 
     def _send(self, i: int) -> None:

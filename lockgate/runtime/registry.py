@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from lockgate.graph.types import OperatorKind
 from lockgate.runtime.async_io import AsyncOperator
+from lockgate.runtime.broadcast_process import BroadcastProcessOperator
+from lockgate.runtime.coprocess import CoProcessOperator
+from lockgate.runtime.interval_join import IntervalJoinOperator
 from lockgate.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -16,9 +19,6 @@ from lockgate.runtime.operators import (
     StreamOperator,
 )
 from lockgate.runtime.windows import WindowOperator
-from lockgate.runtime.broadcast_process import BroadcastProcessOperator
-from lockgate.runtime.coprocess import CoProcessOperator
-from lockgate.runtime.interval_join import IntervalJoinOperator
 
 __all__ = ["OPERATORS"]
 
@@ -33,7 +33,7 @@ OPERATORS: dict[OperatorKind, type[StreamOperator]] = {
     OperatorKind.WINDOW: WindowOperator,
     OperatorKind.ASYNC_MAP: AsyncOperator,
     OperatorKind.SINK: SinkOperator,
-}
     OperatorKind.CO_PROCESS: CoProcessOperator,
     OperatorKind.BROADCAST_PROCESS: BroadcastProcessOperator,
     OperatorKind.INTERVAL_JOIN: IntervalJoinOperator,
+}
