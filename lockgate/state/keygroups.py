@@ -26,6 +26,9 @@ def _fmix32(h: int) -> int:
     return h
 
 
+fmix32 = _fmix32
+
+
 def key_group_for_key(key: Any, max_parallelism: int) -> int:
     """The key group of ``key``: stable across processes, machines and versions."""
     return _fmix32(zlib.crc32(key_bytes(key))) % max_parallelism

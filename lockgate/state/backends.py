@@ -1,0 +1,194 @@
+"""Which keyed state backend a job uses, and what every backend offers.
+
+``Pipeline(state_backend=...)`` takes ``"heap"`` (the default: dicts in the
+task's memory), ``"rocksdb"`` or a :class:`RocksDBStateBackend` with its
+options. The choice travels to every task in its ``TaskSpec``; a keyed
+operator makes its backend with :func:`create_keyed_backend`.
+
+:class:`KeyedStateBackend` is what operators, timers and TTL use of a
+backend; the heap backend (:mod:`lockgate.state.backend`) and the RocksDB
+backend (:mod:`lockgate.state.rocksdb`) both have it, with the same state
+handles (``ValueState``, ``ListState``, ``MapState``), so code written
+against one runs on the other. Savepoints are the same on both (one block per
+key group, :class:`~lockgate.state.backend.KeyedBlocks`): a savepoint of a
+heap job restores on RocksDB and the reverse, at any parallelism.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload, runtime_checkable
+
+from lockgate.errors import PipelineDefinitionError
+from lockgate.state.backend import (
+    Descriptor,
+    HeapKeyedStateBackend,
+    KeyedBlocks,
+    ListState,
+    ListStateDescriptor,
+    MapState,
+    MapStateDescriptor,
+    ValueState,
+    ValueStateDescriptor,
+)
+from lockgate.state.serde import StateSerializer
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+    from lockgate.checkpoint.incremental import IncrementalState
+
+__all__ = [
+    "HeapStateBackend",
+    "RocksDBStateBackend",
+    "StateBackend",
+    "BackendScope",
+    "KeyedStateBackend",
+    "KeyedSnapshot",
+    "IncrementalSnapshot",
+    "state_backend",
+    "create_keyed_backend",
+    "close_backend",
+]
+
+
+@dataclass(frozen=True)
+class HeapStateBackend:
+    """Keyed state in Python dicts in the task's memory (the default): the
+    fastest, bounded by memory; every checkpoint writes all of it."""
+
+    name: ClassVar[str] = "heap"
+
+
+@dataclass(frozen=True)
+class RocksDBStateBackend:
+    """Keyed state in an embedded RocksDB per keyed operator and task, on
+    local disk: state larger than memory, and incremental checkpoints.
+
+    Args:
+        local_dir: where the tasks keep their databases (a local folder on
+            every machine that runs tasks; default: the system's temp folder).
+            Working files only: what survives a failure is in the checkpoint
+            storage.
+        memory_mb: the memory budget of one keyed operator in one task:
+            RocksDB's block cache gets half of it, its write buffers (memtables)
+            a quarter, index and filter blocks live in the cache.
+        incremental: checkpoints upload only the files that are new since the
+            previous one (savepoints are always full and canonical).
+    """
+
+    local_dir: str | None = None
+    memory_mb: int = 256
+    incremental: bool = True
+    name: ClassVar[str] = "rocksdb"
+
+    def __post_init__(self) -> None:
+        if type(self.memory_mb) is not int or self.memory_mb < 16:
+            raise PipelineDefinitionError(
+                f"RocksDBStateBackend(memory_mb={self.memory_mb!r}): give at least 16 (MiB)")
+        if self.local_dir is not None:
+            object.__setattr__(self, "local_dir", os.path.abspath(self.local_dir))
+
+    @property
+    def directory(self) -> str:
+        import tempfile
+
+        return self.local_dir or os.path.join(tempfile.gettempdir(), "lockgate-rocksdb")
+
+
+StateBackend = HeapStateBackend | RocksDBStateBackend
+
+
+def state_backend(value: str | StateBackend | None) -> StateBackend:
+    """The backend ``Pipeline(state_backend=value)`` means."""
+    if value is None or value == "heap":
+        return HeapStateBackend()
+    if value == "rocksdb":
+        return RocksDBStateBackend()
+    if isinstance(value, HeapStateBackend | RocksDBStateBackend):
+        return value
+    raise PipelineDefinitionError(
+        f"state_backend={value!r:.60}: use 'heap', 'rocksdb' or RocksDBStateBackend(...)")
+
+
+@dataclass(frozen=True)
+class BackendScope:
+    """Whose backend this is: names its local folder and its shared files."""
+
+    job_id: str
+    uid: str
+    task_index: int
+    attempt: int
+    job_dir: str
+    """The job's checkpoint folder (shared files go to ``<job_dir>/shared``)."""
+
+
+class KeyedSnapshot(Protocol):
+    """The synchronous part of a keyed snapshot; ``write`` (on the snapshot
+    thread) writes it in the canonical format: one block per key group."""
+
+    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks: ...
+
+
+@runtime_checkable
+class IncrementalSnapshot(Protocol):
+    """A snapshot that can also be written incrementally (checkpoints, not
+    savepoints): new files uploaded, the others referenced."""
+
+    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks: ...
+
+    def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState: ...
+
+
+class KeyedStateBackend(Protocol):
+    """What operators, timers and TTL use of a keyed state backend."""
+
+    max_parallelism: int
+    key_group_range: range
+    serializer: StateSerializer
+    current_key: Any
+
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor) -> ListState: ...
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
+    def get_state(self, descriptor: Descriptor) -> Any: ...
+
+    def raw(self, name: str) -> Any:
+        """A registered state as a mapping key -> stored object (built-in
+        operators' fast path; on RocksDB a view that writes changes back)."""
+        ...
+
+    def state_kinds(self) -> dict[str, str]: ...
+
+    def state_keys(self, name: str) -> list[Any]: ...
+
+    def num_keys(self) -> int: ...
+
+    def snapshot(self) -> KeyedSnapshot: ...
+
+    def restore_block(self, data: bytes, states: dict[str, str]) -> None: ...
+
+
+def create_keyed_backend(config: StateBackend | None, max_parallelism: int,
+                         key_group_range: range, serializer: StateSerializer,
+                         scope: BackendScope | None = None) -> KeyedStateBackend:
+    """The keyed state backend of one keyed operator in one task."""
+    if config is None or isinstance(config, HeapStateBackend):
+        return HeapKeyedStateBackend(max_parallelism, key_group_range, serializer)
+    from lockgate.state.rocksdb import RocksDBKeyedStateBackend
+
+    if scope is None:
+        raise ValueError("the RocksDB backend needs its scope")
+    return RocksDBKeyedStateBackend(config, max_parallelism, key_group_range, serializer,
+                                    scope)
+
+
+def close_backend(backend: object) -> None:
+    """Release what a backend holds (RocksDB: the database and its folder)."""
+    close = getattr(backend, "close", None)
+    if callable(close):
+        close()

@@ -1,0 +1,226 @@
+"""The RocksDB backend's files: options from the memory budget, the task's
+local folder, shared files in and out of checkpoint storage, and state read
+out of a database in the canonical block format.
+
+rocksdict is imported here and in :mod:`lockgate.state.rocksdb` only, when a
+job uses the RocksDB backend (``pip install 'lockgate[rocksdb]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from lockgate import fs, fs_transfer
+from lockgate.checkpoint.incremental import SHARED_DIR, IncrementalState, SharedFile
+from lockgate.errors import CheckpointCorruptError, ConfigurationError
+from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.rocksdb_tables import (
+    KIND_PREFIX,
+    META,
+    kg_bytes,
+    prefix_items,
+    split_key,
+    state_id,
+)
+from lockgate.state.serde import StateSerializer
+from lockgate.state.ttl_config import structure_kind
+
+
+def require() -> Any:
+    """The rocksdict module, or a clear error naming the package to install."""
+    try:
+        import rocksdict
+    except ImportError:  # pragma: no cover - said when a job asks for the backend
+        raise ConfigurationError(
+            "the RocksDB state backend needs rocksdict: pip install 'lockgate[rocksdb]'"
+        ) from None
+    return rocksdict
+
+
+def options(config: RocksDBStateBackend) -> Any:
+    """RocksDB options whose memory stays within ``config.memory_mb``: a block
+    cache of half of it (index and filter blocks inside), two write buffers
+    of an eighth each, bounded open files."""
+    rd = require()
+    budget = config.memory_mb << 20
+    opts = rd.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.set_write_buffer_size(max(1 << 20, min(budget // 8, 32 << 20)))
+    opts.set_max_write_buffer_number(2)
+    opts.set_max_background_jobs(2)
+    opts.set_max_open_files(512)
+    opts.set_compression_type(rd.DBCompressionType.lz4())
+    opts.set_target_file_size_base(32 << 20)
+    table = rd.BlockBasedOptions()
+    table.set_block_cache(rd.Cache(budget // 2))
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+def write_options() -> Any:
+    """No write-ahead log: what survives a failure is the checkpoint."""
+    wo = require().WriteOptions()
+    wo.disable_wal = True
+    return wo
+
+
+def open_db(path: str, config: RocksDBStateBackend, read_only: bool = False) -> Any:
+    rd = require()
+    if read_only:
+        db = rd.Rdict(path, options(config), access_type=rd.AccessType.read_only())
+    else:
+        db = rd.Rdict(path, options(config))
+        db.set_write_options(write_options())
+    return db
+
+
+def task_folder(config: RocksDBStateBackend, scope: BackendScope) -> str:
+    """A new local folder for one keyed operator of one task of one attempt;
+    the folders of this operator and task from earlier attempts (whose
+    processes are gone) are removed."""
+    job = os.path.join(config.directory, _safe(scope.job_id))
+    os.makedirs(job, exist_ok=True)
+    me = f"{_safe(scope.uid)}-{scope.task_index}-a"
+    for name in os.listdir(job):
+        m = re.match(re.escape(me) + r"(\d+)-", name)
+        if m and int(m.group(1)) < scope.attempt:
+            shutil.rmtree(os.path.join(job, name), ignore_errors=True)
+    folder = os.path.join(job, f"{me}{scope.attempt}-{secrets.token_hex(4)}")
+    os.makedirs(folder)
+    return folder
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)[:100]
+
+
+def upload(local: str, job_dir: str, name: str) -> SharedFile:
+    """Copy the SST file ``local`` into the job's shared folder as ``name``."""
+    folder = fs.join(job_dir, SHARED_DIR)
+    fs.makedirs(folder)
+    size = fs_transfer.copy(local, fs.join(folder, name))
+    return SharedFile(name, size)
+
+
+def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: str) -> None:
+    """Make ``dest`` a RocksDB folder with the files of ``state``: the private
+    ones from the state file's bytes ``data``, the shared ones hard-linked
+    from the checkpoint's job folder (a local filesystem) or downloaded;
+    every size checked."""
+    os.makedirs(dest, exist_ok=True)
+    for name, (offset, length) in state.private.items():
+        if offset + length > len(data):
+            raise CheckpointCorruptError(
+                f"private file {name} lies beyond the state file's end: it is corrupt")
+        with open(os.path.join(dest, name), "wb") as f:
+            f.write(data[offset:offset + length])
+    shared = fs.join(fs.parent(restore_dir), SHARED_DIR)
+    local_shared = fs.local_path(shared)
+    for name, ref in state.shared.items():
+        target = os.path.join(dest, name)
+        source = fs.join(shared, ref.name)
+        try:
+            if local_shared is not None:
+                try:
+                    os.link(os.path.join(local_shared, ref.name), target)
+                except OSError as e:
+                    if isinstance(e, FileNotFoundError):
+                        raise
+                    shutil.copyfile(os.path.join(local_shared, ref.name), target)
+            else:
+                fs_transfer.copy(source, target)
+        except FileNotFoundError:
+            raise CheckpointCorruptError(
+                f"shared file {fs.redact(source)} of the checkpoint {fs.redact(restore_dir)} "
+                "is missing: the checkpoint is damaged (a retained checkpoint needs its "
+                "job folder's shared/ files; to move a job elsewhere, take a savepoint)"
+            ) from None
+        size = os.path.getsize(target)
+        if size != ref.size:
+            raise CheckpointCorruptError(
+                f"shared file {fs.redact(source)} has {size} bytes, the checkpoint recorded "
+                f"{ref.size}: it is truncated or damaged")
+
+
+def state_names(db: Any) -> dict[bytes, tuple[str, str]]:
+    """State id -> (name, recorded kind), from a database's own entries."""
+    out: dict[bytes, tuple[str, str]] = {}
+    for k, v in prefix_items(db, KIND_PREFIX):
+        name = k[len(KIND_PREFIX):].decode()
+        out[state_id(name)] = (name, v.decode())
+    return out
+
+
+def export_blocks(db: Any, key_groups: range, serializer: StateSerializer,
+                  filters: dict[str, Callable[[Any], Any]] | None = None
+                  ) -> Iterator[tuple[int, bytes]]:
+    """The canonical block of every non-empty key group of ``key_groups`` in
+    ``db`` (what the heap backend writes: ``[kg, {name: [[key, value],
+    ...]}]``, a map state's value a dict), ascending; ``filters`` (TTL) may
+    drop or trim values."""
+    loads = serializer.loads
+    dumps = StateSerializer(serializer.allow_pickle).dumps
+    names = state_names(db)
+    filters = filters or {}
+    for kg in key_groups:
+        content: dict[str, list[list[Any]]] = {}
+        group: tuple[bytes, bytes] | None = None
+        entries: dict[Any, Any] = {}
+
+        def add(name: str, key: Any, value: Any,
+                content: dict[str, list[list[Any]]] = content) -> None:
+            keep = filters.get(name)
+            if keep is not None and (value := keep(value)) is None:
+                return
+            content.setdefault(name, []).append([key, value])
+
+        for k, v in prefix_items(db, kg_bytes(kg)):
+            info = names.get(k[2:6])
+            if info is None:
+                continue
+            name, kind = info
+            kb, start = split_key(k)
+            if structure_kind(kind) == "map":
+                if group != (k[2:6], kb):
+                    if group is not None and entries:
+                        add(names[group[0]][0], loads(group[1]), entries)
+                    group, entries = (k[2:6], kb), {}
+                entries[loads(k[start:])] = loads(v)
+            else:
+                add(name, loads(kb), loads(v))
+        if group is not None and entries:
+            add(names[group[0]][0], loads(group[1]), entries)
+        if content:
+            yield kg, dumps([kg, content])
+
+
+def copy_range(source: Any, target: Any, start: int, stop: int, batch: Callable[[], Any],
+               chunk: int = 20_000) -> None:
+    """Copy every entry of key groups ``[start, stop)`` and the state kinds
+    from ``source`` into ``target`` (byte for byte: state ids are the same in
+    every database)."""
+    wb, n = batch(), 0
+    end = kg_bytes(stop) if stop < 0xFFFF else META
+    it = source.iter()
+    it.seek(kg_bytes(start))
+    while it.valid():
+        k = it.key()
+        if k >= end:
+            break
+        wb.put(k, it.value())
+        n += 1
+        if n >= chunk:
+            target.write(wb)
+            wb, n = batch(), 0
+        it.next()
+    for k, v in prefix_items(source, KIND_PREFIX):
+        wb.put(k, v)
+    target.write(wb)

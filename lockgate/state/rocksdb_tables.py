@@ -1,0 +1,494 @@
+"""Keyed state in RocksDB: the key layout, the state handles, and the raw
+views of the built-in operators.
+
+Layout of a RocksDB key (all states of an operator in one database)::
+
+    key group (2 bytes, big endian) | state id (4 bytes) | len(key) (4 bytes) | key
+                                                                  [| map key]
+
+so the entries of one key group are one contiguous byte range (a rescale
+cuts and merges ranges), and the entries of one key of a map state are one
+prefix. Keys, map keys and values are encoded with the state's
+:class:`~lockgate.state.serde.StateSerializer` (msgpack; pickle only on
+opt-in). A value state and a list state store one value per key (a list
+state the whole list), a map state one entry per map key. Keys compare by
+their encoded bytes (as in Flink's RocksDB backend): ``1`` and ``1.0`` are
+different keys here.
+
+Value semantics come from serialization: what a handle returns is decoded
+anew, what it stores is encoded at once. The raw views (:class:`ValueTable`,
+:class:`MapTable`) serve the built-in operators (reduce, windows, timers),
+which keep the objects they get and change them in place: a mutable object
+read or stored through a view is *live* — kept in the view and written back
+when the view is flushed (before every snapshot, and when more than
+:data:`LIVE_LIMIT` objects are live; an operator holds one key's object at a
+time, so writing them back between records loses nothing). Immutable values
+go to RocksDB at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from lockgate.state.backend import ListState, MapState, ValueState
+from lockgate.state.keygroups import fmix32
+from lockgate.state.serde import key_bytes
+from lockgate.state.values import ATOMIC, private_copy
+
+if TYPE_CHECKING:
+    from lockgate.state.rocksdb import RocksDBKeyedStateBackend
+
+_KG = struct.Struct(">H")
+_LEN = struct.Struct(">I")
+META = b"\xff\xff"
+"""Key prefix of the backend's own entries (above every key group)."""
+KIND_PREFIX = META + b"kind:"
+"""``KIND_PREFIX + name`` -> the state's recorded kind."""
+LIVE_LIMIT = 4096
+_MISSING: Any = object()
+
+
+def state_id(name: str) -> bytes:
+    """The 4-byte id of a state name: a hash, the same in every task and
+    database, so ranges copy between databases without renaming."""
+    return hashlib.blake2b(name.encode(), digest_size=4).digest()
+
+
+def kg_bytes(key_group: int) -> bytes:
+    return _KG.pack(key_group)
+
+
+def successor(prefix: bytes) -> bytes:
+    """The smallest byte string greater than every string starting with ``prefix``."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return META + b"\xff" * 8
+    p[-1] += 1
+    return bytes(p)
+
+
+class KeyCodec:
+    """Encodes the current key once: ``kg | ... | len | key`` parts."""
+
+    def __init__(self, max_parallelism: int) -> None:
+        self.max_parallelism = max_parallelism
+        self._key: Any = _MISSING
+        self._kg = b""
+        self._lk = b""
+
+    def parts(self, key: Any) -> tuple[bytes, bytes]:
+        """``(key group bytes, length + key bytes)`` of ``key``."""
+        if key is not self._key:
+            kb = key_bytes(key)
+            self._kg = _KG.pack(fmix32(zlib.crc32(kb)) % self.max_parallelism)
+            self._lk = _LEN.pack(len(kb)) + kb
+            self._key = key
+        return self._kg, self._lk
+
+
+def split_key(entry: bytes) -> tuple[bytes, int]:
+    """``(the key's bytes, where the map key starts)`` of a RocksDB key."""
+    (n,) = _LEN.unpack_from(entry, 6)
+    return entry[10:10 + n], 10 + n
+
+
+class _Table:
+    """The common part of a raw view: one state of one backend."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
+        self.backend = backend
+        self.name = name
+        self.sid = state_id(name)
+        self.db = backend.db
+        self.dumps: Callable[[Any], bytes] = backend.serializer.dumps
+        self.loads: Callable[[bytes], Any] = backend.serializer.loads
+        self.codec = backend.codec
+
+    def prefix(self, key: Any) -> bytes:
+        kg, lk = self.codec.parts(key)
+        return kg + self.sid + lk
+
+    def scan(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every ``(RocksDB key, value)`` of this state, key group by key group."""
+        db = self.backend.db
+        for kg in self.backend.key_group_range:
+            start = _KG.pack(kg) + self.sid
+            yield from prefix_items(db, start)
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.keys())
+
+    def keys(self) -> list[Any]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys())
+
+
+def prefix_items(db: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """``(key, value)`` of every entry of ``db`` whose key starts with ``prefix``."""
+    it = db.iter()
+    it.seek(prefix)
+    while it.valid():
+        k = it.key()
+        if not k.startswith(prefix):
+            return
+        yield k, it.value()
+        it.next()
+
+
+class ValueTable(_Table):
+    """A value or list state as a mapping key -> value."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
+        super().__init__(backend, name)
+        self.live: dict[Any, Any] = {}
+
+    def flush(self) -> None:
+        if not self.live:
+            return
+        batch = self.backend.batch()
+        dumps, prefix = self.dumps, self.prefix
+        for key, value in self.live.items():
+            batch.put(prefix(key), dumps(value))
+        self.backend.db.write(batch)
+        self.live.clear()
+
+    def _hold(self, key: Any, value: Any) -> None:
+        if len(self.live) >= LIVE_LIMIT and key not in self.live:
+            self.flush()
+        self.live[key] = value
+
+    def read(self, key: Any, default: Any = None) -> Any:
+        """The stored object (live, or decoded anew: not held)."""
+        value = self.live.get(key, _MISSING)
+        if value is not _MISSING:
+            return value
+        data = self.db.get(self.prefix(key))
+        return default if data is None else self.loads(data)
+
+    def write(self, key: Any, value: Any) -> None:
+        """Store an encoded copy of ``value`` now."""
+        self.db.put(self.prefix(key), self.dumps(value))
+        if self.live:
+            self.live.pop(key, None)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = self.live.get(key, _MISSING)
+        if value is not _MISSING:
+            return value
+        data = self.db.get(self.prefix(key))
+        if data is None:
+            return default
+        value = self.loads(data)
+        if value.__class__ not in ATOMIC:
+            self._hold(key, value)
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if value.__class__ in ATOMIC:
+            self.db.put(self.prefix(key), self.dumps(value))
+            if self.live:
+                self.live.pop(key, None)
+        else:
+            self._hold(key, value)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.live or self.db.get(self.prefix(key)) is not None
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        value = self.read(key, _MISSING)
+        if value is _MISSING:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        self.live.pop(key, None)
+        self.db.delete(self.prefix(key))
+        return value
+
+    def __delitem__(self, key: Any) -> None:
+        self.pop(key)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            self[key] = value = default
+        return value
+
+    def items(self) -> list[tuple[Any, Any]]:
+        self.flush()
+        loads = self.loads
+        return [(loads(split_key(k)[0]), loads(v)) for k, v in self.scan()]
+
+    def keys(self) -> list[Any]:
+        self.flush()
+        loads = self.loads
+        return [loads(split_key(k)[0]) for k, _ in self.scan()]
+
+    def values(self) -> list[Any]:
+        self.flush()
+        loads = self.loads
+        return [loads(v) for _, v in self.scan()]
+
+
+class MapTable(_Table):
+    """A map state as a mapping key -> dict (entries stored one by one)."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
+        super().__init__(backend, name)
+        self.live: dict[Any, tuple[dict[Any, Any], set[bytes]]] = {}
+        """Key -> (its dict, the RocksDB keys of its entries when it was read)."""
+
+    def _stored(self, prefix: bytes) -> tuple[dict[Any, Any], set[bytes]]:
+        loads, n = self.loads, len(prefix)
+        out: dict[Any, Any] = {}
+        keys: set[bytes] = set()
+        for k, v in prefix_items(self.db, prefix):
+            out[loads(k[n:])] = loads(v)
+            keys.add(k)
+        return out, keys
+
+    def flush(self) -> None:
+        if not self.live:
+            return
+        batch = self.backend.batch()
+        dumps = self.dumps
+        for key, (entries, old) in self.live.items():
+            prefix = self.prefix(key)
+            new = set()
+            for mk, value in entries.items():
+                k = prefix + dumps(mk)
+                new.add(k)
+                batch.put(k, dumps(value))
+            for k in old - new:
+                batch.delete(k)
+        self.backend.db.write(batch)
+        self.live.clear()
+
+    def _hold(self, key: Any, entries: dict[Any, Any], old: set[bytes]) -> None:
+        if len(self.live) >= LIVE_LIMIT and key not in self.live:
+            self.flush()
+        self.live[key] = (entries, old)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        held = self.live.get(key)
+        if held is not None:
+            return held[0]
+        entries, old = self._stored(self.prefix(key))
+        if not old:
+            return default
+        self._hold(key, entries, old)
+        return entries
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: Any, entries: dict[Any, Any]) -> None:
+        held = self.live.get(key)
+        old = held[1] if held is not None else self._stored(self.prefix(key))[1]
+        self._hold(key, entries, old)
+
+    def __contains__(self, key: Any) -> bool:
+        if key in self.live:
+            return True
+        for _ in prefix_items(self.db, self.prefix(key)):
+            return True
+        return False
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        held = self.live.pop(key, None)
+        prefix = self.prefix(key)
+        stored, old = self._stored(prefix)
+        if held is None and not old:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        batch = self.backend.batch()
+        for k in old | (held[1] if held is not None else set()):
+            batch.delete(k)
+        self.backend.db.write(batch)
+        return held[0] if held is not None else stored
+
+    def __delitem__(self, key: Any) -> None:
+        self.pop(key)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            self[key] = value = default
+        return value
+
+    def _grouped(self) -> Iterator[tuple[Any, dict[Any, Any]]]:
+        self.flush()
+        loads = self.loads
+        current: bytes | None = None
+        entries: dict[Any, Any] = {}
+        for k, v in self.scan():
+            kb, start = split_key(k)
+            if kb != current:
+                if current is not None:
+                    yield loads(current), entries
+                current, entries = kb, {}
+            entries[loads(k[start:])] = loads(v)
+        if current is not None:
+            yield loads(current), entries
+
+    def items(self) -> list[tuple[Any, dict[Any, Any]]]:
+        return list(self._grouped())
+
+    def keys(self) -> list[Any]:
+        return [k for k, _ in self._grouped()]
+
+    def values(self) -> list[dict[Any, Any]]:
+        return [v for _, v in self._grouped()]
+
+    # -- one entry (MapState) -------------------------------------------
+    def entry(self, key: Any, mk: Any, default: Any) -> Any:
+        held = self.live.get(key)
+        if held is not None:
+            return held[0].get(mk, default)
+        data = self.db.get(self.prefix(key) + self.dumps(mk))
+        return default if data is None else self.loads(data)
+
+    def put_entry(self, key: Any, mk: Any, value: Any) -> None:
+        held = self.live.get(key)
+        if held is not None:
+            held[0][mk] = value
+        else:
+            self.db.put(self.prefix(key) + self.dumps(mk), self.dumps(value))
+
+    def remove_entry(self, key: Any, mk: Any) -> None:
+        held = self.live.get(key)
+        if held is not None:
+            held[0].pop(mk, None)
+        else:
+            self.db.delete(self.prefix(key) + self.dumps(mk))
+
+    def entries(self, key: Any) -> dict[Any, Any]:
+        held = self.live.get(key)
+        if held is not None:
+            return held[0]
+        return self._stored(self.prefix(key))[0]
+
+
+def _copy(v: Any) -> Any:
+    return v if v.__class__ in ATOMIC else private_copy(v)
+
+
+class RocksValueState(ValueState):
+    """``ValueState`` on RocksDB (same methods, same value semantics)."""
+
+    def __init__(self, table: ValueTable, default: Any) -> None:  # noqa: D107
+        self.t = table
+        self._default = default
+
+    def value(self) -> Any:
+        t = self.t
+        key = t.backend.current_key
+        v = t.read(key, _MISSING)
+        if v is _MISSING:
+            return _copy(self._default)
+        return _copy(v) if key in t.live else v  # a decoded value is new already
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+        else:
+            self.t.write(self.t.backend.current_key, value)
+
+    def clear(self) -> None:
+        self.t.pop(self.t.backend.current_key, None)
+
+
+class RocksListState(ListState):
+    """``ListState`` on RocksDB: the list is one value (``add`` reads and
+    writes it)."""
+
+    def __init__(self, table: ValueTable) -> None:  # noqa: D107
+        self.t = table
+
+    def get(self) -> list[Any]:
+        v = self.t.read(self.t.backend.current_key, ())
+        return [_copy(e) for e in v]
+
+    def add(self, value: Any) -> None:
+        self.add_all((value,))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        if values:
+            key = self.t.backend.current_key
+            current = self.t.read(key, None)
+            self.t.write(key, (list(current) if current else []) + values)
+
+    def update(self, values: Iterable[Any]) -> None:
+        values = list(values)
+        if values:
+            self.t.write(self.t.backend.current_key, values)
+        else:
+            self.clear()
+
+    def clear(self) -> None:
+        self.t.pop(self.t.backend.current_key, None)
+
+
+class RocksMapState(MapState):
+    """``MapState`` on RocksDB: one RocksDB entry per map key."""
+
+    def __init__(self, table: MapTable) -> None:  # noqa: D107
+        self.t = table
+
+    def _map(self) -> dict[Any, Any]:
+        return self.t.entries(self.t.backend.current_key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return _copy(self.t.entry(self.t.backend.current_key, key, default))
+
+    def put(self, key: Any, value: Any) -> None:
+        self.t.put_entry(self.t.backend.current_key, key, _copy(value))
+
+    def put_all(self, items: dict[Any, Any]) -> None:
+        for k, v in items.items():
+            self.put(k, v)
+
+    def contains(self, key: Any) -> bool:
+        return self.t.entry(self.t.backend.current_key, key, _MISSING) is not _MISSING
+
+    def remove(self, key: Any) -> None:
+        self.t.remove_entry(self.t.backend.current_key, key)
+
+    def clear(self) -> None:
+        self.t.pop(self.t.backend.current_key, None)
+
+    def keys(self) -> list[Any]:
+        return list(self._map().keys())
+
+    def values(self) -> list[Any]:
+        return [_copy(v) for v in self._map().values()]
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return [(k, _copy(v)) for k, v in self._map().items()]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.keys())
+
+    def is_empty(self) -> bool:
+        return not self._map()
