@@ -52,6 +52,19 @@ class CheckpointConfig:
             for a cluster whose network others share. Off, every frame is
             authenticated (HMAC) but readable on the network. See
             docs/security.md; needs the ``cryptography`` package.
+        unaligned: unaligned checkpoints (exactly-once, as Flink's FLIP-76): a
+            task snapshots at the first barrier of a checkpoint, the barrier
+            overtakes the batches queued in its inputs and outputs, and those
+            in-flight batches are stored with the checkpoint and replayed on
+            restore. Under backpressure a checkpoint then completes in about
+            the time of one batch instead of the time to drain every queue.
+            Savepoints and the final checkpoint of a bounded job stay
+            aligned; records in flight must be serializable as state is
+            (msgpack, or ``Pipeline(allow_pickle=True)``). See docs/checkpoints.md.
+        aligned_timeout: start every checkpoint aligned and switch to
+            unaligned once it is older than this many seconds (measured from
+            its trigger) at a task (Flink's aligned checkpoint timeout); 0 is
+            unaligned from the start. Implies ``unaligned``.
     """
 
     interval: float | None = 1.0
@@ -64,9 +77,19 @@ class CheckpointConfig:
     savepoint_dir: str | None = None
     history_size: int = 1000
     encrypt_traffic: bool = False
+    unaligned: bool = False
+    aligned_timeout: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", CheckpointingMode(self.mode))
+        if self.aligned_timeout is not None:
+            if not self.aligned_timeout >= 0:
+                raise ValueError(f"aligned_timeout must be >= 0 seconds, got "
+                                 f"{self.aligned_timeout}")
+            object.__setattr__(self, "unaligned", True)
+        if self.unaligned and self.mode != CheckpointingMode.EXACTLY_ONCE:
+            raise ValueError("unaligned checkpoints are exactly-once: they cannot be combined "
+                             "with mode='at_least_once'")
         if self.history_size < 1:
             raise ValueError(f"history_size must be >= 1, got {self.history_size}")
         if self.interval is not None and self.interval <= 0:

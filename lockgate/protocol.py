@@ -126,10 +126,13 @@ class Start(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class TriggerCheckpoint(ControlMessage):
-    """To a source task: snapshot and send ``Barrier(checkpoint_id)``."""
+    """To a source task: snapshot and send ``Barrier(checkpoint_id, kind)``;
+    ``kind``: ``checkpoint``, ``savepoint`` or ``final`` (the last two are
+    always aligned)."""
 
     tag: ClassVar[str] = "trigger"
     checkpoint_id: int
+    kind: str = "checkpoint"
 
 
 @dataclass(frozen=True, slots=True)

@@ -216,8 +216,9 @@ class CheckpointCoordinator:
         kind = "savepoint" if savepoint_dir is not None else "checkpoint"
         self.history.append(CheckpointRecord(n, "final " + kind if final else kind,
                                              CheckpointStatus.IN_PROGRESS, time.time()))
+        barrier_kind = kind if savepoint_dir is not None or not final else "final"
         for task in self.plan.source_tasks:
-            self.send(self.plan.attempt, task, TriggerCheckpoint(n))
+            self.send(self.plan.attempt, task, TriggerCheckpoint(n, barrier_kind))
         return n
 
     def final_checkpoint_is_savepoint(self, savepoint_dir: str | None) -> None:

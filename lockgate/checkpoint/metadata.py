@@ -17,12 +17,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
 from lockgate.errors import CheckpointCorruptError
 from lockgate.untrusted import plain_name
 
 FORMAT_VERSION = 1
+
+CHANNEL_STATE_KEY = "#channels"
+"""The key of a task's channel state file among the handles of its
+acknowledgement (an unaligned checkpoint's in-flight data; no operator uid
+starts with ``#``)."""
 
 
 @dataclass(frozen=True)
@@ -41,15 +45,10 @@ class StateHandle:
     key_groups: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     states: Mapping[str, str] = field(default_factory=dict)
     op_state: tuple[int, int] | None = None
-    incremental: IncrementalState | None = None
-    """Keyed state as the files of an incremental checkpoint (RocksDB), in
-    place of key-group blocks."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "size": self.size, "crc32": self.crc32,
                                "keyed_offset": self.keyed_offset}
-        if self.incremental is not None:
-            out["incremental"] = self.incremental.to_json()
         if self.key_groups:
             out["key_groups"] = {str(kg): [o, n] for kg, (o, n) in self.key_groups.items()}
         if self.states:
@@ -87,11 +86,8 @@ class StateHandle:
                 isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
             raise CheckpointCorruptError(f"{what}: states is not a mapping of names to kinds")
         op_state = data.get("op_state")
-        incremental = data.get("incremental")
         return cls(name, size, crc, keyed_offset, groups, dict(states),
-                   None if op_state is None else _span(op_state, f"{what}: op_state"),
-                   None if incremental is None else IncrementalState.from_json(
-                       incremental, what, max_parallelism))
+                   None if op_state is None else _span(op_state, f"{what}: op_state"))
 
 
 @dataclass(frozen=True)
@@ -106,6 +102,14 @@ class OperatorMetadata:
     finished: bool = False
     location: str | None = None
     """Where a sink wrote (secrets masked): a restore whose sink moved is said."""
+    channel_state: list[StateHandle | None] | None = None
+    """An unaligned checkpoint's in-flight data, on the first operator of each
+    chain: per subtask the file of its task's input and output channel state
+    (:mod:`lockgate.runtime.channel_state`), None where it had none."""
+
+    @property
+    def has_channel_state(self) -> bool:
+        return any(h is not None and h.size for h in self.channel_state or ())
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -116,6 +120,8 @@ class OperatorMetadata:
         }
         if self.location is not None:
             out["location"] = self.location
+        if self.channel_state is not None:
+            out["channel_state"] = [h.to_json() if h else None for h in self.channel_state]
         return out
 
     @classmethod
@@ -132,6 +138,11 @@ class OperatorMetadata:
             raise CheckpointCorruptError(f"{what} has an unknown operator_state_mode "
                                          f"{data.get('operator_state_mode')!r:.40}") from None
         location = data.get("location")
+        channels = data.get("channel_state")
+        if channels is not None and not (isinstance(channels, list)
+                                         and len(channels) == len(subtasks)):
+            raise CheckpointCorruptError(f"{what}: channel_state is not a list of one entry "
+                                         "per subtask: it is corrupt")
         return cls(
             parallelism=_count(data.get("parallelism", len(subtasks)), f"{what} has parallelism"),
             operator_state_mode=mode,
@@ -139,7 +150,11 @@ class OperatorMetadata:
                 h, f"{shown}: the state file of operator {uid!r}, subtask {i},", max_parallelism)
                 for i, h in enumerate(subtasks)],
             finished=bool(data.get("finished", False)),
-            location=location if isinstance(location, str) else None)
+            location=location if isinstance(location, str) else None,
+            channel_state=None if channels is None else [
+                None if h is None else StateHandle.from_json(
+                    h, f"{shown}: the channel state of operator {uid!r}, subtask {i},")
+                for i, h in enumerate(channels)])
 
 
 @dataclass(frozen=True)
@@ -172,9 +187,23 @@ class CheckpointMetadata:
                 if handle is not None:
                     yield uid, handle
 
+    def channel_state_files(self) -> Iterator[tuple[str, StateHandle]]:
+        """``(operator uid, handle)`` of every channel state file (unaligned
+        checkpoints: in-flight data)."""
+        for uid, op in self.operators.items():
+            for handle in op.channel_state or ():
+                if handle is not None:
+                    yield uid, handle
+
     @property
     def size(self) -> int:
-        return sum(h.size for _, h in self.state_files())
+        return (sum(h.size for _, h in self.state_files())
+                + sum(h.size for _, h in self.channel_state_files()))
+
+    @property
+    def in_flight_size(self) -> int:
+        """Bytes of in-flight data (channel state) in this checkpoint."""
+        return sum(h.size for _, h in self.channel_state_files())
 
     def without(self, uids: set[str]) -> CheckpointMetadata:
         """The same checkpoint without the state of ``uids`` (allow_non_restored_state)."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.checkpoint.kinds import OperatorStateMode
-from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
-from lockgate.errors import CheckpointCorruptError
+from lockgate.checkpoint.metadata import CheckpointMetadata, OperatorMetadata, StateHandle
+from lockgate.errors import CheckpointCorruptError, LockgateError
 from lockgate.state.keygroups import key_group_range
 
 
@@ -58,3 +58,22 @@ def distribute_operator_state(
         return list(per_subtask[task_index])
     flat = [e for entries in per_subtask for e in entries]
     return flat[task_index::parallelism]
+
+
+def check_channel_state(meta: CheckpointMetadata, parallelism: dict[str, int],
+                        shown: str) -> None:
+    """An unaligned checkpoint's in-flight data fits only the parallelism it
+    was taken at: refuse a restore at another one, naming the fix (a savepoint,
+    which is always aligned). ``parallelism``: of each operator uid of the job."""
+    if not any(op.has_channel_state for op in meta.operators.values()):
+        return
+    changed = sorted(uid for uid, op in meta.operators.items()
+                     if uid in parallelism and parallelism[uid] != op.parallelism)
+    if changed:
+        raise LockgateError(
+            f"{shown} is an unaligned checkpoint: it holds in-flight data of channels that "
+            f"exist only at the parallelism it was taken at, and operator(s) {changed} "
+            "now run at another. Restore it at its parallelism, or rescale through a "
+            "savepoint (savepoints are always aligned): start the job from this checkpoint "
+            "at its old parallelism, take a savepoint (`lockgate savepoint`, or stop with "
+            "one), then start from the savepoint at the new parallelism")

@@ -43,6 +43,8 @@ def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipelin
                 batch_size=pipeline.batch_size,
                 faults=list(faults),
                 encrypt_traffic=pipeline.checkpoint.encrypt_traffic,
+                unaligned=aligned and pipeline.checkpoint.unaligned,
+                aligned_timeout=pipeline.checkpoint.aligned_timeout,
                 max_data_frame=max_data_frame(),
             ))
     return specs

@@ -17,6 +17,7 @@ from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.coordinator import CompletedCheckpoint
 from lockgate.checkpoint.kinds import CheckpointKind
+from lockgate.checkpoint.restore import check_channel_state
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import check_sink_locations
@@ -140,6 +141,7 @@ def load_checkpoint(path: str, graph: JobGraph,
     chk = fs.absolute(path)
     meta = storage.read_metadata(chk, kind)
     storage.verify_files(chk, meta.state_files())
+    storage.verify_files(chk, meta.channel_state_files())
     check_sink_locations(meta, graph, chk, job_name)
     old_name = meta.job_name
     if old_name is not None and job_name is not None and old_name != job_name:
@@ -166,6 +168,7 @@ def load_checkpoint(path: str, graph: JobGraph,
             f"checkpoint {chk} was taken with max_parallelism {meta.max_parallelism}, the "
             f"job has {graph.max_parallelism}; it fixes the key groups: use the same value"
         )
+    check_channel_state(meta, graph.operator_parallelism(), f"checkpoint {fs.redact(chk)}")
     return CompletedCheckpoint(meta.checkpoint_id, chk, meta)
 
 

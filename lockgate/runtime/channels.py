@@ -25,6 +25,15 @@ from lockgate.runtime.mailbox import Mailbox
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.spec import TaskSpec
 
+UNALIGNED_SOCKET_BUFFER = 8 << 10
+"""Unaligned checkpoints: the kernel's send and receive buffer of a data
+channel (bytes; Linux doubles it). A barrier overtakes what is queued in a
+task, never what the kernel holds: these bound the bytes ahead of it there
+(autotuned, they grow to megabytes under backpressure)."""
+UNALIGNED_READ_BUFFER = 16 << 10
+"""Unaligned checkpoints: bytes a reader thread buffers ahead of the frame it
+decodes (1 MiB otherwise)."""
+
 BACKLOG = 128
 """Connections the data port's kernel queue holds before they are accepted
 (its real peers must get in while others flood it)."""
@@ -35,6 +44,8 @@ def listen(spec: TaskSpec, num_channels: int) -> socket.socket | None:
     if not num_channels:
         return None
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if spec.unaligned:  # accepted connections inherit it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UNALIGNED_SOCKET_BUFFER)
     s.bind((spec.bind_host, 0))
     s.listen(BACKLOG)
     return s
@@ -52,9 +63,13 @@ def connect_outputs(spec: TaskSpec, peers: dict[int, Address],
             if edge.partitioning == Partitioning.FORWARD and index != spec.task_index:
                 links.append(None)
                 continue
-            links.append(handshake.open_link(peers[target], secret, hello,
-                                             encrypt=spec.encrypt_traffic,
-                                             max_frame=spec.max_data_frame))
+            link = handshake.open_link(peers[target], secret, hello,
+                                       encrypt=spec.encrypt_traffic,
+                                       max_frame=spec.max_data_frame)
+            if spec.unaligned:
+                link.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF,
+                                     UNALIGNED_SOCKET_BUFFER)
+            links.append(link)
         writers.append(OutputEdgeWriter(edge, links, spec.task_index,
                                         spec.max_parallelism, spec.batch_size))
     return writers
@@ -87,7 +102,8 @@ class InputChannels:
     def _accept(self, listener: socket.socket) -> None:
         try:
             handshake.serve_connections(
-                listener, self.secret, "data", self._serve, buffering=1 << 20,
+                listener, self.secret, "data", self._serve,
+                buffering=UNALIGNED_READ_BUFFER if self.spec.unaligned else 1 << 20,
                 encrypt=self.spec.encrypt_traffic, max_frame=self.spec.max_data_frame)
         except BaseException as e:  # noqa: BLE001 - reported by the task
             self.error = e

@@ -19,6 +19,13 @@ a task the driver can no longer reach, resumed later by a test). Points:
 - ``finish``: the final checkpoint completed and the task was told to end
   (its sinks committed); it has not ended yet. The next attempt restores that
   final checkpoint.
+- ``unaligned_barrier``: an unaligned checkpoint's snapshot is taken and its
+  barrier sent ahead of the output's unsent records; its in-flight input is
+  still being recorded
+- ``channel_state``: the snapshot writer is halfway through an unaligned
+  checkpoint's channel state file (in-flight data), not yet acknowledged
+- ``replay``: after a restore, before a recovered in-flight element is sent
+  (output channel state) or processed (input channel state)
 
 ``snapshot`` and ``final_snapshot`` are reached on the task's snapshot writer
 thread, before the ack is sent: the kill never races the acknowledgement.
@@ -32,7 +39,7 @@ from collections import Counter
 from typing import Any
 
 POINTS = ("batch", "alignment", "snapshot", "acked", "commit", "end_of_data", "final_snapshot",
-          "finish")
+          "finish", "unaligned_barrier", "channel_state", "replay")
 
 
 class FaultInjector:

@@ -5,17 +5,37 @@ thread takes them, skipping channels that barrier alignment blocked. A full
 channel queue blocks its reader thread, which stops reading the socket, which
 fills the TCP buffers and so blocks the upstream sender: backpressure without
 any unbounded buffer.
+
+Unaligned checkpoints (``overtaking``): a checkpoint's barrier that a reader
+puts goes ahead of the batches queued on its channel, as an
+:class:`Overtaking` that counts them (they stay queued, and the task records
+them as in-flight data); control messages still come first. A barrier
+overtakes only batches, watermarks and idleness, never the end of a channel.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from lockgate.protocol import ControlMessage, StreamElement
+from lockgate.protocol import Barrier, Batch, ControlMessage, Idle, StreamElement, Watermark
 
 CONTROL = -1
 """The channel number :meth:`Mailbox.take` gives a control message."""
+
+OVERTAKABLE = (Batch, Watermark, Idle)
+"""What an unaligned barrier may overtake (in-flight data)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Overtaking:
+    """A barrier that went ahead of the first ``overtaken`` elements queued on
+    its channel."""
+
+    barrier: Barrier
+    overtaken: int
 
 
 class Mailbox:
@@ -29,11 +49,20 @@ class Mailbox:
         self._next = 0
         self._closed = False
         self.blocked: set[int] = set()
+        self._priority: deque[tuple[int, Overtaking]] = deque()
+        self.overtaking: Callable[[Barrier], bool] | None = None
+        """Unaligned checkpoints: which barriers overtake (None: none)."""
 
     def put(self, channel: int, element: StreamElement) -> None:
         """Called by a reader thread; blocks while the channel's queue is full."""
         with self._lock:
             q = self._queues[channel]
+            if (type(element) is Barrier and self.overtaking is not None
+                    and self.overtaking(element)
+                    and all(type(e) in OVERTAKABLE for e in q)):
+                self._priority.append((channel, Overtaking(element, len(q))))
+                self._not_empty.notify()
+                return
             while len(q) >= self._capacity and not self._closed:
                 self._not_full.wait()
             q.append(element)
@@ -44,13 +73,17 @@ class Mailbox:
             self._control.append(message)
             self._not_empty.notify()
 
-    def take(self, timeout: float | None) -> tuple[int, StreamElement | ControlMessage] | None:
+    def take(self, timeout: float | None
+             ) -> tuple[int, StreamElement | ControlMessage | Overtaking] | None:
         """Next ``(channel, element)``; control messages first, with
-        ``channel == CONTROL``. ``None`` after ``timeout`` seconds."""
+        ``channel == CONTROL``, then overtaking barriers. ``None`` after
+        ``timeout`` seconds."""
         with self._lock:
             while True:
                 if self._control:
                     return CONTROL, self._control.popleft()
+                if self._priority:
+                    return self._priority.popleft()
                 n = len(self._queues)
                 for i in range(n):
                     ch = (self._next + i) % n
@@ -71,6 +104,36 @@ class Mailbox:
         if not queues:
             return 0.0
         return min(1.0, sum(len(q) for q in queues) / (self._capacity * len(queues)))
+
+    def peek(self, channel: int, count: int) -> list[StreamElement]:
+        """The first ``count`` elements queued on ``channel``, left in place."""
+        with self._lock:
+            q = self._queues[channel]
+            return [q[i] for i in range(min(count, len(q)))]
+
+    def promote(self, overtakes: Callable[[Barrier], bool]) -> None:
+        """A checkpoint turned unaligned: its barriers already queued (those
+        ``overtakes`` accepts) go ahead of what is queued before them."""
+        with self._lock:
+            for ch, q in enumerate(self._queues):
+                for i, e in enumerate(q):
+                    if type(e) is Barrier and overtakes(e):
+                        if all(type(x) in OVERTAKABLE for x in list(q)[:i]):
+                            del q[i]
+                            self._priority.append((ch, Overtaking(e, i)))
+                            self._not_empty.notify()
+                            if len(q) == self._capacity - 1:
+                                self._not_full.notify_all()
+                        break
+                    if type(e) not in OVERTAKABLE:
+                        break
+
+    def preload(self, channel: int, elements: list[StreamElement]) -> None:
+        """Recovered in-flight data of ``channel``: queued before anything its
+        reader puts (call before the reader starts)."""
+        with self._lock:
+            self._queues[channel].extend(elements)
+            self._not_empty.notify()
 
     def take_control(self) -> ControlMessage | None:
         with self._lock:

@@ -129,6 +129,29 @@ class OutputEdgeWriter:
             if not ignore_errors:
                 raise
 
+    def unsent(self) -> list[tuple[int, list[Any]]]:
+        """The records buffered per channel and not yet sent, as ``(channel,
+        records)``: an unaligned checkpoint's output channel state (they are
+        sent after its barrier, as usual)."""
+        return [(i, list(b)) for i, b in enumerate(self.buffers) if b]
+
+    def send_ahead(self, element: StreamElement) -> None:
+        """Send an in-band element on every channel ahead of the buffered
+        records (an unaligned checkpoint's barrier)."""
+        kind, payload = wire.element_frame(element)
+        for link in self.links:
+            if link is not None:
+                link.send(kind, payload)
+
+    def resend(self, i: int, records: list[Any]) -> None:
+        """Send recovered output channel state to channel ``i`` (on restore,
+        before anything else)."""
+        link = self.links[i]
+        if link is None:
+            raise ValueError(f"channel {i} of the edge to {self.edge.downstream_uid!r} "
+                             "is not connected from this task")
+        link.send(Frame.BATCH, wire.encode_batch(records))
+
     def close(self) -> None:
         for link in self.links:
             if link is not None:

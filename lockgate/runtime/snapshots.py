@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lockgate import fs
-from lockgate.checkpoint.metadata import StateHandle
+from lockgate.checkpoint.metadata import CHANNEL_STATE_KEY, StateHandle
 from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
 from lockgate.checkpoint.storage import (
     ChecksumWriter,
@@ -29,6 +29,7 @@ from lockgate.checkpoint.storage import (
     write_state_file,
 )
 from lockgate.protocol import Ack, ControlMessage, Decline
+from lockgate.runtime.channel_state import InFlight, write_channel_state
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.spec import TaskSpec
@@ -89,6 +90,9 @@ class SnapshotWriter:
         self.faults = faults
         self.send = send
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self.in_flight: dict[int, InFlight] = {}
+        """Per checkpoint about to be submitted: an unaligned one's in-flight
+        data, written beside the state files (``<head uid>-<subtask>.channels``)."""
 
     def submit(self, checkpoint_id: int, snaps: list[tuple[StreamOperator, OperatorSnapshot]],
                *, read: int, written: int, finished: bool, alignment: float,
@@ -110,6 +114,10 @@ class SnapshotWriter:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
             fs.makedirs(chk)
             handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
+            in_flight = self.in_flight.pop(checkpoint_id, None)
+            if in_flight is not None:
+                handles[CHANNEL_STATE_KEY] = write_channel_state(chk, self.spec, in_flight,
+                                                                 self.faults)
             self.faults.hit(fault_point)  # before the ack: never races it
             self.send(Ack(checkpoint_id, handles, read, written, finished, alignment,
                           sync_duration, time.monotonic() - submitted if submitted else 0.0))

@@ -48,6 +48,11 @@ class TaskSpec:
     bind_host: str = "127.0.0.1"
     encrypt_traffic: bool = False
     """Seal every frame with AES-GCM (``CheckpointConfig.encrypt_traffic``)."""
+    unaligned: bool = False
+    """Unaligned checkpoints (``CheckpointConfig.unaligned``)."""
+    aligned_timeout: float | None = None
+    """Seconds a checkpoint stays aligned before it turns unaligned (None:
+    unaligned from the start when ``unaligned``)."""
     max_data_frame: int = 256 << 20
     """Largest data frame this task sends or accepts (the driver's
     ``LOCKGATE_MAX_DATA_FRAME``, :func:`lockgate.runtime.wire.max_data_frame`)."""

@@ -61,11 +61,11 @@ from lockgate.protocol import (
     TriggerCheckpoint,
     Watermark,
 )
-from lockgate.runtime import channels, handshake, wire
+from lockgate.runtime import channel_state, channels, handshake, wire
 from lockgate.runtime.barriers import AbortReason, BarrierHandler
 from lockgate.runtime.chain import OperatorChain
 from lockgate.runtime.faults import FaultInjector
-from lockgate.runtime.mailbox import CONTROL, Mailbox
+from lockgate.runtime.mailbox import CONTROL, OVERTAKABLE, Mailbox, Overtaking
 from lockgate.runtime.metrics import TaskMeter
 from lockgate.runtime.operators import SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
@@ -74,13 +74,14 @@ from lockgate.runtime.script_classes import register_script_classes
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
 from lockgate.runtime.steps import Steps, mark
+from lockgate.runtime.unaligned import UnalignedCheckpoints
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")
 
 
-class Task:
+class Task(UnalignedCheckpoints):
     def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
                  before_finished: Callable[[], None] | None = None,
                  steps: Steps | None = None) -> None:
@@ -95,15 +96,16 @@ class Task:
         # classes of the job script: picklable by name here too (records, state)
         register_script_classes(spec.script_classes)
         self.channels = [t for edge in spec.inputs for t in edge]
-        self.mailbox = Mailbox(len(self.channels))
-        self.serializer = StateSerializer(allow_pickle=spec.allow_pickle)
-        self.faults = FaultInjector(spec.faults, spec.task_id, spec.attempt)
-        self.ops: list[StreamOperator] = []
-        self.outputs: list[OutputEdgeWriter] = []
         index = [e.input_index for e, ts in zip(spec.vertex.inputs, spec.inputs, strict=True)
                  for _ in ts]
         self.input_of: list[int] | None = index if any(index) else None
         """Multi-input operators (``connect``, joins): the input of each channel."""
+        # unaligned: barriers overtake the queue, so it may hold more
+        self.mailbox = Mailbox(len(self.channels), 8 if spec.unaligned else 4)
+        self.serializer = StateSerializer(allow_pickle=spec.allow_pickle)
+        self.faults = FaultInjector(spec.faults, spec.task_id, spec.attempt)
+        self.ops: list[StreamOperator] = []
+        self.outputs: list[OutputEdgeWriter] = []
         self.inputs = channels.InputChannels(
             spec, secret, {t: i for i, t in enumerate(self.channels)}, self.mailbox)
         self.snapshots = SnapshotWriter(spec, self.serializer, self.faults, self._send)
@@ -115,6 +117,14 @@ class Task:
         the final savepoint reads on, so nothing is recorded as finished."""
         self.valve = WatermarkValve(len(self.channels), now=time.monotonic())
         self.done = False
+        self.in_flight = channel_state.InFlightCapture(self.serializer)
+        """Unaligned checkpoints: the pending one's in-flight data."""
+        self.replaying: dict[int, int] = {}
+        """Recovered in-flight elements still queued, per input channel."""
+        self._barrier = ("checkpoint", 0.0)
+        """Kind and trigger time of the barrier being handled (forwarded as is)."""
+        self._overtaken = 0
+        self._next_tick = 0.0
         self.meter = TaskMeter()
         """Busy, idle and backpressured time; reports the task's figures."""
 
@@ -128,11 +138,15 @@ class Task:
             # Step 2. Open operators and restore their state.
             self._open_operators()
             skipped = restore_operators(self.spec, self.ops, self.serializer)
+            recovered = channel_state.recover(self.spec, self.serializer)
             mark(self.steps, "restored")
             # Step 3. Wire the channels of this attempt.
             peers = self._await_start()
             mark(self.steps, "started")
             self.outputs = channels.connect_outputs(self.spec, peers, self.secret)
+            if recovered is not None:  # in-flight data first: before any new output
+                recovered.resend(self.outputs, self.faults)
+                self.replaying = recovered.preload(self.mailbox)
             mark(self.steps, "outputs")
             self.chain.start(self.outputs, skipped)
             if listener is not None:
@@ -140,7 +154,11 @@ class Task:
                 self._await_inputs()
             mark(self.steps, "inputs")
             # Step 4. Process until finished.
-            self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned)
+            self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned,
+                                           unaligned=self.spec.unaligned,
+                                           aligned_timeout=self.spec.aligned_timeout)
+            if self.spec.unaligned:
+                self.mailbox.overtaking = self._overtakes
             mark(self.steps, "running")
             self._send(Running(self.steps))
             self.meter.start(self, self._send)
@@ -216,6 +234,8 @@ class Task:
         outputs = self.outputs
         timers = self.chain.has_processing_timers
         while not self.done:
+            if self.spec.aligned_timeout:
+                self._alignment_tick()
             # Once the input ended, no processing-time timer fires any more
             # (FLIP-147, as in Flink: the clock has not reached them, and
             # finish() came first).
@@ -260,21 +280,33 @@ class Task:
             if item is not None:
                 self._on_item(*item)
 
-    def _on_item(self, ch: int, item: StreamElement | ControlMessage) -> None:
+    def _on_item(self, ch: int, item: StreamElement | ControlMessage | Overtaking) -> None:
         if ch == CONTROL:
             assert isinstance(item, ControlMessage)
             self._on_control(item)
             return
+        if self.barriers.recording and ch in self.barriers.recording:
+            self.in_flight.add_input(ch, [item])  # type: ignore[list-item] # before its barrier
+        if self.replaying and ch in self.replaying and type(item) in OVERTAKABLE:
+            self._replayed(ch)
         match item:
             case Batch(records):
                 if self.input_of is None:
                     self.chain.process(records)
                 else:
                     self.chain.process_input(self.input_of[ch], records)
-            case Barrier(checkpoint_id):
+            case Barrier(checkpoint_id, kind, timestamp):
                 if self.spec.aligned and len(self.barriers.live) > 1:
                     self.faults.hit("alignment")
-                self.barriers.barrier_received(ch, checkpoint_id)
+                self._barrier = (kind, timestamp)
+                self.barriers.barrier_received(ch, checkpoint_id,
+                                               may_overtake=kind == "checkpoint",
+                                               timestamp=timestamp)
+            case Overtaking(barrier, overtaken):  # unaligned: ahead of queued batches
+                self._barrier = (barrier.kind, barrier.timestamp)
+                self._overtaken = overtaken
+                self.barriers.barrier_received(ch, barrier.checkpoint_id, priority=True,
+                                               timestamp=barrier.timestamp)
             case CancelBarrier(checkpoint_id):
                 self.barriers.cancel_received(ch, checkpoint_id)
             case EndOfData(drained):
@@ -344,8 +376,13 @@ class Task:
     # -------------------------------------------------------- control plane
     def _on_control(self, msg: ControlMessage) -> None:
         match msg:
-            case TriggerCheckpoint(checkpoint_id):
-                self.trigger_snapshot(checkpoint_id)
+            case TriggerCheckpoint(checkpoint_id, kind):
+                self._barrier = (kind, time.time())
+                if self.spec.unaligned and kind == "checkpoint" and not self.spec.aligned_timeout:
+                    self.start_unaligned(checkpoint_id)  # a source: no input to wait for
+                    self.finish_unaligned(checkpoint_id)
+                else:
+                    self.trigger_snapshot(checkpoint_id)
             case NotifyComplete(checkpoint_id):
                 self.faults.hit("commit")
                 for op in self.ops:
@@ -387,6 +424,7 @@ class Task:
         self.mailbox.unblock_all()
 
     def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
+        self.in_flight.take()  # an unaligned one's in-flight data: dropped
         self._send(Decline(checkpoint_id, reason.value))
         for out in self.outputs:
             out.broadcast(CancelBarrier(checkpoint_id))
@@ -397,7 +435,7 @@ class Task:
         started = time.monotonic()
         snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
         self._flush_all()
-        barrier = Barrier(checkpoint_id, "checkpoint", time.time())
+        barrier = Barrier(checkpoint_id, *self._barrier)
         for out in self.outputs:
             out.broadcast(barrier)
         read, written = self._counts()

@@ -14,29 +14,43 @@ import argparse
 import dataclasses
 import json
 import logging
+import time
 
 from lockgate import CheckpointConfig, DataStream, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 
 
 def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval: float | None,
-          mode: str = "exactly_once", rate: float | None = None) -> Pipeline:
+          mode: str = "exactly_once", rate: float | None = None, unaligned: bool = False,
+          aligned_timeout: float | None = None, slow_sink: float | None = None,
+          batch_size: int | None = None) -> Pipeline:
     p = Pipeline("sums", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, mode=mode,
-                                             timeout=30.0),
-                 restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
-    running_sums(p.source(SequenceSource(1, n, rate=rate), uid="numbers"), keys, out)
+                                             timeout=30.0, unaligned=unaligned,
+                                             aligned_timeout=aligned_timeout),
+                 restart=FixedDelayRestart(max_attempts=100, delay_s=0.0),
+                 **({"batch_size": batch_size} if batch_size else {}))
+    running_sums(p.source(SequenceSource(1, n, rate=rate), uid="numbers"), keys, out,
+                 slow_sink=slow_sink)
     return p
 
 
-def running_sums(numbers: DataStream[int], keys: int, out: str, suffix: str = "") -> None:
+def running_sums(numbers: DataStream[int], keys: int, out: str, suffix: str = "",
+                 slow_sink: float | None = None) -> None:
     """The running sum of ``numbers`` per key (``x % keys``), written as JSONL
     lines ``[key, sum]`` to the folder ``out``, by operators with the uids
-    ``pairs``, ``sums`` and ``out`` (each followed by ``suffix``)."""
-    (numbers.map(lambda x: (x % keys, x), uid=f"pairs{suffix}")
-       .key_by(lambda kv: kv[0])
-       .reduce(lambda a, b: (a[0], a[1] + b[1]), uid=f"sums{suffix}")
-       .sink(FileSink(out, format="jsonl"), uid=f"out{suffix}"))
+    ``pairs``, ``sums`` and ``out`` (each followed by ``suffix``).
+    ``slow_sink``: the sink task takes at least 1/``slow_sink`` s per record
+    (backpressure: batches queue up in flight)."""
+    sums = (numbers.map(lambda x: (x % keys, x), uid=f"pairs{suffix}")
+            .key_by(lambda kv: kv[0])
+            .reduce(lambda a, b: (a[0], a[1] + b[1]), uid=f"sums{suffix}"))
+    if slow_sink:
+        def slow(batch: list) -> list:
+            time.sleep(len(batch) / slow_sink)
+            return batch
+        sums = sums.map_batch(slow, uid=f"slow{suffix}")
+    sums.sink(FileSink(out, format="jsonl"), uid=f"out{suffix}")
 
 
 def main() -> None:
@@ -50,6 +64,10 @@ def main() -> None:
     ap.add_argument("--mode", default="exactly_once")
     ap.add_argument("--rate", type=float)
     ap.add_argument("--faults", default="[]")
+    ap.add_argument("--unaligned", action="store_true")
+    ap.add_argument("--aligned-timeout", type=float)
+    ap.add_argument("--slow-sink", type=float, help="records/s per sink task")
+    ap.add_argument("--batch-size", type=int)
     ap.add_argument("--from-checkpoint")
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
     ap.add_argument("--progress", action="store_true",
@@ -57,7 +75,8 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     p = build(args.n, args.parallelism, args.keys, args.out, args.storage, args.interval,
-              args.mode, args.rate)
+              args.mode, args.rate, args.unaligned, args.aligned_timeout, args.slow_sink,
+              args.batch_size)
     def progress(pr) -> None:
         print(json.dumps({"progress": dataclasses.asdict(pr)}), flush=True)
 

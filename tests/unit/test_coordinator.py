@@ -116,7 +116,7 @@ def test_final_checkpoint_after_every_task_reached_end_of_data(env):
     assert sent[-1] == (0, 0, TriggerCheckpoint(1))  # final waits for it
     ack_all(c, 1)
     c.tick()
-    assert sent[-1] == (0, 0, TriggerCheckpoint(2))
+    assert sent[-1] == (0, 0, TriggerCheckpoint(2, "final"))  # always aligned
     assert c.pending is not None and c.pending.is_final
     ack_all(c, 2)
     assert c.finished
@@ -137,7 +137,7 @@ def test_attempt_after_a_completed_final_checkpoint_takes_its_own(env):
     assert not c.finished
     for t in (0, 1, 2):
         c.on_end_of_data(t)
-    assert sent[-1] == (1, 0, TriggerCheckpoint(2))
+    assert sent[-1] == (1, 0, TriggerCheckpoint(2, "final"))
     assert c.pending is not None and c.pending.is_final
     ack_all(c, 2)
     assert c.finished
