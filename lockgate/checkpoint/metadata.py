@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
 from lockgate.errors import CheckpointCorruptError
 from lockgate.untrusted import plain_name
@@ -45,10 +46,15 @@ class StateHandle:
     key_groups: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     states: Mapping[str, str] = field(default_factory=dict)
     op_state: tuple[int, int] | None = None
+    incremental: IncrementalState | None = None
+    """Keyed state as the files of an incremental checkpoint (RocksDB), in
+    place of key-group blocks."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "size": self.size, "crc32": self.crc32,
                                "keyed_offset": self.keyed_offset}
+        if self.incremental is not None:
+            out["incremental"] = self.incremental.to_json()
         if self.key_groups:
             out["key_groups"] = {str(kg): [o, n] for kg, (o, n) in self.key_groups.items()}
         if self.states:
@@ -86,8 +92,11 @@ class StateHandle:
                 isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
             raise CheckpointCorruptError(f"{what}: states is not a mapping of names to kinds")
         op_state = data.get("op_state")
+        incremental = data.get("incremental")
         return cls(name, size, crc, keyed_offset, groups, dict(states),
-                   None if op_state is None else _span(op_state, f"{what}: op_state"))
+                   None if op_state is None else _span(op_state, f"{what}: op_state"),
+                   None if incremental is None else IncrementalState.from_json(
+                       incremental, what, max_parallelism))
 
 
 @dataclass(frozen=True)
