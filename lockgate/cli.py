@@ -74,14 +74,18 @@ def _run(args: argparse.Namespace) -> int:
         from_savepoint=args.from_savepoint,
         allow_non_restored_state=args.allow_non_restored_state,
         allow_non_replayable=args.allow_non_replayable or False,
-        on_progress=None if args.quiet else progress, master=args.master))
+        on_progress=progress if args.verbose and not args.quiet else None,
+        master=args.master))
     job_id = master.job_id
     if not args.quiet:
         control = (f"; control it with `lockgate savepoint|stop|cancel|checkpoints {job_id}`"
                    if master.rest is not None else "")
         print(f"job {job_id} starts ({master.graph.num_tasks} tasks, guarantee "
               f"{master.guarantee.replace('_', '-')}){control}", file=sys.stderr, flush=True)
-    result = master.run()
+    from lockgate.cluster.progress import run_with_progress
+
+    # a status line on a terminal, a plain line every 10 s elsewhere; none with --quiet
+    result = run_with_progress(master, False if args.quiet else None)
     done = len(result.completed_checkpoints)
     print(f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
           f"{result.records_in} records in, {result.records_out} out, "
@@ -206,6 +210,13 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    """Print the URL of a running job's dashboard, its token in the fragment."""
+    job = discovery.find_job(args.job)
+    print(f"{job.url}/ui#token={job.token}&job={job.job_id}")
+    return 0
+
+
 def _checkpoints(args: argparse.Namespace) -> int:
     job = discovery.find_job(args.job)
     answer = client.call(job, "GET", f"/jobs/{job.job_id}/checkpoints")
@@ -268,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--allow-non-replayable", action="append", metavar="UID",
                      help="run with the source UID that cannot replay (a push source), "
                           "accepting at-most-once for its records (repeat for several)")
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="no progress (no status line, no dashboard URL)")
+    run.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                     help="log at INFO (Spark's warnings too) and a line per checkpoint")
     run.add_argument("app_args", nargs="*",
                      help="arguments for the app (its sys.argv[1:]): whatever lockgate does "
                      "not know, in order, and everything after --")
@@ -304,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     ca.add_argument("job", help="the job id (or a unique prefix)")
     ca.add_argument("--timeout", type=float, default=120, help="seconds to wait (120)")
     ca.set_defaults(func=_cancel)
+    db = sub.add_parser("dashboard", help="print the URL of a running job's web dashboard "
+                        "(with its token)")
+    db.add_argument("job", help="the job id (or a unique prefix)")
+    db.set_defaults(func=_dashboard)
     cp = sub.add_parser("checkpoints", help="a running job's checkpoint history")
     cp.add_argument("job", help="the job id (or a unique prefix)")
     cp.add_argument("--json", action="store_true")

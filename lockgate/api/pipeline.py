@@ -208,7 +208,8 @@ class Pipeline:
             job_id: str | None = None,
             on_progress: Callable[[Progress], None] | None = None,
             spark: Any = None, master: str | None = None,
-            rest: RestConfig | bool | None = None) -> JobResult:
+            rest: RestConfig | bool | None = None,
+            progress: bool | None = None) -> JobResult:
         """Run the job and block until it ends (bounded input done, stopped,
         cancelled, or failed).
 
@@ -238,7 +239,12 @@ class Pipeline:
                 ``stop``, ``cancel`` and ``checkpoints`` use: on by default
                 (127.0.0.1, a free port, a random token; see
                 :class:`~lockgate.config.RestConfig` and its environment
-                variables); ``False`` turns it off.
+                variables); ``False`` turns it off. Its dashboard is at ``/ui``
+                (the URL is printed when the job starts; docs/dashboard.md).
+            progress: the job's progress on stderr: ``None`` (the default) a
+                status line that rewrites itself on a terminal, a plain line
+                every 10 s elsewhere, unless ``LOCKGATE_PROGRESS=0``;
+                ``False`` none.
         """
         from lockgate.cluster.options import RunOptions
         from lockgate.cluster.submission import run_pipeline

@@ -45,6 +45,7 @@ from lockgate.cluster.failures import (
 )
 from lockgate.cluster.launcher import Launcher, make_launcher
 from lockgate.cluster.metrics import JobMetrics, history_entry, overview
+from lockgate.cluster.naming import dashboard_of
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
@@ -140,6 +141,8 @@ class JobMaster:
         self.state = JobStatus.CREATED
         self.monitor = JobMetrics(graph)
         """The figures of the dashboard and of ``/metrics`` (:meth:`metrics`)."""
+        self.dashboard: tuple[str, str] | None = None
+        """The dashboard's URL and the token it needs, while the job is served."""
 
     # --------------------------------------------------- control (any thread)
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
@@ -179,6 +182,7 @@ class JobMaster:
         log.info("job %s starts: %d tasks, guarantee %s, checkpoints in %s",
                  self.job_id, self.graph.num_tasks, self.guarantee, fs.redact(self.job_dir))
         served = serve_rest(self, self.rest)  # never raises
+        self.dashboard = dashboard_of(self.job_id, self.pipeline.name, served and served.server)
         error: BaseException | None = None
         try:
             for op in self.graph.operators():  # once per job, never per attempt

@@ -28,6 +28,9 @@ class RunOptions:
     spark: Any = None
     master: str | None = None
     rest: RestConfig | bool | None = None
+    progress: bool | None = False
+    """Progress on stderr (``lockgate.cluster.progress``): ``Pipeline.run`` and
+    ``lockgate run`` pass None (on unless ``LOCKGATE_PROGRESS=0``)."""
     bind_host: str = "127.0.0.1"
     """Set by the job master: the host the control server binds (tasks on
     other machines must reach it)."""

@@ -41,6 +41,7 @@ from typing import Any
 import cloudpickle
 
 from lockgate.cluster.events import TaskEvent, TaskExited
+from lockgate.cluster.naming import spark_description
 from lockgate.cluster.spark_session import check_slots, is_local
 from lockgate.errors import ConfigurationError
 from lockgate.protocol import (
@@ -189,7 +190,7 @@ class SparkLauncher:
         n = len(payloads)
         error: BaseException | None = None
         try:
-            sc.setJobGroup(self._group, f"Lockgate job {self._job_id} attempt {self._attempt}",
+            sc.setJobGroup(self._group, spark_description(self._job_id, self._attempt),
                            interruptOnCancel=True)
             with self._lock:
                 stopped = self._stopping

@@ -36,7 +36,7 @@ OWNED = "spark.lockgate.ownedSession"
 
 
 def prepare_spark(spark: Any = None, master: str | None = None,
-                  num_tasks: int = 1) -> str:
+                  num_tasks: int = 1, name: str = "lockgate") -> str:
     """Make sure a SparkContext that can run ``num_tasks`` barrier tasks is
     running, and return the host the driver's listeners bind (127.0.0.1 in
     local mode, ``spark.driver.host`` on a cluster).
@@ -44,15 +44,17 @@ def prepare_spark(spark: Any = None, master: str | None = None,
     ``spark``: the user's SparkSession (or SparkContext), or ``None`` for the
     running one, or a new one on ``master`` (default ``local[num_tasks]``).
     """
-    sc = spark_context(spark, master, num_tasks)
+    sc = spark_context(spark, master, num_tasks, name)
     check_slots(sc, num_tasks)
     if is_local(sc):
         return "127.0.0.1"
     return sc.getConf().get("spark.driver.host") or socket.gethostname()
 
 
-def spark_context(spark: Any, master: str | None, num_tasks: int) -> Any:
-    """The SparkContext a job runs on (classic PySpark: one per process)."""
+def spark_context(spark: Any, master: str | None, num_tasks: int,
+                  name: str = "lockgate") -> Any:
+    """The SparkContext a job runs on (classic PySpark: one per process); one
+    Lockgate starts is the application ``name``."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -92,7 +94,7 @@ def spark_context(spark: Any, master: str | None, num_tasks: int) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     ensure_java()
     quiet_spark_logs()
-    builder = SparkSession.builder.appName("lockgate")
+    builder = SparkSession.builder.appName(name)
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ and not stopped_own:
         pass  # under spark-submit (its JVM started this process): its --master
     else:

@@ -35,9 +35,12 @@ log = logging.getLogger("lockgate.driver")
 
 
 def run_pipeline(pipeline: Pipeline, options: RunOptions) -> JobResult:
-    """Run a job to its end in this thread (``Pipeline.run``)."""
+    """Run a job to its end in this thread (``Pipeline.run``), its progress
+    on stderr (:func:`~lockgate.cluster.progress.run_with_progress`)."""
+    from lockgate.cluster.progress import run_with_progress
+
     master = prepare_job(pipeline, options)
-    return master.run()
+    return run_with_progress(master, options.progress)
 
 
 def start_pipeline(pipeline: Pipeline, options: RunOptions) -> JobClient:
@@ -74,9 +77,11 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
             options.restore_from, graph, options.allow_non_restored_state,
             job_name=pipeline.name, kind=options.restore_kind)
     if options.launcher == "spark":  # a SparkContext that runs every task at once, first
+        from lockgate.cluster.naming import app_name
         from lockgate.cluster.spark_session import prepare_spark
 
-        options.bind_host = prepare_spark(options.spark, options.master, graph.num_tasks)
+        options.bind_host = prepare_spark(options.spark, options.master, graph.num_tasks,
+                                          name=app_name(pipeline.name))
         if options.bind_host != "127.0.0.1":
             _warn_unshared_paths(pipeline, sources, sinks)
     return JobMaster(pipeline, graph, options, guarantee, started_from)

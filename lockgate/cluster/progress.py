@@ -1,0 +1,221 @@
+"""Live progress of a running job in the terminal (``lockgate run``,
+``Pipeline.run``): :func:`run_with_progress`.
+
+On a terminal, one status line rewrites itself (``\\r``) twice a second:
+records read and their rate, the last checkpoint and its age, restarts, and
+for a bounded job whose sources know their size a progress bar with percent
+and ETA. Log lines printed meanwhile clear it first and it is drawn again
+below them. Elsewhere (a pipe, a log file, CI) a plain line every
+:data:`PLAIN_INTERVAL` seconds. The figures are the dashboard's
+(:meth:`JobMaster.metrics`). The dashboard's URL is printed when the job starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import IO, TYPE_CHECKING, Any
+
+from lockgate.cli_format import format_duration
+
+if TYPE_CHECKING:
+    from lockgate.cluster.jobmaster import JobMaster
+    from lockgate.cluster.result import JobResult
+
+__all__ = ["PLAIN_INTERVAL", "TTY_INTERVAL", "ProgressReporter", "run_with_progress",
+           "status_text"]
+
+TTY_INTERVAL = 0.5
+"""Seconds between two drawings of the status line."""
+PLAIN_INTERVAL = 10.0
+"""Seconds between two plain progress lines (not a terminal);
+``LOCKGATE_PROGRESS_INTERVAL`` sets either."""
+BAR = 20
+"""Characters of the progress bar."""
+
+
+def _count(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
+
+
+def status_text(o: dict[str, Any], read: int, rate: float | None, elapsed: float) -> str:
+    """One status line from the job's overview (``JobMaster.metrics()``)."""
+    job, chk = o["job"], o["checkpoints"]
+    parts = [f"{read:,} records" + (f" ({_count(rate)}/s)" if rate is not None else "")]
+    size = job.get("size_hint")
+    if size:
+        done = min(1.0, read / size)
+        filled = int(done * BAR)
+        eta = (f"ETA {format_duration((size - read) / rate)}" if rate and read < size
+               else "ETA -")
+        parts = [f"[{'#' * filled}{'.' * (BAR - filled)}] {done * 100:5.1f}%", parts[0], eta]
+    last = chk.get("last")
+    if last:
+        parts.append(f"checkpoint {last['id']} ({format_duration(chk.get('last_age'))} ago)")
+    else:
+        parts.append("no checkpoint yet")
+    if chk.get("failed"):
+        parts.append(f"{chk['failed']} failed")
+    parts.append(f"{job.get('restarts', 0)} restarts")
+    parts.append(f"{elapsed:.0f} s")
+    return " · ".join(parts)
+
+
+class _ClearLine(logging.Filter):
+    """Before a log line: clear the status line (drawn again afterwards)."""
+
+    def __init__(self, reporter: ProgressReporter) -> None:
+        super().__init__()
+        self.reporter = reporter
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.reporter.clear()
+        return True
+
+
+class ProgressReporter:
+    """The thread that shows a job's progress on ``stream``."""
+
+    def __init__(self, master: JobMaster, stream: IO[str], tty: bool,
+                 interval: float | None = None) -> None:
+        self.master = master
+        self.stream = stream
+        self.tty = tty
+        self.interval = interval or _env_interval() or (TTY_INTERVAL if tty else PLAIN_INTERVAL)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._shown = False
+        self._samples: deque[tuple[float, int]] = deque(maxlen=20)
+        self._started = time.monotonic()
+        self._filter = _ClearLine(self)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="lockgate-progress")
+
+    def start(self) -> None:
+        if self.tty:
+            for handler in logging.getLogger().handlers:
+                handler.addFilter(self._filter)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.clear()
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self._filter)
+
+    def clear(self) -> None:
+        with self._lock:
+            if self._shown:
+                self._write("\r\x1b[K")
+                self._shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self._stop.set()  # the terminal is gone
+
+    def _run(self) -> None:
+        announced = False
+        while not self._stop.wait(0.1 if not announced else self.interval):
+            try:
+                if not announced:
+                    announced = self._announce()
+                    continue
+                self._show()
+            except Exception:  # noqa: BLE001 - progress never fails the job
+                logging.getLogger("lockgate.driver").debug("progress failed", exc_info=True)
+
+    def _announce(self) -> bool:
+        """Print the dashboard's URL once the job serves it (or runs without)."""
+        master = self.master
+        if master.dashboard is None and master.state == "created":
+            return False
+        if master.dashboard is not None:
+            url, token = master.dashboard
+            shown = f"{url}#token={token}" if self.tty else f"{url} (the token: `lockgate " \
+                f"dashboard {master.job_id}` prints the whole URL)"
+            with self._lock:
+                self._write(f"dashboard: {shown}\n")
+        return True
+
+    def _show(self) -> None:
+        o = self.master.metrics()
+        read = _records_read(self.master, o)
+        now = time.monotonic()
+        self._samples.append((now, read))
+        first = self._samples[0]
+        rate = (read - first[1]) / (now - first[0]) if now - first[0] > 0.2 else None
+        text = status_text(o, read, rate, now - self._started)
+        with self._lock:
+            if self.tty:
+                columns = _columns(self.stream)
+                self._write("\r" + text[:columns - 1] + "\x1b[K")
+                self._shown = True
+            else:
+                self._write(text + "\n")
+
+
+def _records_read(master: JobMaster, o: dict[str, Any]) -> int:
+    """Records the sources read: live (this attempt's reports on top of the
+    restored checkpoint's count), never below the acknowledged count."""
+    live = sum(t.get("records_in", 0) for v in o["vertices"] if v["source"]
+               for t in v["tasks"])
+    return max(int(o["job"]["records_read"]), master.coordinator.baseline.read + int(live))
+
+
+def _env_interval() -> float | None:
+    """``LOCKGATE_PROGRESS_INTERVAL``: seconds between two updates, if set."""
+    try:
+        value = float(os.environ.get("LOCKGATE_PROGRESS_INTERVAL", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _columns(stream: IO[str]) -> int:
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        columns = 0
+    if columns <= 0:  # a terminal without a size (a bare pty)
+        text = os.environ.get("COLUMNS", "")
+        columns = int(text) if text.isdigit() and int(text) > 0 else 120
+    return columns
+
+
+def progress_mode(setting: bool | None, stream: IO[str]) -> tuple[bool, bool]:
+    """Whether to show progress, and whether on a terminal."""
+    if setting is False or (setting is None and os.environ.get(
+            "LOCKGATE_PROGRESS", "1").strip().lower() in ("0", "false", "off", "no")):
+        return False, False
+    try:
+        tty = stream.isatty()
+    except (OSError, ValueError, AttributeError):
+        tty = False
+    return True, tty
+
+
+def run_with_progress(master: JobMaster, setting: bool | None = None,
+                      stream: IO[str] | None = None, interval: float | None = None) -> JobResult:
+    """``master.run()`` with its progress shown on ``stream`` (stderr) as
+    ``setting`` says: None (the default) on unless ``LOCKGATE_PROGRESS=0``,
+    False never, True always."""
+    stream = stream or sys.stderr
+    show, tty = progress_mode(setting, stream)
+    if not show:
+        return master.run()
+    reporter = ProgressReporter(master, stream, tty, interval)
+    reporter.start()
+    try:
+        return master.run()
+    finally:
+        reporter.stop()
