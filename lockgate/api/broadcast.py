@@ -181,7 +181,7 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
                 f"{'keyed' if keyed else 'not keyed'})")
         a = _input_of(self._first)
         b = self._broadcast._stream
-        spec = CoSpec(fn, (a.key_selector, None), self._broadcast.descriptors)
+        spec = CoSpec(fn, (a.key_selector, None), self._broadcast.descriptors, "union")
         node = add_node(self._first._p, OperatorKind.BROADCAST_PROCESS, spec, uid, parallelism,
                         [a, StreamInput(b._node, Partitioning.BROADCAST, None, b._tag)])
         node.name = type(fn).__name__

@@ -36,7 +36,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from lockgate.api.functions import RuntimeContext
 from lockgate.errors import PipelineDefinitionError
@@ -87,16 +87,19 @@ class CoProcessFunction(ABC, Generic[IN1, IN2, OUT]):
         """Release resources; always called, also on failure."""
 
 
-@dataclass(frozen=True)
-class CoSpec:
+class CoSpec(NamedTuple):
     """What a two-input operator runs (``OperatorSpec.fn``): the user's
-    function, each input's key selector (keyed: both set), and what the
+    function, each input's key selector (keyed: the first set), and what the
     kind of operator needs besides (broadcast state descriptors, join
-    bounds and timestamps)."""
+    bounds and timestamps). A tuple, so that the driver finds the job
+    script's classes inside it."""
 
     function: Any
     key_selectors: tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None]
     extra: Any = None
+    operator_state_mode: str = "split"
+    """How the operator's non-keyed state is restored (``OperatorStateMode``):
+    ``union`` for broadcast state and the interval join's watermark."""
 
     @property
     def keyed(self) -> bool:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from lockgate.api.functions import OutputTag
 from lockgate.api.windows import ProcessWindowFunction, WindowAssigner, WindowContext
@@ -108,9 +108,9 @@ def event_timestamps(node: Node, tag: str | None, given: Callable[[Any], int] | 
         "stamped them: pass the timestamp_of function of that side")
 
 
-@dataclass(frozen=True)
-class IntervalJoinSpec:
-    """The bounds, each side's timestamps and late-data tags of an interval join."""
+class IntervalJoinSpec(NamedTuple):
+    """The bounds, each side's timestamps and late-data tags of an interval
+    join (a tuple: the driver finds the job script's classes inside it)."""
 
     lower: int
     upper: int
@@ -156,18 +156,18 @@ class IntervalJoined(Generic[L, R]):
     _spec: IntervalJoinSpec
 
     def lower_bound_exclusive(self) -> IntervalJoined[L, R]:
-        return replace(self, _spec=replace(self._spec, lower=self._spec.lower + 1))
+        return replace(self, _spec=self._spec._replace(lower=self._spec.lower + 1))
 
     def upper_bound_exclusive(self) -> IntervalJoined[L, R]:
-        return replace(self, _spec=replace(self._spec, upper=self._spec.upper - 1))
+        return replace(self, _spec=self._spec._replace(upper=self._spec.upper - 1))
 
     def side_output_left_late_data(self, tag: OutputTag) -> IntervalJoined[L, R]:
         """Left records late on arrival go to the side output ``tag``."""
-        return replace(self, _spec=replace(self._spec, left_late_tag=_tag(tag)))
+        return replace(self, _spec=self._spec._replace(left_late_tag=_tag(tag)))
 
     def side_output_right_late_data(self, tag: OutputTag) -> IntervalJoined[L, R]:
         """Right records late on arrival go to the side output ``tag``."""
-        return replace(self, _spec=replace(self._spec, right_late_tag=_tag(tag)))
+        return replace(self, _spec=self._spec._replace(right_late_tag=_tag(tag)))
 
     def process(self, fn: ProcessJoinFunction[L, R, OUT], *, uid: str | None = None,
                 parallelism: int | None = None) -> DataStream[OUT]:
@@ -179,7 +179,7 @@ class IntervalJoined(Generic[L, R]):
         if self._spec.lower > self._spec.upper:
             raise PipelineDefinitionError("the join's interval is empty")
         a, b = _input_of(self._left), _input_of(self._right)
-        spec = CoSpec(fn, (a.key_selector, b.key_selector), self._spec)
+        spec = CoSpec(fn, (a.key_selector, b.key_selector), self._spec, "union")
         p = self._left._p
         node = add_node(p, OperatorKind.INTERVAL_JOIN, spec, uid, parallelism, [a, b])
         node.name = type(fn).__name__
