@@ -1,7 +1,8 @@
-"""State TTL (lockgate/state/ttl.py, ttl_config.py) on the heap backend, with
-an injected clock: expiry of each state kind, update types, visibility,
-cleanup on access, in snapshots and incrementally, value semantics, and the
-stored form through a snapshot, a restore and a rescale."""
+"""State TTL (lockgate/state/ttl.py, ttl_config.py) on both backends (heap
+and RocksDB: every test that makes a backend runs on each), with an
+injected clock: expiry of each state kind, update types, visibility, cleanup
+on access, in snapshots and incrementally, value semantics, and the stored
+form through a snapshot, a restore and a rescale."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ import pytest
 
 from lockgate.errors import CheckpointCorruptError
 from lockgate.state.backend import (
-    HeapKeyedStateBackend,
     KeyedBlocks,
     ListStateDescriptor,
     MapStateDescriptor,
     StateTypeError,
     ValueStateDescriptor,
+)
+from lockgate.state.backends import (
+    BackendScope,
+    KeyedStateBackend,
+    RocksDBStateBackend,
+    close_backend,
+    create_keyed_backend,
 )
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
@@ -45,18 +52,50 @@ def ttl(clock: Clock, ms: int = 10, **kw) -> StateTtlConfig:
     return StateTtlConfig(ms, clock=clock, **kw)
 
 
-def setup(kg: range = range(M)) -> tuple[HeapKeyedStateBackend, TtlStates]:
-    b = HeapKeyedStateBackend(M, kg, StateSerializer())
+BACKEND = "heap"
+"""The backend ``setup`` makes: the autouse fixture ``backend`` sets it."""
+_opened: list[KeyedStateBackend] = []
+
+
+@pytest.fixture(autouse=True, params=["heap", "rocksdb"])
+def backend(request, tmp_path):
+    global BACKEND, _ROCKSDB
+    if request.param == "rocksdb":
+        pytest.importorskip("rocksdict")
+    BACKEND = request.param
+    _ROCKSDB = RocksDBStateBackend(local_dir=str(tmp_path / "rocks"), memory_mb=16,
+                                   incremental=False)
+    yield request.param
+    while _opened:
+        close_backend(_opened.pop())
+
+
+_ROCKSDB: RocksDBStateBackend | None = None
+
+
+def setup(kg: range = range(M)) -> tuple[KeyedStateBackend, TtlStates]:
+    if BACKEND == "heap":
+        b = create_keyed_backend(None, M, kg, StateSerializer())
+    else:
+        n = len(_opened)
+        b = create_keyed_backend(_ROCKSDB, M, kg, StateSerializer(),
+                                 BackendScope("job", f"op{n}", n, 0, "/nonexistent"))
+    _opened.append(b)
     return b, TtlStates(b)
 
 
-def write(b: HeapKeyedStateBackend) -> tuple[bytes, KeyedBlocks]:
+def keys(b: KeyedStateBackend, name: str) -> set:
+    """The keys state ``name`` holds a value of (expired or not)."""
+    return set(b.state_keys(name))
+
+
+def write(b: KeyedStateBackend) -> tuple[bytes, KeyedBlocks]:
     buf = io.BytesIO()
     blocks = b.snapshot().write(buf)
     return buf.getvalue(), blocks
 
 
-def restore_into(b: HeapKeyedStateBackend, data: bytes, blocks: KeyedBlocks) -> None:
+def restore_into(b: KeyedStateBackend, data: bytes, blocks: KeyedBlocks) -> None:
     for g, (off, n) in blocks.key_groups.items():
         if g in b.key_group_range:
             b.restore_block(data[off:off + n], blocks.states)
@@ -94,9 +133,9 @@ def test_value_expires_and_is_removed_on_read():
     clock.now = 9
     assert s.value() == 7
     clock.now = 10  # ts + ttl <= now: expired
-    assert "a" in b.raw("v")
+    assert "a" in keys(b, "v")
     assert s.value() == -1
-    assert "a" not in b.raw("v")  # cleanup on access
+    assert "a" not in keys(b, "v")  # cleanup on access
 
 
 @pytest.mark.parametrize("update_type,alive_at_14", [
@@ -147,9 +186,9 @@ def test_value_semantics_are_kept():
     snap = b.snapshot()
     s.update({"n": [9]})
     data = io.BytesIO()
-    snap.write(data)
+    blocks = snap.write(data)
     b2, states2 = setup()
-    restore_into(b2, data.getvalue(), snap.write(io.BytesIO()))
+    restore_into(b2, data.getvalue(), blocks)
     b2.current_key = "a"
     assert states2.get_state(ValueStateDescriptor("v", ttl=ttl(clock))).value() == {"n": [1]}
 
@@ -173,7 +212,7 @@ def test_list_elements_expire_each_on_its_own():
     assert len(b.raw("l")["a"]) == 2  # the expired element was removed on access
     clock.now = 15
     assert lst.get() == []
-    assert "a" not in b.raw("l")
+    assert "a" not in keys(b, "l")
     lst.update([1, 2])
     clock.now = 24
     assert lst.get() == [1, 2]
@@ -216,7 +255,7 @@ def test_map_entries_expire_each_on_their_own():
     m.remove("other")
     clock.now = 15
     assert m.is_empty()
-    assert "a" not in b.raw("m")
+    assert "a" not in keys(b, "m")
 
 
 def test_map_on_read_and_write_renews_entries_read():
@@ -265,7 +304,7 @@ def test_snapshot_leaves_expired_entries_out():
     assert stored["v"][17] == (17, 17)
     assert stored["l"][19] == [(19, 19), ("late", 19)]
     assert stored["m"][18] == {"k": (18, 18)}
-    assert len(b.raw("v")) == 20  # the live state is untouched by a snapshot
+    assert len(keys(b, "v")) == 20  # the live state is untouched by a snapshot
 
 
 def test_snapshot_cleanup_can_be_turned_off():
@@ -294,11 +333,11 @@ def test_incremental_cleanup_on_access_visits_every_key():
     for _ in range(21):  # 5 keys per access: 101 keys in 21 accesses
         v.update(1)
         assert b.current_key == "hot"  # the cleanup leaves the current key alone
-    assert set(b.raw("v")) == {"hot"}
-    assert len(b.raw("m")) == 100  # another state: its own round, on its own accesses
+    assert keys(b, "v") == {"hot"}
+    assert len(keys(b, "m")) == 100  # another state: its own round, on its own accesses
     for _ in range(21):
         m.get(0)
-    assert set(b.raw("m")) == set()
+    assert keys(b, "m") == set()
 
 
 def test_incremental_cleanup_for_every_record():
@@ -317,8 +356,8 @@ def test_incremental_cleanup_for_every_record():
     clock.now = 15  # keys 0..5 expired
     b.current_key = "x"
     states.records_processed(5)  # 10 keys checked
-    assert set(b.raw("l")) == set(range(6, 10))
-    assert len(b.raw("o")) == 10  # no per-record cleanup for this one
+    assert keys(b, "l") == set(range(6, 10))
+    assert len(keys(b, "o")) == 10  # no per-record cleanup for this one
     assert b.current_key == "x"
 
 
@@ -333,7 +372,7 @@ def test_no_incremental_cleanup_when_none():
     b.current_key = "x"
     for _ in range(20):
         v.value()
-    assert len(b.raw("v")) == 10
+    assert len(keys(b, "v")) == 10
     assert not states.per_record
 
 
