@@ -1,7 +1,14 @@
 """Lockgate: exactly-once stateful stream processing for Python."""
 
 from lockgate.api.async_io import AsyncContext, AsyncFunction, AsyncTimeoutError
+from lockgate.api.broadcast import (
+    BroadcastProcessFunction,
+    BroadcastStream,
+    KeyedBroadcastProcessFunction,
+)
+from lockgate.api.connected import ConnectedStreams, CoProcessFunction
 from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
+from lockgate.api.joins import ProcessJoinFunction
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
 from lockgate.api.watermarks import (
     END_OF_TIME,
@@ -40,6 +47,12 @@ from lockgate.state.backend import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BroadcastProcessFunction",
+    "BroadcastStream",
+    "CoProcessFunction",
+    "ConnectedStreams",
+    "KeyedBroadcastProcessFunction",
+    "ProcessJoinFunction",
     "AsyncContext",
     "AsyncFunction",
     "AsyncTimeoutError",
