@@ -1,0 +1,90 @@
+"""``NexmarkSource``: the events ``0 .. n-1`` of a :class:`NexmarkGenerator`
+as a replayable source with splits.
+
+It is a :class:`~lockgate.connectors.SequenceSource` of event numbers whose
+reader turns each number into its event: a split's state is the next event
+number, so a checkpoint replays exactly, and a restore at another
+parallelism deals what is left of every split out again (``deal_splits``).
+Unlike the sequence source, a bounded split is a stride (task ``i`` of ``p``
+reads events ``i, i+p, i+2p, ...``): every task's event time advances at the
+same pace, as Flink's parallel Nexmark generators run on parallel timelines,
+so event-time windows fire as the whole input advances and the smallest
+watermark of the tasks is never far behind.
+
+``WATERMARKS`` is the matching strategy: event time is each event's
+``date_time`` field, in order within a split.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks.nexmark.generator import Event, GeneratorConfig, NexmarkGenerator
+from lockgate import WatermarkStrategy
+from lockgate.connectors import SequenceSource
+from lockgate.connectors.base import TaskInfo
+from lockgate.connectors.sequence import SequenceReader
+
+__all__ = ["NexmarkSource", "event_time", "WATERMARKS"]
+
+_TIME_FIELD = {"P": 7, "A": 6, "B": 5}
+
+
+def event_time(event: Event) -> int:
+    """The event time (ms) of a person, auction or bid."""
+    return int(event[_TIME_FIELD[event[0]]])
+
+
+WATERMARKS = WatermarkStrategy(event_time, 0, interval=0.05)
+"""Event time from ``date_time``; in order within each split, so no
+out-of-orderness (a watermark every 50 ms of processing time at most)."""
+
+
+class NexmarkSource(SequenceSource):
+    """The first ``events`` Nexmark events (``config`` or the default workload).
+
+    Args:
+        events: how many events (bounded), or None for an endless stream.
+        config: the workload (rate of event time, proportions, ...).
+        paced: emit each event when the wall clock reaches its ``date_time``
+            (the config's ``base_time`` then is a wall-clock time: the
+            latency runs), not as fast as possible.
+    """
+
+    def __init__(self, events: int | None, config: GeneratorConfig | None = None, *,
+                 paced: bool = False) -> None:
+        super().__init__(0, None if events is None else events - 1)
+        self.config = config or GeneratorConfig()
+        self.paced = paced
+
+    def splits(self, parallelism: int) -> list[dict[str, Any]]:
+        return [{"split": i, "next": self.start + i, "end": self.end, "step": parallelism}
+                for i in range(parallelism)]
+
+    def create_reader(self, info: TaskInfo) -> NexmarkReader:
+        return NexmarkReader(self, info)
+
+
+class NexmarkReader(SequenceReader):
+    """Reads event numbers like the sequence reader and generates their events."""
+
+    def __init__(self, source: NexmarkSource, info: TaskInfo) -> None:
+        super().__init__(source, info)
+        self.generator = NexmarkGenerator(source.config)
+
+    def poll(self, max_records: int) -> list[Any] | None:  # type: ignore[override]
+        if self.source.paced:  # type: ignore[attr-defined]
+            config = self.generator.config
+            due = int((time.time() * 1000 - config.base_time) * config.rate / 1000)
+            left = [s for s in self.splits if s["end"] is None or s["next"] <= s["end"]]
+            if left:
+                nxt = min(s["next"] for s in left)
+                if nxt > due:
+                    return []
+                max_records = min(max_records, (due - nxt) // left[0]["step"] + 1)
+        numbers = super().poll(max_records)
+        if numbers is None:
+            return None
+        event = self.generator.event
+        return [event(i) for i in numbers]
