@@ -43,6 +43,12 @@ from lockgate.state.backend import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
+from lockgate.state.ttl_config import (
+    IncrementalCleanup,
+    StateTtlConfig,
+    StateVisibility,
+    UpdateType,
+)
 
 __version__ = "0.1.0"
 
@@ -85,6 +91,10 @@ __all__ = [
     "RestConfig",
     "RuntimeContext",
     "ValueStateDescriptor",
+    "StateTtlConfig",
+    "UpdateType",
+    "StateVisibility",
+    "IncrementalCleanup",
     "TimeDomain",
     "WatermarkStrategy",
 ]

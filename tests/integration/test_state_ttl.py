@@ -136,3 +136,21 @@ def test_ttl_state_restored_without_ttl_is_refused(tmp_path: Path):
     assert "'first' was stored with TTL" in message, message
     assert "TTL cannot be turned off" in message and "new state name" in message
     assert "Restarting cannot help" in message
+
+
+def test_the_dedupe_example(tmp_path: Path):
+    """examples/dedupe_ttl.py as docs/state-ttl.md runs it: with an hour's
+    TTL on the wall clock nothing expires during the run, so every id passes
+    once."""
+    import json
+
+    from tests.integration.test_examples import run_example
+
+    src = tmp_path / "in"
+    src.mkdir()
+    events = [{"id": i % 7, "user": f"u{i % 3}", "amount": i} for i in range(40)]
+    (src / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    run_example("lockgate run", "dedupe_ttl.py", [str(src), str(tmp_path / "out")], tmp_path)
+    rows = committed_lines(tmp_path / "out")
+    assert sorted(r["id"] for r in rows) == list(range(7))
+    assert all(r["amount"] == r["id"] for r in rows)  # the first event of each id
