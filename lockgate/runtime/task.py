@@ -234,13 +234,13 @@ class Task(UnalignedCheckpoints):
         outputs = self.outputs
         timers = self.chain.has_processing_timers
         while not self.done:
-            if self.spec.aligned_timeout:
-                self._alignment_tick()
             # Once the input ended, no processing-time timer fires any more
             # (FLIP-147, as in Flink: the clock has not reached them, and
             # finish() came first).
             wait = (self.chain.fire_processing_timers() if timers and not self.reached_end
                     else 1.0)
+            if self.spec.aligned_timeout:
+                wait = self._alignment_tick(wait)
             if self.source is not None and not self.reached_end:
                 msg = mailbox.take_control()
                 if msg is not None:

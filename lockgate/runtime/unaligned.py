@@ -60,15 +60,17 @@ class UnalignedCheckpoints:
         timeout = self.spec.aligned_timeout
         return not timeout or time.time() - barrier.timestamp > timeout
 
-    def _alignment_tick(self) -> None:
+    def _alignment_tick(self, wait: float) -> float:
         """Aligned timeout: a checkpoint older than the timeout turns unaligned
-        here (its queued barriers overtake, a pending alignment stops)."""
+        here (its queued barriers overtake, a pending alignment stops).
+        Returns how long the loop may wait for input (``wait``, shorter while
+        a checkpoint is aligning)."""
         now = time.monotonic()
-        if now < self._next_tick:
-            return
-        self._next_tick = now + TICK
-        self.mailbox.promote(self._overtakes)
-        self.barriers.check_timeout()
+        if now >= self._next_tick:
+            self._next_tick = now + TICK
+            self.mailbox.promote(self._overtakes)
+            self.barriers.check_timeout()
+        return min(wait, TICK) if self.barriers.pending is not None else wait
 
     def start_unaligned(self, checkpoint_id: int) -> None:
         """The first barrier of an unaligned checkpoint: snapshot now, the
