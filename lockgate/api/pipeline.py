@@ -28,6 +28,8 @@ from lockgate.config import CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Sink, Source
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.types import OperatorKind, Partitioning
+from lockgate.state.backends import StateBackend
+from lockgate.state.backends import state_backend as resolve_state_backend
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
@@ -93,6 +95,11 @@ class Pipeline:
         restart: restart strategy on failure.
         allow_pickle: let state hold arbitrary objects (pickled). Loading such a
             checkpoint executes code: only for checkpoints you trust.
+        state_backend: where keyed state lives: ``"heap"`` (the default, Python
+            dicts in memory), ``"rocksdb"``, or a
+            :class:`~lockgate.state.backends.RocksDBStateBackend` with its
+            options (state larger than memory, incremental checkpoints;
+            docs/state-backends.md).
         batch_size: records per batch that sources emit.
     """
 
@@ -106,6 +113,7 @@ class Pipeline:
         restart: RestartStrategy | None = None,
         allow_pickle: bool = False,
         batch_size: int = 1024,
+        state_backend: str | StateBackend | None = None,
     ) -> None:
         if parallelism < 1:
             raise PipelineDefinitionError(f"parallelism must be >= 1, got {parallelism}")
@@ -120,6 +128,7 @@ class Pipeline:
         self.checkpoint = checkpoint or CheckpointConfig()
         self.restart = restart
         self.allow_pickle = allow_pickle
+        self.state_backend: StateBackend = resolve_state_backend(state_backend)
         self.batch_size = batch_size
         self.nodes: list[Node] = []
 

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from lockgate import fs
 from lockgate.checkpoint import storage
+from lockgate.checkpoint.incremental import delete_unreferenced, referenced_shared
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.checkpoint.metadata import CheckpointMetadata, Progress
 from lockgate.checkpoint.pending import (
@@ -323,6 +324,10 @@ class CheckpointCoordinator:
             self._discard(n)
         # folders of failed checkpoints older than the newest completed one
         latest = self.completed[-1].checkpoint_id
+        # shared files of incremental checkpoints that no retained _metadata
+        # names any more (their checkpoints' _metadata went first)
+        delete_unreferenced(self.job_dir, referenced_shared(
+            h.incremental for c in self.completed for _, h in c.metadata.state_files()), latest)
         try:
             folders = storage.checkpoint_folders(self.job_dir)
         except OSError as e:

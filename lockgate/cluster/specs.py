@@ -39,6 +39,7 @@ def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipelin
                 restore_metadata=restore.metadata if restore else None,
                 continues_final=continues_final,
                 allow_pickle=pipeline.allow_pickle,
+                state_backend=pipeline.state_backend,
                 script_classes=script_classes,
                 batch_size=pipeline.batch_size,
                 faults=list(faults),

@@ -19,14 +19,19 @@ from lockgate.errors import LockgateError, PipelineDefinitionError, UserFunction
 from lockgate.graph.jobgraph import OperatorSpec
 from lockgate.runtime.timers import KeyedTimers
 from lockgate.state.backend import (
-    HeapKeyedStateBackend,
-    KeyedStateSnapshot,
     ListState,
     ListStateDescriptor,
     MapState,
     MapStateDescriptor,
     ValueState,
     ValueStateDescriptor,
+)
+from lockgate.state.backends import (
+    BackendScope,
+    KeyedSnapshot,
+    KeyedStateBackend,
+    StateBackend,
+    create_keyed_backend,
 )
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
@@ -38,7 +43,7 @@ from lockgate.state.values import ATOMIC, private_copy
 class OperatorSnapshot:
     """The synchronous part of one operator's snapshot; written asynchronously."""
 
-    keyed: KeyedStateSnapshot | None = None
+    keyed: KeyedSnapshot | None = None
     operator_state: list[Any] = field(default_factory=list)
 
 
@@ -53,12 +58,16 @@ class StreamOperator:
     keyed = False
     operator_state_mode = OperatorStateMode.SPLIT  # how entries are redistributed
     has_processing_timers = False
+    state_backend: StateBackend | None = None
+    """The job's keyed state backend (None: heap); the task sets it, and
+    ``job_dir``, before ``open``."""
+    job_dir = ""
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
         self.spec = spec
         self.uid = spec.uid
         self.info = info
-        self.backend: HeapKeyedStateBackend | None = None
+        self.backend: KeyedStateBackend | None = None
         self.side: dict[str, list[Any]] = {}
 
     def emit_side(self, tag: str, value: Any) -> None:
@@ -144,7 +153,10 @@ class KeyedOperator(StreamOperator):
     def open(self, serializer: StateSerializer) -> None:
         kg = key_group_range(self.info.task_index, self.info.parallelism,
                              self.info.max_parallelism)
-        self.backend = HeapKeyedStateBackend(self.info.max_parallelism, kg, serializer)
+        info = self.info
+        self.backend = create_keyed_backend(
+            self.state_backend, info.max_parallelism, kg, serializer,
+            BackendScope(info.job_id, self.uid, info.task_index, info.attempt, self.job_dir))
 
 
 class ReduceOperator(KeyedOperator):
@@ -176,7 +188,10 @@ class ReduceOperator(KeyedOperator):
         atomic = ATOMIC
         records = iter(batch)
         if self._only_atomic is None:  # first batch: what a restore brought
-            self._only_atomic = all(v.__class__ in atomic for v in values.values())
+            # (a RocksDB view decodes a new object each read: copying it is
+            # the only cost, and its values are never all scanned)
+            self._only_atomic = type(values) is dict and all(
+                v.__class__ in atomic for v in values.values())
         if self._only_atomic:
             # Every stored value is immutable: nothing to copy until a
             # function returns a mutable one (one type test a record).

@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lockgate import fs
+from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.checkpoint.metadata import CHANNEL_STATE_KEY, StateHandle
-from lockgate.checkpoint.restore import distribute_operator_state, plan_keyed_restore
+from lockgate.checkpoint.restore import distribute_operator_state
 from lockgate.checkpoint.storage import (
     ChecksumWriter,
     checkpoint_dir,
@@ -31,6 +32,7 @@ from lockgate.checkpoint.storage import (
 from lockgate.protocol import Ack, ControlMessage, Decline
 from lockgate.runtime.channel_state import InFlight, write_channel_state
 from lockgate.runtime.faults import FaultInjector
+from lockgate.runtime.keyed_state import restore_keyed, write_keyed
 from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.spec import TaskSpec
 from lockgate.state.backend import KeyedBlocks
@@ -64,9 +66,8 @@ def restore_operators(spec: TaskSpec, ops: list[StreamOperator],
             skipped.add(op.uid)
         p = spec.vertex.parallelism
         if op.keyed and op.backend is not None:
-            plan = plan_keyed_restore(op_meta, spec.task_index, p, spec.max_parallelism)
-            for block, offset, length in plan.blocks:
-                op.backend.restore_block(data_of(block)[offset:offset + length], plan.states)
+            restore_keyed(op.backend, op_meta, spec.task_index, p, spec.max_parallelism,
+                          spec.restore_dir or "", data_of)
         per_subtask: list[list[Any]] = []
         for handle in op_meta.subtasks:
             if handle and handle.op_state:
@@ -90,6 +91,8 @@ class SnapshotWriter:
         self.faults = faults
         self.send = send
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self.savepoints: set[int] = set()
+        """Ids of savepoints to come: their keyed state is written canonically."""
         self.in_flight: dict[int, InFlight] = {}
         """Per checkpoint about to be submitted: an unaligned one's in-flight
         data, written beside the state files (``<head uid>-<subtask>.channels``)."""
@@ -113,7 +116,8 @@ class SnapshotWriter:
         try:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
             fs.makedirs(chk)
-            handles = {op.uid: self._write_state_file(chk, op.uid, snap) for op, snap in snaps}
+            handles = {op.uid: self._write_state_file(chk, op.uid, snap, checkpoint_id)
+                       for op, snap in snaps}
             in_flight = self.in_flight.pop(checkpoint_id, None)
             if in_flight is not None:
                 handles[CHANNEL_STATE_KEY] = write_channel_state(chk, self.spec, in_flight,
@@ -130,8 +134,8 @@ class SnapshotWriter:
             except Exception:  # noqa: BLE001 - the control link is gone: the task fails by it
                 log.exception("could not decline snapshot %d", checkpoint_id)
 
-    def _write_state_file(self, chk: str, uid: str,
-                          snap: OperatorSnapshot) -> StateHandle | None:
+    def _write_state_file(self, chk: str, uid: str, snap: OperatorSnapshot,
+                          checkpoint_id: int = 0) -> StateHandle | None:
         """Write one operator's state file (durable: fsynced locally, one
         completed object on an object store) and return its handle."""
         if snap.keyed is None and not snap.operator_state:
@@ -139,15 +143,18 @@ class SnapshotWriter:
         name = f"{uid}-{self.spec.task_index}.state"
         keyed = KeyedBlocks()
         op_state: tuple[int, int] | None = None
+        incremental: IncrementalState | None = None
 
         def write(out: ChecksumWriter) -> None:
-            nonlocal keyed, op_state
+            nonlocal keyed, op_state, incremental
             if snap.keyed is not None:
-                keyed = snap.keyed.write(out)
+                keyed, incremental = write_keyed(snap.keyed, out, checkpoint_id,
+                                                 checkpoint_id in self.savepoints)
             if snap.operator_state:
                 blob = self.serializer.dumps(snap.operator_state)
                 op_state = (out.tell(), len(blob))
                 out.write(blob)
 
         size, crc = write_state_file(chk, name, write)
-        return StateHandle(name, size, crc, 0, keyed.key_groups, keyed.states, op_state)
+        return StateHandle(name, size, crc, 0, keyed.key_groups, keyed.states, op_state,
+                           incremental)

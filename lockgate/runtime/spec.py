@@ -11,6 +11,7 @@ from typing import Any
 
 from lockgate.checkpoint.metadata import CheckpointMetadata
 from lockgate.graph.jobgraph import JobVertex
+from lockgate.state.backends import StateBackend
 
 
 @dataclass
@@ -56,6 +57,8 @@ class TaskSpec:
     max_data_frame: int = 256 << 20
     """Largest data frame this task sends or accepts (the driver's
     ``LOCKGATE_MAX_DATA_FRAME``, :func:`lockgate.runtime.wire.max_data_frame`)."""
+    state_backend: StateBackend | None = None
+    """The keyed state backend (``Pipeline(state_backend=...)``; None: heap)."""
 
     @property
     def name(self) -> str:

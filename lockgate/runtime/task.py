@@ -76,6 +76,7 @@ from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
 from lockgate.runtime.steps import Steps, mark
 from lockgate.runtime.unaligned import UnalignedCheckpoints
 from lockgate.runtime.valve import Emitted, WatermarkValve
+from lockgate.state.backends import close_backend
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")
@@ -202,6 +203,7 @@ class Task(UnalignedCheckpoints):
             info = TaskInfo(spec.job_id, op_spec.uid, spec.task_index, spec.vertex.parallelism,
                             spec.max_parallelism, spec.attempt)
             op = OPERATORS[op_spec.kind](op_spec, info)
+            op.state_backend, op.job_dir = spec.state_backend, spec.job_dir
             op.open(self.serializer)
             self.ops.append(op)
         self.chain = OperatorChain(spec, self.ops, self.faults)
@@ -433,6 +435,8 @@ class Task(UnalignedCheckpoints):
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
         started = time.monotonic()
+        if self._barrier[0] == "savepoint":
+            self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
         snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
         self._flush_all()
         barrier = Barrier(checkpoint_id, *self._barrier)
@@ -466,6 +470,7 @@ class Task(UnalignedCheckpoints):
         for op in self.ops:
             try:
                 op.close()
+                close_backend(op.backend)
             except Exception:  # noqa: BLE001
                 log.exception("closing %s failed", op.uid)
         for out in self.outputs:

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from lockgate.api.watermarks import MIN_WATERMARK, TimerService
-from lockgate.state.backend import HeapKeyedStateBackend, MapStateDescriptor
+from lockgate.state.backend import MapStateDescriptor
+from lockgate.state.backends import KeyedStateBackend
 
 __all__ = ["KeyedTimers", "processing_time", "TIMERS_STATE", "PROCESSING_TIMERS_STATE"]
 
@@ -30,7 +31,7 @@ class _TimerQueue:
     entries of deleted timers are skipped when they come up. An operator that
     never registers a timer keeps no state for them."""
 
-    def __init__(self, backend: HeapKeyedStateBackend, state: str) -> None:
+    def __init__(self, backend: KeyedStateBackend, state: str) -> None:
         self.backend = backend
         self.state = state
         self._table: dict[Any, dict[int, None]] | None = None
@@ -127,7 +128,7 @@ class KeyedTimers(TimerService):
     the watermark passes them (``due``); processing-time timers when the
     task's clock does (``due_processing``)."""
 
-    def __init__(self, backend: HeapKeyedStateBackend) -> None:
+    def __init__(self, backend: KeyedStateBackend) -> None:
         self.backend = backend
         self.watermark = MIN_WATERMARK
         self.event = _TimerQueue(backend, TIMERS_STATE)

@@ -101,8 +101,12 @@ StateBackend = HeapStateBackend | RocksDBStateBackend
 
 
 def state_backend(value: str | StateBackend | None) -> StateBackend:
-    """The backend ``Pipeline(state_backend=value)`` means."""
-    if value is None or value == "heap":
+    """The backend ``Pipeline(state_backend=value)`` means; ``None``: the
+    environment's ``LOCKGATE_STATE_BACKEND`` (``heap`` or ``rocksdb``, read
+    by the driver), else heap."""
+    if value is None:
+        value = os.environ.get("LOCKGATE_STATE_BACKEND") or "heap"
+    if value == "heap":
         return HeapStateBackend()
     if value == "rocksdb":
         return RocksDBStateBackend()
@@ -167,6 +171,10 @@ class KeyedStateBackend(Protocol):
     def state_keys(self, name: str) -> list[Any]: ...
 
     def num_keys(self) -> int: ...
+
+    def approximate_keys(self) -> int:
+        """A cheap estimate of the keys, safe from another thread (metrics)."""
+        ...
 
     def snapshot(self) -> KeyedSnapshot: ...
 
