@@ -60,7 +60,7 @@ function bytes(b) {
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
   while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
-  return (i ? b.toFixed(1) : b) + " " + u[i];
+  return (i ? b.toFixed(1) : Math.round(b)) + " " + u[i];
 }
 function when(t) { return t ? new Date(t * 1000).toLocaleTimeString() : "–"; }
 function wm(ms) { return ms === null || ms === undefined ? "–" : new Date(ms).toISOString().replace("T", " ").replace("Z", ""); }
@@ -223,7 +223,7 @@ async function jobPage(job) {
       ${card("checkpoints", `<span id="checkpoint-count">${num(k.completed)}</span>` + (k.failed ? ` <span class="error">(${num(k.failed)} failed)</span>` : ""))}
       ${card("last checkpoint", last ? `#${last.id} · ${dur(last.end_to_end)} · ${bytes(last.bytes)}` : "–")}
       ${card("last checkpoint age", dur(k.last_age))}
-      ${card("restarts", num(j.restarts), "restarts")}
+      ${card("restarts", num(j.restarts), "restart-count")}
       ${progress !== null ? card("progress", `${(progress * 100).toFixed(1)}% <span class="bar" style="width:${Math.round(progress * 80)}px"></span>`) : ""}
     </div>
     <h2>Job graph</h2>
