@@ -141,3 +141,84 @@ def test_socket_word_count(tmp_path, way):
     assert counts == {"the": 3, "lock": 2, "holds": 1, "water": 1, "until": 1, "both": 1,
                       "levels": 1, "are": 1, "aligned": 1, "then": 1, "one": 1, "batch": 1,
                       "goes": 1, "through": 1}
+
+
+MULTI_INPUT_WAYS = ["lockgate run"] + (["python"] if os.environ.get("LOCKGATE_SOAK") else [])
+"""The multi-input examples: ``python`` (a Spark session, ~30-60 s each on a
+loaded machine) in long runs only."""
+
+
+def _jsonl(folder: Path, name: str, rows: list[dict]) -> None:
+    folder.mkdir()
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("way", MULTI_INPUT_WAYS)
+def test_enrich_with_rules(tmp_path, way):
+    """Each payment checked against the limit of its category in force at its
+    time, whatever order the two streams' records interleave in."""
+    rng = random.Random(5)
+    t0 = 1_700_000_000_000
+    limits = [{"ts": t0 + 10_000 * v, "category": c, "limit": rng.randint(20, 80)}
+              for v in range(30) for c in ("food", "travel")]
+    payments = [{"id": i, "account": rng.choice("abcdef"), "category":
+                 rng.choice(["food", "travel"]), "ts": t0 + i * 60 - rng.randint(0, 4_000),
+                 "amount": rng.randint(1, 100)} for i in range(5_000)]
+    _jsonl(tmp_path / "payments", "p.jsonl", payments)
+    _jsonl(tmp_path / "limits", "l.jsonl", limits)
+    run_example(way, "enrich_with_rules.py",
+                [str(tmp_path / "payments"), str(tmp_path / "limits"), str(tmp_path / "out")],
+                tmp_path)
+    checked, alerts, unchecked = [], [], []
+    for pay in payments:
+        history = [lim["limit"] for lim in limits
+                   if lim["category"] == pay["category"] and lim["ts"] <= pay["ts"]]
+        if not history:
+            unchecked.append(pay)
+            continue
+        row = dict(pay, limit=history[-1])
+        checked.append(row)
+        if pay["amount"] > row["limit"]:
+            alerts.append(row)
+
+    def key(rows: list[dict]) -> list[str]:
+        return sorted(json.dumps(r, sort_keys=True) for r in rows)
+
+    assert alerts and unchecked
+    assert key(committed_lines(tmp_path / "out" / "checked")) == key(checked)
+    assert key(committed_lines(tmp_path / "out" / "alerts")) == key(alerts)
+    assert key(committed_lines(tmp_path / "out" / "unchecked")) == key(unchecked)
+
+
+@pytest.mark.parametrize("way", MULTI_INPUT_WAYS)
+def test_orders_payments_join(tmp_path, way):
+    """The interval join pairs each payment made within 10 minutes after its
+    order; the window join each order with its payments of the same hour."""
+    rng = random.Random(6)
+    t0 = 1_700_000_000_000
+    orders = [{"order": i, "customer": rng.choice("xyz"), "ts": t0 + i * 1_000
+               - rng.randint(0, 4_000), "total": rng.randint(5, 500)} for i in range(3_000)]
+    payments = [{"order": o["order"], "ts": o["ts"] + rng.choice([-1, 1, 2]) * rng.randint(
+                 0, 900_000), "amount": rng.randint(1, 500)}
+                for o in orders for _ in range(rng.randint(0, 2))]
+    payments.sort(key=lambda pay: pay["ts"])
+    for i in range(0, len(payments) - 1, 7):  # a little out of order
+        payments[i], payments[i + 1] = payments[i + 1], payments[i]
+    _jsonl(tmp_path / "orders", "o.jsonl", orders)
+    _jsonl(tmp_path / "payments", "p.jsonl", payments)
+    run_example(way, "orders_payments_join.py",
+                [str(tmp_path / "orders"), str(tmp_path / "payments"), str(tmp_path / "out")],
+                tmp_path)
+    by_order = {o["order"]: o for o in orders}
+    hour = 3_600_000
+    paid = Counter((pay["order"], pay["amount"], pay["ts"] - by_order[pay["order"]]["ts"])
+                   for pay in payments
+                   if 0 <= pay["ts"] - by_order[pay["order"]]["ts"] <= 600_000)
+    hourly = Counter((pay["order"], by_order[pay["order"]]["ts"] // hour, pay["amount"])
+                     for pay in payments
+                     if pay["ts"] // hour == by_order[pay["order"]]["ts"] // hour)
+    assert paid and hourly
+    assert Counter((r["order"], r["amount"], r["delay_ms"])
+                   for r in committed_lines(tmp_path / "out" / "paid")) == paid
+    assert Counter((r["order"], r["hour"], r["amount"])
+                   for r in committed_lines(tmp_path / "out" / "hourly")) == hourly
