@@ -1,0 +1,121 @@
+"""The Nexmark runner::
+
+    python3 -m benchmarks.nexmark [--queries q0,q1,q2,q3,q5,q7,q8] [--events 300000]
+                                  [--parallelism 2] [--latency-rate 4000]
+                                  [--latency-seconds 15] [--launcher local]
+
+Per query, two runs of a job with one source and the query:
+
+1. throughput: ``--events`` events as fast as the job goes, windows of 10 s
+   (sliding every 2 s for q5) as in Flink's Nexmark, 10 000 events per second
+   of event time, a checkpoint every 10 s. Reported: events/s of wall time,
+   and events/s per core = events / CPU seconds of every task process (what
+   Flink's Nexmark reports as throughput/cores), peak memory = the largest
+   sum of the tasks' RSS.
+2. latency: the source paced by event time at ``--latency-rate`` events/s
+   (an event leaves the source when the wall clock reaches its time), windows
+   of 2 s (sliding every 0.5 s) so that enough of them fire; reported: the
+   p50 and p99 of (wall clock at the sink - the result's event time: its
+   event's time, or its window's end), over the results after the first 3 s.
+
+Prints a Markdown table (``--json`` for the raw numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.nexmark.generator import GeneratorConfig
+from benchmarks.nexmark.job import build
+from benchmarks.nexmark.measure import StatsSink, TaskUsage, read_stats
+from benchmarks.nexmark.queries import QUERIES, Windows
+
+WARMUP_MS = 3_000
+STARTUP_MS = 3_000
+"""The latency run's event time starts this long after the job is built."""
+
+
+def throughput(query: str, events: int, parallelism: int, launcher: str) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="lockgate-nexmark-"))
+    try:
+        p = build([query], events,
+                  lambda q: StatsSink(q, str(tmp / "stats"), latency=False),
+                  parallelism=parallelism, storage=str(tmp / "chk"), interval=10.0)
+        usage = TaskUsage()
+        usage.start()
+        t0 = time.perf_counter()
+        result = p.run(launcher=launcher, rest=False)
+        wall = time.perf_counter() - t0
+        cpu, peak = usage.finish()
+        count, _ = read_stats(str(tmp / "stats"))
+        return {"status": str(result.status), "wall_s": wall, "events_per_s": events / wall,
+                "cpu_s": cpu, "events_per_core_s": events / cpu if cpu else None,
+                "peak_rss_mb": peak / 2**20, "results": count}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def latency(query: str, rate: int, seconds: float, parallelism: int,
+            launcher: str) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="lockgate-nexmark-"))
+    try:
+        base = int(time.time() * 1000) + STARTUP_MS
+        config = GeneratorConfig(rate=rate, base_time=base)
+        p = build([query], int(rate * seconds),
+                  lambda q: StatsSink(q, str(tmp / "stats"), latency=True,
+                                      warmup_until=base + WARMUP_MS),
+                  parallelism=parallelism, config=config, windows=Windows(2_000, 500),
+                  paced=True, storage=str(tmp / "chk"), interval=10.0)
+        p.run(launcher=launcher, rest=False)
+        _, samples = read_stats(str(tmp / "stats"))
+        if not samples:
+            return {"p50_ms": None, "p99_ms": None, "samples": 0}
+        q = statistics.quantiles(samples, n=100, method="inclusive")
+        return {"p50_ms": statistics.median(samples), "p99_ms": q[98], "samples": len(samples)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--queries", default=",".join(QUERIES))
+    ap.add_argument("--events", type=int, default=300_000)
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--latency-rate", type=int, default=4_000)
+    ap.add_argument("--latency-seconds", type=float, default=15.0)
+    ap.add_argument("--launcher", default="local", choices=["local", "spark"])
+    ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rows = {}
+    for q in args.queries.split(","):
+        row = throughput(q, args.events, args.parallelism, args.launcher)
+        if not args.no_latency:
+            row.update(latency(q, args.latency_rate, args.latency_seconds, args.parallelism,
+                               args.launcher))
+        rows[q] = row
+        print(f"# {q}: {json.dumps(row)}", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print("\n| query | events/s | events/s per core | CPU s | peak RSS (MB) | "
+          "latency p50 / p99 (ms) | results |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for q, r in rows.items():
+        lat = (f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f}" if r.get("p50_ms") is not None
+               else "-")
+        print(f"| {q} | {r['events_per_s']:,.0f} | {r['events_per_core_s'] or 0:,.0f} | "
+              f"{r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | {lat} | {r['results']:,} |")
+
+
+if __name__ == "__main__":
+    main()
