@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import Any, Protocol, overload
 
 from lockgate.errors import CheckpointCorruptError
@@ -69,6 +71,13 @@ class TtlBackend(Protocol):
 _END = object()
 
 
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+ACCESS_BATCH = 8
+"""The incremental cleanup on access runs every this many accesses of a state."""
+
+
 def _checked(name: str, pair: Any) -> tuple[Any, int]:
     """A stored ``(value, timestamp)`` pair, validated: it may come from a checkpoint."""
     if type(pair) is tuple and len(pair) == 2 and type(pair[1]) is int:
@@ -93,37 +102,56 @@ class _TtlHandle:
         inc = config.cleanup_incrementally
         self._cleanup_size = inc.size if inc is not None else 0
         self._keys: Iterator[Any] | None = None
-
-    def _now(self) -> int:
-        return self._config.now()
+        self._debt = 0
+        self._now: Callable[[], int] = config.now if config.clock is not None else _wall_ms
 
     def _alive(self, ts: int, now: int) -> bool:
         return ts + self._ttl_ms > now
 
     def _accessed(self) -> None:
-        """Incremental cleanup on access."""
+        """Incremental cleanup on access: ``size`` keys per access, checked
+        every ``ACCESS_BATCH`` accesses (one clock read and set-up for many)."""
         if self._cleanup_size:
-            self.cleanup_some(self._cleanup_size)
+            self._debt += 1
+            if self._debt >= ACCESS_BATCH:
+                self._debt = 0
+                self.cleanup_some(self._cleanup_size * ACCESS_BATCH)
 
     def cleanup_some(self, count: int) -> None:
         """Check the next ``count`` keys of this state's round for expired
-        values and remove them; the current key is left as it was."""
+        values and remove them; the current key is left as it was. A round
+        ends when its keys do; at most one new round starts per call (a
+        small state is done)."""
+        now = self._now()
+        table = self._plain_table()
+        started = False
+        while count > 0:
+            if self._keys is None:
+                if started:
+                    return
+                self._keys = iter(self._ttl_backend.state_keys(self._name))
+                started = True
+            keys = list(islice(self._keys, count))
+            if len(keys) < count:  # the round is over: the next one lists the keys anew
+                self._keys = None
+            count -= len(keys)
+            if table is not None:
+                self._clean_table(table, keys, now - self._ttl_ms)
+            elif keys:
+                self._clean_keys(keys, now)
+
+    def _plain_table(self) -> dict[Any, Any] | None:
+        """The heap backend's live dict of this state (the fast path of the
+        incremental cleanup), or None for another backend: its handles."""
+        raw = getattr(self._ttl_backend, "raw", None)
+        table = raw(self._name) if raw is not None else None
+        return table if type(table) is dict else None
+
+    def _clean_keys(self, keys: list[Any], now: int) -> None:
         backend = self._ttl_backend
         saved = backend.current_key
-        now = self._now()
-        started = False
         try:
-            while count > 0:
-                if self._keys is None:
-                    if started:
-                        return  # at most one new round per call: a small state is done
-                    self._keys = iter(backend.state_keys(self._name))
-                    started = True
-                key = next(self._keys, _END)
-                if key is _END:  # the round is over: the next one lists the keys anew
-                    self._keys = None
-                    continue
-                count -= 1
+            for key in keys:
                 backend.current_key = key
                 self._clean_current(now)
         finally:
@@ -131,6 +159,17 @@ class _TtlHandle:
 
     def _clean_current(self, now: int) -> None:
         raise NotImplementedError
+
+    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
+        """Remove what expired at ``deadline + ttl`` of ``table[key]`` for
+        each of ``keys``, replacing containers, never changing one in place."""
+        raise NotImplementedError
+
+    def _stamp(self, pair: Any) -> int:
+        if type(pair) is tuple and len(pair) == 2 and type(pair[1]) is int:
+            ts: int = pair[1]
+            return ts
+        return _checked(self._name, pair)[1]
 
 
 class TtlValueState(_TtlHandle, ValueState):
@@ -148,13 +187,16 @@ class TtlValueState(_TtlHandle, ValueState):
         return d if type(d) in ATOMIC else private_copy(d)
 
     def value(self) -> Any:
-        self._accessed()
+        if self._cleanup_size:
+            self._accessed()
         stored = self._inner.value()
         if stored is None:
             return self._default_value()
-        v, ts = _checked(self._name, stored)
+        if type(stored) is not tuple or len(stored) != 2 or type(stored[1]) is not int:
+            _checked(self._name, stored)
+        v, ts = stored
         now = self._now()
-        if not self._alive(ts, now):
+        if ts + self._ttl_ms <= now:
             self._inner.clear()
             return v if self._return_expired else self._default_value()
         if self._on_read:
@@ -162,7 +204,8 @@ class TtlValueState(_TtlHandle, ValueState):
         return v
 
     def update(self, value: Any) -> None:
-        self._accessed()
+        if self._cleanup_size:
+            self._accessed()
         if value is None:
             self._inner.clear()
         else:
@@ -176,6 +219,18 @@ class TtlValueState(_TtlHandle, ValueState):
         stored = self._inner.value()
         if stored is not None and not self._alive(_checked(self._name, stored)[1], now):
             self._inner.clear()
+
+    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
+        get = table.get
+        pair = None
+        try:
+            for key in keys:
+                pair = get(key)
+                if pair is not None and pair[1] <= deadline:
+                    del table[key]
+        except (TypeError, IndexError, KeyError):
+            self._stamp(pair)  # names what is not a pair
+            raise
 
 
 class TtlListState(_TtlHandle, ListState):
@@ -226,6 +281,17 @@ class TtlListState(_TtlHandle, ListState):
             alive = [p for p in stored if self._alive(_checked(self._name, p)[1], now)]
             if len(alive) != len(stored):
                 self._inner.update(alive)
+
+    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
+        stamp = self._stamp
+        for key in keys:
+            stored = table.get(key)
+            if stored and any(stamp(p) <= deadline for p in stored):
+                alive = [p for p in stored if p[1] > deadline]
+                if alive:
+                    table[key] = alive
+                else:
+                    del table[key]
 
 
 class TtlMapState(_TtlHandle, MapState):
@@ -326,6 +392,17 @@ class TtlMapState(_TtlHandle, MapState):
         for k, pair in self._inner.items():
             if not self._alive(_checked(self._name, pair)[1], now):
                 self._inner.remove(k)
+
+    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
+        stamp = self._stamp
+        for key in keys:
+            stored = table.get(key)
+            if stored and any(stamp(p) <= deadline for p in stored.values()):
+                alive = {k: p for k, p in stored.items() if p[1] > deadline}
+                if alive:
+                    table[key] = alive
+                else:
+                    del table[key]
 
 
 TtlHandle = TtlValueState | TtlListState | TtlMapState
