@@ -33,7 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 from lockgate.api.functions import OutputTag
 from lockgate.api.windows import ProcessWindowFunction, WindowAssigner, WindowContext
@@ -239,37 +239,42 @@ class _EqualTo(Generic[L, R]):
         return WindowJoin(self, assigner, lt, rt)
 
 
-class _Tag:
+class _Tag(NamedTuple):
     """``r -> (side, r)``: the map that marks a side of a window join."""
 
-    def __init__(self, side: int) -> None:
-        self.side = side
+    side: int
 
     def __call__(self, r: Any) -> tuple[int, Any]:
         return (self.side, r)
 
 
-class _Either:
-    """A function of a tagged record: ``left`` of a left one, ``right`` of a right one."""
+class _Either(NamedTuple):
+    """A function of a tagged record: ``left`` of a left one, ``right`` of a
+    right one. (These helpers are tuples: the driver finds the job script's
+    classes inside them, as in every ``OperatorSpec.fn``.)"""
 
-    def __init__(self, left: Callable[[Any], Any], right: Callable[[Any], Any]) -> None:
-        self.left, self.right = left, right
+    left: Callable[[Any], Any]
+    right: Callable[[Any], Any]
 
     def __call__(self, t: tuple[int, Any]) -> Any:
         return self.left(t[1]) if t[0] == 0 else self.right(t[1])
 
 
-class _PairUp(ProcessWindowFunction[Any, Any]):
-    """Every left record of the window with every right one, in arrival order."""
+class _PairUp(tuple[Any, ...], ProcessWindowFunction[Any, Any]):
+    """Every left record of the window with every right one, in arrival
+    order. A tuple of the user's function (see ``_Either``)."""
 
-    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
-        self.fn = fn
+    def __new__(cls, fn: Callable[[Any, Any], Any]) -> _PairUp:
+        return super().__new__(cls, (fn,))
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return (self[0],)
 
     def process(self, key: Any, context: WindowContext,
                 elements: list[Any]) -> Iterable[Any] | None:
         lefts = [r for side, r in elements if side == 0]
         rights = [r for side, r in elements if side == 1]
-        fn = self.fn
+        fn = self[0]
         return [fn(a, b) for a in lefts for b in rights]
 
 
@@ -289,10 +294,15 @@ class WindowJoin(Generic[L, R]):
             raise PipelineDefinitionError(f"apply takes a function (left, right) -> out, "
                                           f"got {fn!r}")
         k = self._keys
-        left = k._left.map(_Tag(0), uid=f"{uid}.left" if uid else None)
-        right = k._right.map(_Tag(1), uid=f"{uid}.right" if uid else None)
-        ts = _Either(self._lts, self._rts) if self._lts and self._rts else None
-        windowed = (left.union(right).key_by(_Either(k._lkey, k._rkey))
+        # (mypy does not see a NamedTuple's __call__: the casts say they are callables)
+        left: DataStream[Any] = k._left.map(cast(Callable[[Any], Any], _Tag(0)),
+                                            uid=f"{uid}.left" if uid else None)
+        right: DataStream[Any] = k._right.map(cast(Callable[[Any], Any], _Tag(1)),
+                                              uid=f"{uid}.right" if uid else None)
+        ts = (cast(Callable[[Any], int], _Either(self._lts, self._rts))
+              if self._lts and self._rts else None)
+        windowed = (left.union(right).key_by(cast(Callable[[Any], Any],
+                                                  _Either(k._lkey, k._rkey)))
                     .window(self._assigner, timestamp_of=ts))
         out: DataStream[OUT] = windowed.process(_PairUp(fn), uid=uid, parallelism=parallelism)
         return out

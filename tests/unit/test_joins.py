@@ -330,3 +330,46 @@ class _Keyed(KeyedBroadcastProcessFunction):
 
     def process_broadcast_element(self, value, ctx):
         return None
+
+
+def test_the_driver_finds_script_classes_in_join_functions():
+    """A class of the job script that only a join's function names reaches
+    the tasks (``runtime/script_classes.py`` walks tuples: the join's specs
+    and helpers are tuples)."""
+    from lockgate.runtime.script_classes import script_classes
+
+    point = type("Point", (), {})
+    point.__module__ = "__main__"
+    other = type("Other", (), {})
+    other.__module__ = "__main__"
+
+    def make(a, b):
+        return point()
+
+    def later(r):
+        return other and r
+
+    make.__module__ = later.__module__ = "__main__"
+    p = Pipeline("g")
+    wm = WatermarkStrategy(lambda x: x, 0)
+    a = p.source(SequenceSource(1, 10), uid="a", watermarks=wm)
+    b = p.source(SequenceSource(1, 10), uid="b", watermarks=wm)
+    a.join(b).where(lambda x: x).equal_to(lambda x: x).window(
+        TumblingEventTimeWindows.of(5)).apply(make, uid="wj").sink(CollectSink(), uid="o")
+    (a.key_by(lambda x: x).interval_join(b.key_by(lambda x: x)).between(0, 1)
+     .process(Pair(), uid="ij").sink(CollectSink(), uid="o2"))
+    c = p.source(SequenceSource(1, 10), uid="c", watermarks=wm)
+    d = p.source(SequenceSource(1, 10), uid="d", watermarks=wm)
+    c.key_by(lambda x: x).connect(d.key_by(later)).process(_Both(), uid="co").sink(
+        CollectSink(), uid="o3")
+    roots = [(op.fn, op.key_selector, op.watermarks) for op in build_job_graph(p).operators()]
+    found = script_classes(*roots)
+    assert point in found and other in found
+
+
+class _Both(CoProcessFunction):
+    def process_element1(self, value, ctx):
+        return None
+
+    def process_element2(self, value, ctx):
+        return None
