@@ -6,6 +6,10 @@ calls over batches. Every other edge becomes a network exchange. A side
 output (``stream.side_output(tag)``) is an edge of its own from the operator
 that emits it (``OutputEdge.tag``), never chained: so that operator is always
 the last of its chain.
+
+Several inputs (``connect``, joins): every edge names the input of the
+operator it feeds (``input_index``), and such an operator heads a vertex of
+its own. A ``union`` is no vertex: its inputs become edges of its consumer.
 """
 
 from __future__ import annotations
