@@ -11,7 +11,8 @@ from tests.fixtures import committed_lines
 from tests.integration.test_examples import run_example
 
 
-@pytest.mark.parametrize("way", ["python", "lockgate run"])
+# (the Spark launcher runs async_map in tests/fault/test_async_io.py)
+@pytest.mark.parametrize("way", ["lockgate run"])
 def test_async_enrichment(tmp_path: Path, way):
     n = 1_200  # 12 clicks of slow users: each holds its task's ordered results 1 s
     run_example(way, "async_enrichment.py", [str(tmp_path / "out"), str(n)], tmp_path)
