@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
@@ -100,11 +100,16 @@ class FileTxn:
     object store the pending name (nothing is visible before pre-commit)."""
     file: IO[bytes] | None = None
     records: list[Any] = field(default_factory=list)
+    batches: list[Any] = field(default_factory=list)
+    """Record batches (the Arrow path), written as they are (Parquet)."""
     count: int = 0
 
 
 class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
     """Writes one task's part files; see the module docstring for the names."""
+
+    accepts_arrow = True
+    """``pyarrow.RecordBatch`` es are written to Parquet as they are (JSONL: as rows)."""
 
     def __init__(self, info: TaskInfo, folder: str, fmt: RecordFormat) -> None:
         """A writer of ``fmt`` files into ``folder`` for task ``info``."""
@@ -171,6 +176,12 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
 
     def write(self, txn: FileTxn, batch: list[Any]) -> None:
         """Append ``batch`` (one write call) or buffer it (Parquet)."""
+        if not isinstance(cast(Any, batch), list):  # a pyarrow.RecordBatch
+            if not self.fmt.streaming:
+                txn.batches.append(batch)
+                txn.count += len(batch)
+                return
+            batch = cast(Any, batch).to_pylist()
         if txn.file is not None:
             txn.file.write(self.fmt.encode_batch(batch))
         else:
@@ -189,8 +200,11 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         # Step 1. Buffered formats write now.
         if txn.file is None:
             txn.file = fs.open_write(txn.inprogress_path)
-            self.fmt.write_file(txn.file, txn.records)
-            txn.records = []
+            if txn.batches:
+                self.fmt.write_batches(txn.file, txn.batches, txn.records)
+            else:
+                self.fmt.write_file(txn.file, txn.records)
+            txn.records, txn.batches = [], []
         # Step 2. Durable.
         fs.finish_write(txn.file)
         txn.file = None
@@ -248,7 +262,7 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
                     txn.file.close()
                 finally:
                     txn.file = None
-            txn.records = []
+            txn.records, txn.batches = [], []
             fs.remove(txn.inprogress_path)
         else:
             fs.remove(fs.join(self.folder, str(handle_or_txn["pending"])))

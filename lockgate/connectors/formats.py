@@ -33,6 +33,11 @@ class RecordFormat:
         """Write all ``records`` into ``f`` (buffered formats)."""
         raise NotImplementedError
 
+    def write_batches(self, f: IO[bytes], batches: list[Any], records: list[Any]) -> None:
+        """Write ``pyarrow.RecordBatch`` es (and any ``records``) into ``f``
+        (buffered formats)."""
+        raise NotImplementedError
+
 
 class JsonlFormat(RecordFormat):
     """One compact JSON document per line."""
@@ -107,4 +112,20 @@ class ParquetFormat(RecordFormat):
                 f"file sink (parquet): the records cannot form an Arrow table ({e}); emit "
                 "dicts with the same keys and consistently typed values"
             ) from e
+        pq.write_table(table, f)
+
+    def write_batches(self, f: IO[bytes], batches: list[Any], records: list[Any]) -> None:
+        """The batches as one Parquet table, no row made (batches of different
+        schemas are unified); with records too, everything as rows."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if records:
+            self.write_file(f, records + [r for b in batches for r in b.to_pylist()])
+            return
+        try:
+            table = pa.Table.from_batches(batches)
+        except pa.ArrowInvalid:
+            table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches],
+                                     promote_options="permissive")
         pq.write_table(table, f)

@@ -30,6 +30,11 @@ class OperatorKind(StrEnum):
     ASYNC_MAP = "async_map"
     """Calls of an ``async def`` per record (``DataStream.async_map``), an ``AsyncSpec``."""
     SINK = "sink"
+    ARROW = "arrow"
+    """On ``pyarrow.RecordBatch`` es: ``map_arrow``, ``filter_arrow``,
+    ``to_rows``, ``to_arrow`` (an ``api.arrow.ArrowStep``)."""
+    ARROW_AGGREGATE = "arrow_aggregate"
+    """Keyed: ``aggregate_arrow``, running aggregates over record batches."""
     UNION = "union"
     """Several streams as one (``DataStream.union``): no operator of its own;
     its consumer reads every input's edges (``graph/jobgraph.py``)."""

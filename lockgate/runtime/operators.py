@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.watermarks import TimeDomain, TimerService
@@ -375,6 +375,9 @@ class SinkOperator(StreamOperator):
 
     def process(self, batch: list[Any]) -> list[Any]:
         if batch:
+            if not isinstance(cast(Any, batch), list) and not getattr(self.writer, "accepts_arrow",
+                                                                  False):
+                batch = cast(Any, batch).to_pylist()  # a pyarrow.RecordBatch, to rows
             self.writer.write_batch(batch)
             self.written += len(batch)
         return []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from itertools import compress, repeat
 from operator import eq
-from typing import Any
+from typing import Any, cast
 
 from lockgate.errors import UserFunctionError
 from lockgate.graph.jobgraph import OutputEdge
@@ -41,6 +41,11 @@ class OutputEdgeWriter:
         backpressure; :mod:`lockgate.runtime.metrics`)."""
 
     def add(self, batch: list[Any]) -> None:
+        if not isinstance(cast(Any, batch), list):  # a pyarrow.RecordBatch (runtime/arrow_ops)
+            self._add_arrow(batch)
+            return
+        if self._arrow is not None and self._arrow.pending:
+            self._arrow.flush()  # the edge stays in order
         bufs = self.buffers
         if self.partitioning == "hash":
             try:
@@ -111,7 +116,21 @@ class OutputEdgeWriter:
                             f"{to}: {shown}")
         return failed
 
+    _arrow: Any = None
+    """The buffers of record batches (``arrow_ops.ArrowOutput``), from the first one on."""
+
+    def _add_arrow(self, batch: Any) -> None:
+        if self._arrow is None:
+            from lockgate.runtime.arrow_ops import ArrowOutput
+
+            self._arrow = ArrowOutput(self)
+        if any(self.buffers):
+            self.flush()  # the edge stays in order
+        self._arrow.add(batch)
+
     def flush(self) -> None:
+        if self._arrow is not None:
+            self._arrow.flush()
         for i, b in enumerate(self.buffers):
             if b:
                 self._send(i)

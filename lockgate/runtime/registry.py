@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lockgate.graph.types import OperatorKind
+from lockgate.runtime.arrow_ops import ArrowAggregateOperator, ArrowStepOperator
 from lockgate.runtime.async_io import AsyncOperator
 from lockgate.runtime.broadcast_process import BroadcastProcessOperator
 from lockgate.runtime.coprocess import CoProcessOperator
@@ -32,6 +33,8 @@ OPERATORS: dict[OperatorKind, type[StreamOperator]] = {
     OperatorKind.PROCESS: ProcessOperator,
     OperatorKind.WINDOW: WindowOperator,
     OperatorKind.ASYNC_MAP: AsyncOperator,
+    OperatorKind.ARROW: ArrowStepOperator,
+    OperatorKind.ARROW_AGGREGATE: ArrowAggregateOperator,
     OperatorKind.SINK: SinkOperator,
     OperatorKind.CO_PROCESS: CoProcessOperator,
     OperatorKind.BROADCAST_PROCESS: BroadcastProcessOperator,

@@ -75,6 +75,8 @@ class Frame(IntEnum):
     CANCEL_BARRIER = 5
     WATERMARK = 6
     IDLE = 7
+    ARROW_BATCH = 8
+    """Record batches as one Arrow IPC stream (:mod:`lockgate.runtime.arrow_wire`)."""
     CONTROL = 10
     HELLO = 11
 
@@ -257,6 +259,10 @@ def decode_element(kind: int, payload: bytes) -> StreamElement:
     for a frame type or payload that a data channel never carries."""
     if kind == Frame.BATCH:
         return Batch(decode_batch(payload))
+    if kind == Frame.ARROW_BATCH:
+        from lockgate.runtime.arrow_wire import decode_arrow
+
+        return Batch(decode_arrow(payload))
     try:
         value = msgpack.unpackb(payload) if payload else None
     except Exception as e:  # noqa: BLE001 - msgpack raises several kinds

@@ -1,0 +1,318 @@
+"""The runtime of the Arrow path (``lockgate/api/arrow.py``): operators on
+``pyarrow.RecordBatch`` es, routing a batch's rows by key group without
+Python rows, and the per-channel buffers of Arrow output.
+
+Key groups: a row's key group is the one the row path gives the same key
+(``state/keygroups.py``: a hash of the key's msgpack bytes), so an Arrow
+operator's state and a row operator's agree, and ``read_state`` or a
+savepoint written by ``write_savepoint`` mean the same. It is computed once
+per distinct key, not per row: integer keys through a lookup table indexed by
+the key (numpy), other keys through Arrow's dictionary encoding of the batch's
+key column; either way the per-row work is vectorized.
+
+pyarrow is imported on first use: a task without Arrow operators never loads it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from lockgate.api.arrow import ArrowAggregate, ArrowStep, ColumnKey
+from lockgate.errors import UserFunctionError
+from lockgate.runtime.operators import KeyedOperator, StreamOperator
+from lockgate.state.backend import ValueStateDescriptor
+from lockgate.state.keygroups import KeyGroupAssigner
+from lockgate.state.serde import StateSerializer
+
+if TYPE_CHECKING:
+    from lockgate.runtime.output import OutputEdgeWriter
+
+__all__ = ["ArrowAggregateOperator", "ArrowOutput", "ArrowStepOperator", "KeyRouter",
+           "is_arrow"]
+
+LUT_LIMIT = 1 << 20
+"""Integer keys spanning at most this many values route through a lookup table."""
+SPLIT_BY_MASK = 4
+"""Up to this many channels, a batch is split with one mask per channel."""
+
+
+def is_arrow(batch: Any) -> bool:
+    """Whether ``batch`` is a record batch (rather than a list of records)."""
+    return not isinstance(batch, list) and hasattr(batch, "schema")
+
+
+def _as_batch(out: Any, what: str) -> Any:
+    import pyarrow as pa
+
+    if isinstance(out, pa.RecordBatch):
+        return out
+    if isinstance(out, pa.Table):
+        return out.combine_chunks().to_batches()[0] if out.num_rows else \
+            pa.RecordBatch.from_pylist([], schema=out.schema)
+    raise TypeError(f"{what} must return a pyarrow.RecordBatch, got {type(out).__name__}")
+
+
+# ------------------------------------------------------------------ operators
+
+
+class ArrowStepOperator(StreamOperator):
+    """``map_arrow``, ``filter_arrow``, ``to_rows`` and ``to_arrow``."""
+
+    def process(self, batch: Any) -> Any:
+        step: ArrowStep = self.spec.fn
+        op = step.op
+        if op == "map":
+            assert step.fn is not None
+            return _as_batch(step.fn(batch), "map_arrow's function")
+        if op == "filter":
+            import pyarrow as pa
+
+            assert step.fn is not None
+            mask = step.fn(batch)
+            if not isinstance(mask, pa.Array | pa.ChunkedArray):
+                mask = pa.array(mask, type=pa.bool_())
+            return batch.filter(mask)
+        if op == "to_rows":
+            rows: list[Any] = batch.to_pylist()
+            return rows
+        return _rows_to_batch(batch, step.schema)
+
+
+def _rows_to_batch(rows: list[Any], schema: Any) -> Any:
+    import pyarrow as pa
+
+    if rows and all(isinstance(r, dict) for r in rows):
+        return pa.RecordBatch.from_pylist(rows, schema=schema)
+    if schema is not None:
+        return pa.RecordBatch.from_arrays([pa.array(rows, type=schema.field(0).type)],
+                                          schema=schema)
+    return pa.RecordBatch.from_pydict({"value": rows})
+
+
+_PART_KINDS = ("sum", "count", "min", "max")
+
+
+class ArrowAggregateOperator(KeyedOperator):
+    """``aggregate_arrow``: per batch, Arrow's group-by computes each key's
+    partial aggregates; they are merged (vectorized) into the state, one tuple
+    of accumulators per key in the keyed value state ``aggregate_arrow``; the
+    batch's keys go out with their updated aggregates."""
+
+    STATE = ValueStateDescriptor("aggregate_arrow")
+
+    def open(self, serializer: StateSerializer) -> None:
+        super().open(serializer)
+        assert self.backend is not None
+        self.backend.get_state(self.STATE)
+        self._values = self.backend.raw(self.STATE.name)
+        plan: ArrowAggregate = self.spec.fn
+        self.key = plan.key
+        parts: list[tuple[str, str]] = []  # (column, sum|count|min|max): the state's slots
+
+        def slot(column: str, kind: str) -> int:
+            if (column, kind) not in parts:
+                parts.append((column, kind))
+            return parts.index((column, kind))
+
+        self.outputs: list[tuple[str, str, tuple[int, ...]]] = []
+        for name, column, how in plan.outputs:
+            if how == "mean":
+                self.outputs.append((name, how, (slot(column, "sum"), slot(column, "count"))))
+            else:
+                self.outputs.append((name, how, (slot(column, how),)))
+        self.parts = parts
+
+    def process(self, batch: Any) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not len(batch):
+            return batch
+        key = self.key
+        grouped = pa.Table.from_batches([batch]).group_by(key, use_threads=False).aggregate(
+            list(self.parts))
+        keys = grouped.column(key).combine_chunks()
+        key_list = keys.to_pylist()
+        olds = list(map(self._values.get, key_list))
+        fresh = [o is None for o in olds]
+        merged: list[Any] = []
+        for j, (column, kind) in enumerate(self.parts):
+            new = grouped.column(f"{column}_{kind}").combine_chunks()
+            if all(fresh):
+                merged.append(new)
+                continue
+            old = pa.array([None if o is None else o[j] for o in olds], type=new.type)
+            if kind == "min":
+                merged.append(pc.min_element_wise(old, new, skip_nulls=True))
+            elif kind == "max":
+                merged.append(pc.max_element_wise(old, new, skip_nulls=True))
+            else:  # sum, count: a side that is null (no value yet) counts as nothing
+                merged.append(pc.coalesce(pc.add_checked(old, new), old, new))
+        values = [m.to_pylist() for m in merged]
+        self._values.update(zip(key_list, zip(*values, strict=True), strict=True))
+        columns = [keys]
+        for _name, how, slots in self.outputs:
+            if how == "mean":
+                total, count = merged[slots[0]], merged[slots[1]]
+                mean = pc.divide(pc.cast(total, pa.float64()), count)
+                columns.append(pc.if_else(pc.greater(count, 0), mean,
+                                          pa.scalar(None, pa.float64())))
+            else:
+                columns.append(merged[slots[0]])
+        names = [key] + [name for name, _, _ in self.outputs]
+        return pa.RecordBatch.from_arrays(columns, names=names)
+
+
+# ------------------------------------------------------------------ routing
+
+
+class KeyRouter:
+    """The target channel of every row of a key column, by key group."""
+
+    def __init__(self, max_parallelism: int, parallelism: int) -> None:
+        self.assigner = KeyGroupAssigner(max_parallelism)
+        self.parallelism = parallelism
+        self._lut: Any = None
+        self._base = 0
+
+    def targets(self, keys: Any) -> Any:
+        """A numpy array: the channel of each key of ``keys`` (an Arrow array)."""
+        import numpy as np
+        import pyarrow as pa
+
+        n = self.parallelism
+        if n == 1:
+            return np.zeros(len(keys), dtype=np.int32)
+        if pa.types.is_integer(keys.type) and keys.null_count == 0 and len(keys):
+            found = self._by_table(keys.to_numpy())
+            if found is not None:
+                return found
+        encoded = keys.dictionary_encode(null_encoding="encode")
+        per_key = np.array(self.assigner.route(encoded.dictionary.to_pylist(), n),
+                           dtype=np.int32)
+        return per_key[encoded.indices.to_numpy(zero_copy_only=False)]
+
+    def _by_table(self, a: Any) -> Any:
+        import numpy as np
+
+        lo, hi = int(a.min()), int(a.max())
+        lut, base = self._lut, self._base
+        if lut is None or lo < base or hi >= base + len(lut):
+            start = lo if lut is None else min(lo, base)
+            end = hi + 1 if lut is None else max(hi + 1, base + len(lut))
+            if end - start > LUT_LIMIT:
+                if hi + 1 - lo > LUT_LIMIT:
+                    return None  # too sparse: the dictionary path
+                start, end, lut = lo, hi + 1, None
+            grown = np.full(end - start, -1, dtype=np.int32)
+            if lut is not None:
+                grown[base - start: base - start + len(lut)] = lut
+            self._lut, self._base = lut, base = grown, start
+        lut = self._lut
+        offsets = a - base
+        found = lut[offsets]
+        missing = found < 0
+        if missing.any():
+            new = np.unique(a[missing])
+            lut[new - base] = self.assigner.route(new.tolist(), self.parallelism)
+            found = lut[offsets]
+        return found
+
+
+def split_by_target(batch: Any, targets: Any, n: int) -> list[tuple[int, Any]]:
+    """``(channel, rows of batch for it)`` for every channel that gets rows."""
+    import numpy as np
+    import pyarrow as pa
+
+    if n <= SPLIT_BY_MASK:
+        out = []
+        for i in range(n):
+            rows = np.flatnonzero(targets == i)
+            if len(rows) == len(batch):
+                return [(i, batch)]
+            if len(rows):
+                out.append((i, batch.take(pa.array(rows))))
+        return out
+    order = np.argsort(targets, kind="stable")
+    counts = np.bincount(targets, minlength=n)
+    ordered = batch.take(pa.array(order))
+    out, start = [], 0
+    for i, c in enumerate(counts.tolist()):
+        if c:
+            out.append((i, ordered.slice(start, c)))
+            start += c
+    return out
+
+
+class ArrowOutput:
+    """The Arrow side of one :class:`OutputEdgeWriter`: record batches
+    buffered per channel (a buffer is sent as one IPC frame once it holds
+    ``batch_size`` rows, before any in-band event, or when the schema
+    changes)."""
+
+    def __init__(self, writer: OutputEdgeWriter) -> None:
+        self.writer = writer
+        n = len(writer.links)
+        self.buffers: list[list[Any]] = [[] for _ in range(n)]
+        self.rows = [0] * n
+        self.router: KeyRouter | None = None
+        if writer.partitioning == "hash":
+            key = writer.key_of
+            if not isinstance(key, ColumnKey):
+                raise UserFunctionError(
+                    f"operator {writer.edge.downstream_uid!r} is keyed by a function, but its "
+                    "input is a stream of Arrow batches: use key_by_column, or to_rows() first")
+            self.router = KeyRouter(writer.assigner.max_parallelism, n)
+
+    @property
+    def pending(self) -> bool:
+        return any(self.rows)
+
+    def add(self, batch: Any) -> None:
+        w = self.writer
+        n = len(self.buffers)
+        if self.router is not None:
+            column = w.key_of.column
+            try:
+                keys = batch.column(column)
+            except KeyError:
+                raise UserFunctionError(
+                    f"the key column {column!r} of operator {w.edge.downstream_uid!r} is not in "
+                    f"the batch (columns: {batch.schema.names})") from None
+            for i, rows in split_by_target(batch, self.router.targets(keys), n):
+                self._put(i, rows)
+        elif w.partitioning == "forward":
+            self._put(w.forward_index, batch)
+        elif w.partitioning == "broadcast":
+            for i in range(n):
+                self._put(i, batch)
+        else:  # rebalance: whole batches round-robin
+            self._put(w.next, batch)
+            w.next = (w.next + 1) % n
+        if time.monotonic() - w.last_flush > 0.05:
+            w.flush()
+
+    def _put(self, i: int, batch: Any) -> None:
+        buf = self.buffers[i]
+        if buf and not buf[0].schema.equals(batch.schema):
+            self.send(i)
+            buf = self.buffers[i]
+        buf.append(batch)
+        self.rows[i] += len(batch)
+        if self.rows[i] >= self.writer.batch_size:
+            self.send(i)
+
+    def send(self, i: int) -> None:
+        from lockgate.runtime.arrow_wire import encode_arrow
+        from lockgate.runtime.wire import Frame
+
+        batches, self.buffers[i], self.rows[i] = self.buffers[i], [], 0
+        link = self.writer.links[i]
+        assert link is not None
+        link.send(Frame.ARROW_BATCH, encode_arrow(batches))
+
+    def flush(self) -> None:
+        for i, rows in enumerate(self.rows):
+            if rows:
+                self.send(i)
