@@ -72,9 +72,11 @@ def test_unaligned_random_kills(tmp_path, seed, launcher):
     assert _in_flight_stored(result), result["checkpoints"]
 
 
+@pytest.mark.parametrize("launcher", ["local"] + (["spark"] if SOAK else []))
 def test_unaligned_with_aligned_timeout_is_exact(tmp_path, launcher):
     """Checkpoints that start aligned and turn unaligned after 50 ms, with a
-    kill while one's channel state is written."""
+    kill while one's channel state is written (on Spark with LOCKGATE_SOAK=1:
+    the CI budget)."""
     faults = [{"point": "channel_state", "task": 2, "attempt": 0, "count": 2}]
     result, _ = run_job(tmp_path, n=N, parallelism=2, faults=faults, interval=0.1,
                         extra=["--aligned-timeout", "0.05", *SLOW[1:]], launcher=launcher)
