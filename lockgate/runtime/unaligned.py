@@ -97,7 +97,7 @@ class UnalignedCheckpoints:
         self.snapshots.in_flight[checkpoint_id] = snap
         self.snapshots.submit(checkpoint_id, snap.snaps, read=snap.read, written=snap.written,
                               finished=snap.finished, alignment=self.barriers.take_alignment(),
-                              final=snap.final)
+                              final=snap.final, sync_duration=snap.sync_duration)
 
     def _replayed(self, ch: int) -> None:
         """A recovered in-flight element of ``ch`` is taken."""
