@@ -1,0 +1,239 @@
+"""W2: a keyed running count over uniformly random keys, on the heap and the
+RocksDB state backend, at growing key spaces.
+
+    python benchmarks/bench_state.py [--keys 1000000 10000000 30000000]
+        [--backends heap rocksdb] [--measure 30] [--launcher local]
+
+Per backend and key space (2 tasks, a checkpoint every 2 s): the job first
+reads every key of the key space once (a permutation: the state is full),
+then keys drawn uniformly at random; the measurement starts when the state
+is full and lasts ``--measure`` seconds. Reported:
+
+- records/s while measuring;
+- bytes written per checkpoint (state files, plus the shared files uploaded
+  for that checkpoint: with incremental checkpoints, what changed);
+- checkpoint duration, synchronous part (the longest task's) and total
+  (trigger to ``_metadata``), p50 and p99;
+- peak resident memory (VmHWM) per keyed task;
+- recovery: from the SIGKILL of a keyed task to every task of the next
+  attempt running (state restored, records flowing), the job master's
+  ``recovery_times``.
+
+Nothing is retained-deleted during the run (``retained`` is large), so the
+bytes of each checkpoint can be read back from the storage afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from lockgate import CheckpointConfig, FixedDelayRestart, KeyedProcessFunction, Pipeline
+from lockgate.checkpoint.incremental import shared_checkpoint_id
+from lockgate.connectors import FileSink, SequenceSource
+from lockgate.state.backend import ValueStateDescriptor
+from lockgate.state.backends import RocksDBStateBackend
+
+MIX = 0x9E3779B97F4A7C15
+
+
+def build(keys: int, total: int, backend: str, storage: str, out: str) -> Pipeline:
+    state: Any = "heap" if backend == "heap" else RocksDBStateBackend(memory_mb=256)
+    p = Pipeline("bench-state", parallelism=2, state_backend=state,
+                 checkpoint=CheckpointConfig(interval=2.0, storage=storage, retained=100_000,
+                                             timeout=600.0, unaligned=True),
+                 restart=FixedDelayRestart(max_attempts=3))
+    stride = _coprime(keys)
+
+    def key_of(x: int) -> int:
+        if x < keys:
+            return x * stride % keys  # a permutation: every key once
+        return (((x * MIX) & 0xFFFFFFFFFFFFFFFF) >> 20) % keys
+
+    (p.source(SequenceSource(0, total - 1), uid="numbers")
+       .map(key_of, uid="keys")
+       .key_by(lambda k: k)
+       .process(Count(), uid="counts")
+       .sink(FileSink(out), uid="out"))
+    return p
+
+
+class Count(KeyedProcessFunction):
+    """The running count of each key, in a value state; emits nothing."""
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+
+    def process_element(self, value: int, ctx: Any) -> None:
+        self.count.update(self.count.value() + 1)
+
+
+def _coprime(n: int) -> int:
+    import math
+
+    s = 2_654_435_761 % n or 1
+    while math.gcd(s, n) != 1:
+        s += 1
+    return s
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def task_processes() -> dict[int, str]:
+    """pid -> process name of this driver's tasks (``lgtask-<attempt>-<task>``)."""
+    out = {}
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name.startswith("lgtask-"):
+            out[pid] = name
+    return out
+
+
+class MemoryWatch(threading.Thread):
+    """Peak VmHWM (MiB) per task process name, polled."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak: dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            for pid, name in task_processes().items():
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        for line in f:
+                            if line.startswith("VmHWM:"):
+                                mib = int(line.split()[1]) / 1024
+                                self.peak[name] = max(self.peak.get(name, 0.0), mib)
+                except OSError:
+                    pass
+
+
+def checkpoint_bytes(job_dir: Path) -> dict[int, int]:
+    """Bytes written for each completed checkpoint: its folder's files and the
+    shared files uploaded for it."""
+    out: dict[int, int] = {}
+    for chk in job_dir.glob("chk-*"):
+        if (chk / "_metadata").exists():
+            n = int(chk.name[4:])
+            out[n] = sum(f.stat().st_size for f in chk.iterdir()
+                         if not f.name.endswith(".channels"))  # in-flight records
+    shared = job_dir / "shared"
+    if shared.exists():
+        for f in shared.iterdir():
+            n = shared_checkpoint_id(f.name)
+            if n in out:
+                out[n] += f.stat().st_size
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else 0.0
+
+
+def measure(backend: str, keys: int, seconds: float, launcher: str) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="lockgate-bench-state-"))
+    total = keys + 200_000_000
+    p = build(keys, total, backend, str(tmp / "chk"), str(tmp / "out"))
+    read = {"n": 0}
+    full = threading.Event()
+    marks: list[tuple[float, int, int]] = []
+
+    def on_progress(pr: Any) -> None:
+        read["n"] = pr.records_read
+        marks.append((time.monotonic(), pr.records_read, pr.last_checkpoint_id or 0))
+        if pr.records_read >= keys:
+            full.set()
+
+    watch = MemoryWatch()
+    watch.start()
+    started = time.monotonic()
+    client = p.start(launcher=launcher, on_progress=on_progress)
+    try:
+        full.wait(3600)
+        fill_s = time.monotonic() - started
+        t0, n0, id0 = marks[-1]
+        time.sleep(seconds)
+        t1, n1, id1 = marks[-1]
+        victims = [pid for pid, name in task_processes().items()
+                   if name.startswith("lgtask-0-") and name.endswith(("-2", "-3"))]
+        killed = time.monotonic()
+        if victims:
+            os.kill(victims[0], signal.SIGKILL)
+        before = len(marks)
+        while len(marks) <= before and time.monotonic() - killed < 600:
+            time.sleep(0.05)
+        to_checkpoint = time.monotonic() - killed
+        result = client.cancel()
+    finally:
+        watch.stop.set()
+    history = [dataclasses.asdict(c) for c in result.checkpoints if c.status == "completed"]
+    window = [c for c in history if id0 < c["checkpoint_id"] <= id1]
+    syncs = [c["sync_duration"] or 0.0 for c in window]
+    totals = [c["duration"] or 0.0 for c in window]
+    (job_dir,) = (tmp / "chk").iterdir()
+    sizes = checkpoint_bytes(job_dir)
+    written = [sizes[c["checkpoint_id"]] for c in window if c["checkpoint_id"] in sizes]
+    keyed_peak = [v for k, v in watch.peak.items() if k.endswith(("-2", "-3"))]
+    row = {
+        "backend": backend, "keys": keys, "fill_s": round(fill_s, 1),
+        "records_per_s": round((n1 - n0) / (t1 - t0)) if t1 > t0 else None,
+        "checkpoints": len(window),
+        "bytes_per_checkpoint_p50": int(pct(written, 0.5)),
+        "records_per_checkpoint": round((n1 - n0) / max(1, len(window))),
+        "sync_p50_ms": round(pct(syncs, 0.5) * 1000, 1),
+        "sync_p99_ms": round(pct(syncs, 0.99) * 1000, 1),
+        "total_p50_s": round(pct(totals, 0.5), 2), "total_p99_s": round(pct(totals, 0.99), 2),
+        "peak_rss_mib": round(max(keyed_peak, default=0.0)),
+        "recovery_s": round(result.recovery_times[0], 2) if result.recovery_times else None,
+        "kill_to_next_checkpoint_s": round(to_checkpoint, 2),
+    }
+    shutil.rmtree(tmp, ignore_errors=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keys", type=int, nargs="+", default=[1_000_000, 10_000_000, 30_000_000])
+    ap.add_argument("--backends", nargs="+", default=["heap", "rocksdb"])
+    ap.add_argument("--measure", type=float, default=30.0)
+    ap.add_argument("--launcher", default="local")
+    args = ap.parse_args()
+    for keys in args.keys:
+        for backend in args.backends:
+            print(json.dumps(measure(backend, keys, args.measure, args.launcher)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
