@@ -51,6 +51,7 @@ from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.specs import task_specs
+from lockgate.cluster.startup import StartupLog
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
 from lockgate.errors import JobFailedError
 from lockgate.graph.jobgraph import JobGraph
@@ -139,6 +140,8 @@ class JobMaster:
         self.recovery_times: list[float] = []
         """Seconds from detecting a failure until every task of the next attempt runs."""
         self.state = JobStatus.CREATED
+        self.startup = StartupLog()
+        """When each start-up step of each attempt happened (cold start, recoveries)."""
         self.monitor = JobMetrics(graph)
         """The figures of the dashboard and of ``/metrics`` (:meth:`metrics`)."""
         self.dashboard: tuple[str, str] | None = None
@@ -229,10 +232,13 @@ class JobMaster:
             except JobEnds as e:
                 return JobStatus(e.status)
             except (AttemptFailed, CheckpointFailureError) as e:
+                self.startup.mark("failed")
                 if isinstance(e, AttemptFailed):
                     e = self._root_cause(e)
+                self.startup.mark("cause")
                 self._failed_at = time.monotonic()
                 self._end_attempt()
+                self.startup.mark("stopped")
                 self.commands.attempt_failed()
                 self._restart_after(e)
 
@@ -279,6 +285,7 @@ class JobMaster:
             aligned=self.config.mode == CheckpointingMode.EXACTLY_ONCE, restore=latest,
             continues_final=latest is not None and latest is self._started_from,
             script_classes=self.script_classes, faults=self.options.fault_injection or [])
+        self.startup.begin(self.attempt)
         self.launcher.start(specs, self.server.address, self.secret)
         running = False
         while len(self._finished) < n:
@@ -325,8 +332,10 @@ class JobMaster:
         match msg:
             case Register(host, port):
                 self._registered[task] = (host, port)
-            case Running():
+            case Running(steps):
                 self._running.add(task)
+                self.startup.task_running(task, steps, len(self._running) == self.graph.num_tasks,
+                                          getattr(self.launcher, "steps", None))
                 if len(self._running) == self.graph.num_tasks and self._failed_at is not None:
                     self.recovery_times.append(time.monotonic() - self._failed_at)
                     self._failed_at = None
@@ -392,6 +401,7 @@ class JobMaster:
                 yield event
 
     def _start_tasks(self) -> None:
+        self.startup.mark("registered")
         peers = dict(self._registered)
         for t in self._registered:
             self._send(self.attempt, t, Start(peers))

@@ -1,4 +1,10 @@
-"""The ``local`` launcher: every task is a subprocess of the driver."""
+"""The ``local`` launcher: every task is a process of its own on this machine.
+
+Tasks are forked by the driver's fork server (:mod:`lockgate.cluster.forks`),
+which imported the task code once: a restart after a failure costs a fork,
+not an interpreter and its imports. Without a fork server (it cannot start,
+or ``fork_server = False``) each task is ``python -m lockgate.runtime.task_main``.
+"""
 
 from __future__ import annotations
 
@@ -11,23 +17,40 @@ import threading
 
 import cloudpickle
 
+from lockgate.cluster import forks
 from lockgate.cluster.events import TaskEvent, TaskExited
 from lockgate.runtime.spec import TaskSpec
 
 
 class LocalLauncher:
     name = "local"
+    fork_server = True
+    """Fork tasks from the fork server (else: a new interpreter per task)."""
 
     def __init__(self, events: queue.Queue[TaskEvent]) -> None:
         self.events = events
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
+        self._forked: dict[int, tuple[int, threading.Event]] = {}
+        """Tasks of the fork server: pid and a flag set when it has exited."""
+        self._server: forks.ForkServer | None = None
 
     def start(self, specs: list[TaskSpec], coordinator: tuple[str, int], secret: bytes) -> None:
+        server = None
+        if self.fork_server:
+            try:
+                server = forks.server()
+            except OSError:
+                server = None
+        self._server = server
         env = dict(os.environ)
-        paths = [p or os.getcwd() for p in sys.path]
-        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
         for spec in specs:
             payload = cloudpickle.dumps((spec, coordinator, secret))
+            if server is not None:
+                gone = threading.Event()
+                pid = server.spawn(payload, self._on_exit(spec.attempt, spec.task_id, gone))
+                self._forked[spec.task_id] = (pid, gone)
+                continue
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lockgate.runtime.task_main"],
                 stdin=subprocess.PIPE, env=env, start_new_session=True,
@@ -39,23 +62,38 @@ class LocalLauncher:
             threading.Thread(target=self._watch, args=(spec.attempt, spec.task_id, proc),
                              daemon=True, name=f"watch-{spec.task_id}").start()
 
+    def _on_exit(self, attempt: int, task: int, gone: threading.Event) -> forks.OnExit:
+        def exited(code: int | None) -> None:
+            gone.set()
+            self.events.put(TaskExited(attempt, task, code))
+        return exited
+
     def _watch(self, attempt: int, task: int, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
         self.events.put(TaskExited(attempt, task, code))
 
     def pids(self) -> dict[int, int]:
         """Process id of every running task, by global task number (for tests)."""
-        return {t: p.pid for t, p in self._procs.items() if p.poll() is None}
+        pids = {t: p.pid for t, p in self._procs.items() if p.poll() is None}
+        pids.update({t: pid for t, (pid, gone) in self._forked.items() if not gone.is_set()})
+        return pids
 
     def stop(self) -> None:
         """Kill every task of the attempt and wait until all are gone: no zombie
         of this attempt can write after ``stop`` returns."""
+        for pid, gone in self._forked.values():
+            if not gone.is_set():
+                assert self._server is not None
+                self._server.kill(pid)
         for proc in self._procs.values():
             if proc.poll() is None:
                 try:
                     os.kill(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        for _, gone in self._forked.values():
+            gone.wait()
         for proc in self._procs.values():
             proc.wait()
         self._procs.clear()
+        self._forked.clear()

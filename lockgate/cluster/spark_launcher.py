@@ -54,6 +54,7 @@ from lockgate.protocol import (
 )
 from lockgate.runtime import handshake, wire
 from lockgate.runtime.spec import TaskSpec
+from lockgate.runtime.steps import Steps, mark
 
 log = logging.getLogger("lockgate.driver")
 
@@ -83,6 +84,8 @@ class SparkLauncher:
         self._local = True
         self._cancelled = False
         self.submitted_at: float | None = None
+        self.steps: Steps = {}
+        """The launcher's start-up steps (``submitted``, :mod:`lockgate.cluster.startup`)."""
 
     # ----------------------------------------------------------------- api
     def start(self, specs: list[TaskSpec], coordinator: tuple[str, int], secret: bytes) -> None:
@@ -132,7 +135,8 @@ class SparkLauncher:
         """Make sure no task of the attempt runs any more: tasks that are
         ending by themselves (they sent ``finished``) may; the others are
         cancelled through Spark (and SIGKILLed in local mode). Returns when
-        every task that took a lease is gone and the Spark job ended."""
+        every task that took a lease is gone, and, unless tasks were
+        cancelled, the Spark job ended (a cancelled one ends in the background)."""
         with self._lock:
             if self._stopping:
                 return
@@ -164,18 +168,27 @@ class SparkLauncher:
                                 alive, self._attempt, STOP_TIMEOUT)
                     break
                 self._lock.wait(left)
-        if job is not None:
-            # Every task is gone or never ran: the Spark job ends now; cancel
-            # it again if it does not (a task that never got a slot).
-            job.join(5.0)
-            while job.is_alive() and time.monotonic() < deadline:
-                self._cancel()
-                job.join(1.0)
-            if job.is_alive():
-                log.warning("the Spark job of attempt %d did not end after it was cancelled; "
-                            "going on (its tasks are fenced)", self._attempt)
+        if job is not None and doomed:
+            # Every task is gone or never ran (and a late one is refused its
+            # lease): the next attempt may start while Spark winds this job
+            # down, which takes a round trip through the JVM and its error.
+            threading.Thread(target=self._end_job, args=(job, deadline), daemon=True,
+                             name=f"spark-job-{self._attempt}-end").start()
+        elif job is not None:
+            self._end_job(job, deadline)
         if self._listener is not None:
             handshake.close_listener(self._listener)
+
+    def _end_job(self, job: threading.Thread, deadline: float) -> None:
+        """Every task is gone or never ran: the Spark job ends now; cancel it
+        again if it does not (a task that never got a slot)."""
+        job.join(5.0)
+        while job.is_alive() and time.monotonic() < deadline:
+            self._cancel()
+            job.join(1.0)
+        if job.is_alive():
+            log.warning("the Spark job of attempt %d did not end after it was cancelled; "
+                        "going on (its tasks are fenced)", self._attempt)
 
     # ------------------------------------------------------------ internals
     def _cancel(self) -> None:
@@ -195,6 +208,7 @@ class SparkLauncher:
             with self._lock:
                 stopped = self._stopping
             if not stopped:
+                mark(self.steps, "submitted")
                 sc.parallelize(payloads, n).barrier().mapPartitions(_task_partition).collect()
         except BaseException as e:  # noqa: BLE001 - reported as task exits below
             error = e
@@ -267,24 +281,27 @@ def _task_partition(payloads: Iterable[bytes]) -> Iterator[int]:
     """Runs in a Spark Python worker: one Lockgate task per partition. Keeps
     nothing in module globals: the worker may be reused by the next job."""
     for payload in payloads:
-        yield _run_leased(pickle.loads(payload))
+        steps = {"entry": time.time()}
+        yield _run_leased(pickle.loads(payload), steps)
 
 
-def _run_leased(job: dict[str, Any]) -> int:
+def _run_leased(job: dict[str, Any], steps: Steps) -> int:
     for p in job["sys_path"]:
         if p not in sys.path:
             sys.path.append(p)
+    from lockgate.runtime.task import run_task
+
     spec: TaskSpec = cloudpickle.loads(job["spec"])
+    mark(steps, "imported")
     spec.bind_host = job["host"] or _executor_host()
     secret: bytes = job["secret"]
     lease = _take_lease(tuple(job["lease"]), secret, spec)
     if lease is None:
         return -1  # the attempt was stopped before this task could start
+    mark(steps, "leased")
     code = 1
     try:
-        from lockgate.runtime.task import run_task
-
-        run_task(spec, tuple(job["coordinator"]), secret, lambda: _finishing(lease))
+        run_task(spec, tuple(job["coordinator"]), secret, lambda: _finishing(lease), steps)
         code = 0
     except Exception as e:
         # The driver already knows (the task reported it, or its lease says

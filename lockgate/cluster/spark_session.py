@@ -30,6 +30,11 @@ SESSION_CONF = {
     # the web UI listens on every interface without authentication: off in the
     # sessions Lockgate starts (pass your own session to have it)
     "spark.ui.enabled": "false",
+    # Spark's Python daemon with Lockgate's task code imported before it forks
+    # a worker: a task (and a restarted one) starts without a second of imports
+    "spark.python.daemon.module": "lockgate.cluster.spark_daemon",
+    # a worker whose task returned serves the next task (Spark's default, said)
+    "spark.python.worker.reuse": "true",
 }
 OWNED = "spark.lockgate.ownedSession"
 """Set on a SparkSession Lockgate created itself: it may stop and recreate it."""
@@ -117,17 +122,28 @@ def spark_log_level() -> str:
     return os.environ.get("LOCKGATE_SPARK_LOG_LEVEL", "OFF").upper()
 
 
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""JVM options of a session Lockgate starts (``LOCKGATE_SPARK_JAVA_OPTIONS``
+replaces them). The JIT's first tier only: the driver's JVM of a Lockgate job
+schedules one stage per attempt and runs no hot loop, and without the
+optimizing compiler's threads its start costs about half the CPU time (on two
+cores, seconds of a cold start). Heavy Spark SQL work in the same session
+runs slower: give such work a session of your own (``spark=``)."""
+
+
 def quiet_spark_logs() -> None:
     """Before the JVM of a session Lockgate starts: Spark's log lines at
     :func:`spark_log_level` from the first one on (its banner too), through
-    a log4j2 file of the package. A user's own ``PYSPARK_SUBMIT_ARGS`` or
-    ``spark-submit`` (which started the JVM already) are left alone."""
+    a log4j2 file of the package, and :data:`JAVA_OPTIONS`. A user's own
+    ``PYSPARK_SUBMIT_ARGS`` or ``spark-submit`` (which started the JVM
+    already) are left alone."""
     if "PYSPARK_SUBMIT_ARGS" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
     config = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
+    options = os.environ.get("LOCKGATE_SPARK_JAVA_OPTIONS", JAVA_OPTIONS)
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         f"--driver-java-options '-Dlog4j2.configurationFile=file:{config} "
-        f"-Dlockgate.spark.level={spark_log_level()}' pyspark-shell")
+        f"-Dlockgate.spark.level={spark_log_level()} {options}' pyspark-shell")
 
 
 def default_master(num_tasks: int) -> str:

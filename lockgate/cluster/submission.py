@@ -26,6 +26,7 @@ from lockgate.config import CheckpointingMode
 from lockgate.errors import CheckpointCorruptError, PipelineDefinitionError
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
 from lockgate.graph.types import OperatorKind
+from lockgate.runtime.steps import Steps, mark
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Pipeline
@@ -52,7 +53,13 @@ def start_pipeline(pipeline: Pipeline, options: RunOptions) -> JobClient:
 
 def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
     """Check a pipeline and make its job master (nothing runs yet)."""
+    steps: Steps = {}
+    mark(steps, "run")
     graph = build_job_graph(pipeline)
+    if options.launcher == "local":  # its imports overlap the checks below
+        from lockgate.cluster.forks import prestart
+
+        prestart()
     sources = [op for op in graph.operators() if op.kind == OperatorKind.SOURCE]
     sinks = [op for op in graph.operators() if op.kind == OperatorKind.SINK]
     mode = pipeline.checkpoint.mode
@@ -82,9 +89,14 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
 
         options.bind_host = prepare_spark(options.spark, options.master, graph.num_tasks,
                                           name=app_name(pipeline.name))
+        mark(steps, "session")
         if options.bind_host != "127.0.0.1":
             _warn_unshared_paths(pipeline, sources, sinks)
-    return JobMaster(pipeline, graph, options, guarantee, started_from)
+    master = JobMaster(pipeline, graph, options, guarantee, started_from)
+    for name, at in steps.items():
+        master.startup.mark(name, at)
+    master.startup.mark("master")
+    return master
 
 
 def check_non_replayable(not_replayable: list[str], source_uids: list[str],

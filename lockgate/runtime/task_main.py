@@ -1,29 +1,43 @@
-"""Subprocess entry point of a task: ``python -m lockgate.runtime.task_main``.
+"""Entry point of a local task: ``python -m lockgate.runtime.task_main``, or a
+child of the local launcher's fork server (:mod:`lockgate.runtime.forkserver`).
 
-Reads ``(TaskSpec, coordinator address, secret)`` pickled with cloudpickle from
-stdin (written by the driver that started this process, never by a peer).
+Reads ``(TaskSpec, coordinator address, secret)`` pickled with cloudpickle
+(from stdin, or handed over by the fork server), written by the driver that
+started this process, never by a peer.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
+import time
 
-import cloudpickle
+ENTRY = time.time()  # before the imports: they are part of the start-up breakdown
+
+import logging  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
 
 
 def main() -> int:
-    spec, coordinator, secret = cloudpickle.loads(sys.stdin.buffer.read())
+    return run_payload(sys.stdin.buffer.read(), {"entry": ENTRY})
+
+
+def run_payload(payload: bytes, steps: dict[str, float]) -> int:
+    """Run the task ``payload`` describes; its exit code (the driver already
+    got the traceback of a failure)."""
+    import cloudpickle
+
+    spec, coordinator, secret = cloudpickle.loads(payload)
     logging.basicConfig(
         level=os.environ.get("LOCKGATE_LOG_LEVEL", "WARNING"),
         format=f"%(asctime)s task {spec.task_id} [%(name)s] %(levelname)s %(message)s",
     )
+    from lockgate.runtime.steps import mark
     from lockgate.runtime.task import run_task
 
+    mark(steps, "imported")
     try:
-        run_task(spec, coordinator, secret)
-    except BaseException as e:  # the driver already got the traceback
+        run_task(spec, coordinator, secret, steps=steps)
+    except BaseException as e:
         logging.getLogger("lockgate.task").debug("task failed: %r", e)
         return 1
     return 0

@@ -38,6 +38,7 @@ class UnreachableStoppedTasks(LocalLauncher):
     neither kills nor waits for it (a task on an executor the driver lost)."""
 
     zombies: dict[int, subprocess.Popen[bytes]] = {}
+    fork_server = False  # each task a child of ours: its stop is awaited with waitid
 
     def stop(self) -> None:
         for task, proc in list(self._procs.items()):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lockgate.cluster.spark_launcher import SparkLauncher
+from lockgate.cluster.spark_session import SESSION_CONF
 from lockgate.errors import ConfigurationError
 from tests.fault.sums_job import build
 from tests.fixtures import check_exact_sums
@@ -22,7 +23,10 @@ SLOTS = 4  # the sums job at parallelism 2 has 4 tasks
 
 @pytest.fixture(scope="module")
 def spark():
-    session = fresh_spark_session(SLOTS, "lockgate-tests")
+    # with the daemon of the sessions Lockgate starts (its workers preloaded)
+    session = fresh_spark_session(
+        SLOTS, "lockgate-tests",
+        **{"spark.python.daemon.module": SESSION_CONF["spark.python.daemon.module"]})
     yield session
     session.stop()
 
@@ -84,7 +88,8 @@ def test_sigkill_of_a_python_worker_restarts_from_the_checkpoint(
     result = p.run(launcher="spark", spark=spark, on_progress=on_progress)
     thread.join()
     assert "at" in killed, "the job ended before the kill"
-    assert "pyspark.daemon" in killed["cmdline"]  # the victim was forked by Spark's daemon
+    # the victim was forked by Spark's daemon (Lockgate's, which preloads the task code)
+    assert "lockgate.cluster.spark_daemon" in killed["cmdline"]
     assert result.restarts >= 1
     assert len(launchers) == result.restarts + 1
     # restored from a completed checkpoint, and nothing read or written twice

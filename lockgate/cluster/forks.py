@@ -1,0 +1,154 @@
+"""The driver's side of the local launcher's fork server
+(:mod:`lockgate.runtime.forkserver`): one server per driver process, started
+early (:func:`prestart`, while the job is being prepared) and shared by every
+attempt and job of the process, so that restarting a task is a fork.
+
+:meth:`ForkServer.spawn` starts a task and calls back with its exit code
+when it ends (``None``: unknown, the server died first); :meth:`ForkServer.kill`
+SIGKILLs it. A server that dies is replaced by the next :func:`server`
+call; the tasks it had started are watched until they are gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from lockgate.runtime.forkserver import HEADER
+
+log = logging.getLogger("lockgate.driver")
+
+SPAWN_TIMEOUT = 60.0
+"""Seconds a spawn waits for the server's answer (its imports come first)."""
+
+OnExit = Callable[[int | None], None]
+
+
+class ForkServer:
+    def __init__(self) -> None:
+        read, write = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lockgate.runtime.forkserver", str(write)],
+            stdin=subprocess.PIPE, pass_fds=(write,), env=env, start_new_session=True)
+        os.close(write)
+        self._replies = os.fdopen(read, "r")
+        self._lock = threading.Lock()
+        self._requests = itertools.count()
+        self._pending: dict[int, tuple[threading.Event, list[int], OnExit]] = {}
+        self._watched: dict[int, OnExit] = {}
+        self.alive = True
+        threading.Thread(target=self._read, daemon=True, name="forkserver-replies").start()
+
+    def spawn(self, payload: bytes, on_exit: OnExit) -> int:
+        """Start a task (its pickled ``(spec, coordinator, secret)``) in the
+        driver's current environment and import path; its pid."""
+        request = next(self._requests)
+        done = threading.Event()
+        pid: list[int] = []
+        with self._lock:
+            if not self.alive:
+                raise OSError("the fork server is gone")
+            self._pending[request] = (done, pid, on_exit)
+        path = [p or os.getcwd() for p in sys.path]
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+        self._send(("spawn", request, payload, environ, path))
+        if not done.wait(SPAWN_TIMEOUT) or not pid:
+            with self._lock:
+                self._pending.pop(request, None)
+            raise OSError("the fork server did not start the task")
+        return pid[0]
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL task ``pid`` if it has not ended (the server knows: no
+        recycled pid is ever hit)."""
+        try:
+            self._send(("kill", pid))
+        except OSError:  # the server is gone: its tasks are watched directly
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _send(self, request: tuple[object, ...]) -> None:
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        stdin = self.proc.stdin
+        assert stdin is not None
+        with self._lock:
+            stdin.write(HEADER.pack(len(data)) + data)
+            stdin.flush()
+
+    def _read(self) -> None:
+        try:
+            for line in self._replies:
+                match line.split():
+                    case ["spawned", request, pid]:
+                        with self._lock:
+                            pending = self._pending.pop(int(request), None)
+                            if pending is not None:
+                                self._watched[int(pid)] = pending[2]
+                        if pending is not None:
+                            pending[1].append(int(pid))
+                            pending[0].set()
+                    case ["exited", pid, code]:
+                        with self._lock:
+                            on_exit = self._watched.pop(int(pid), None)
+                        if on_exit is not None:
+                            on_exit(int(code))
+        except (OSError, ValueError):
+            pass
+        with self._lock:
+            self.alive = False
+            orphans = dict(self._watched)
+            self._watched.clear()
+            waiting = list(self._pending.values())
+            self._pending.clear()
+        for done, _, _ in waiting:
+            done.set()
+        if orphans:
+            log.warning("the local launcher's fork server ended (exit code %s) with %d task(s) "
+                        "running; watching them until they are gone", self.proc.poll(),
+                        len(orphans))
+            threading.Thread(target=_watch_orphans, args=(orphans,), daemon=True,
+                             name="forkserver-orphans").start()
+
+
+def _watch_orphans(orphans: dict[int, OnExit]) -> None:
+    """Tasks whose server died are no children of ours: poll until each is gone."""
+    while orphans:
+        for pid in list(orphans):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                orphans.pop(pid)(None)
+        time.sleep(0.02)
+
+
+_server: ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def server() -> ForkServer:
+    """This driver process's fork server (a new one if it has none or it died)."""
+    global _server
+    with _server_lock:
+        if _server is None or not _server.alive or _server.proc.poll() is not None:
+            _server = ForkServer()
+        return _server
+
+
+def prestart() -> None:
+    """Start the fork server now, so that its imports overlap the job's preparation."""
+    try:
+        server()
+    except OSError as e:  # the launcher falls back to a process per task
+        log.warning("cannot start the local launcher's fork server: %s", e)

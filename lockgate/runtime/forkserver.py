@@ -1,0 +1,143 @@
+"""The local launcher's fork server: ``python -m lockgate.runtime.forkserver FD``.
+
+A fresh interpreter that imports the task code once and then forks one child
+per task it is asked for, so a task starts in milliseconds instead of paying
+for an interpreter and its imports (on two cores, four tasks starting at
+once spent half a second importing). Spark's Python daemon does the same for
+its workers; :mod:`lockgate.cluster.spark_daemon` preloads Lockgate there.
+
+The driver (:mod:`lockgate.cluster.forks`) writes requests to stdin, each
+``u32 length | pickle``: ``("spawn", request, payload, environ, sys_path)``
+or ``("kill", pid)``. Replies go to file descriptor ``FD`` as text lines:
+``ready``, ``spawned <request> <pid>``, ``exited <pid> <exit code>`` (a
+negative code: the signal that killed it, as ``subprocess`` reports it).
+The pipe is private to the driver that started this process (nothing else
+can write to it), and the payload is only unpickled in the child, by the
+task code, as ``python -m lockgate.runtime.task_main`` would.
+
+The server stays single-threaded (forking a process with threads is unsafe),
+reaps its children, kills only children it has not reaped (so a kill never
+reaches a recycled pid), and exits when the driver closes its stdin; the
+tasks it started then notice the lost driver themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+from typing import Any
+
+HEADER = struct.Struct(">I")
+MAX_REQUEST = 1 << 30
+
+
+def preload() -> None:
+    """What every task imports, once, before any fork (none starts a thread):
+    the task code, and what it imports on first use (the frames' AES-GCM, the
+    IDNA codec of the first connection)."""
+    import encodings.idna  # noqa: F401
+
+    import cloudpickle  # noqa: F401
+    import cryptography.exceptions  # noqa: F401
+    import cryptography.hazmat.primitives.ciphers.aead  # noqa: F401
+
+    import lockgate.runtime.task  # noqa: F401
+    import lockgate.runtime.task_main  # noqa: F401
+
+
+def _child(request: tuple[Any, ...], closing: list[int]) -> None:
+    """In the forked child: become the task, never return."""
+    code = 1
+    try:
+        entry = time.time()
+        os.setsid()  # as start_new_session: no signal of the driver's group
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in closing:
+            os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # the request pipe is the server's alone
+        os.close(devnull)
+        _, _, payload, environ, path = request
+        os.environ.clear()
+        os.environ.update(environ)
+        sys.path[:] = path
+        from lockgate.runtime.task_main import run_payload
+
+        code = run_payload(payload, {"entry": entry})
+    except BaseException:  # noqa: BLE001 - reported, then the child ends
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(replies: int) -> None:
+    preload()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    out = os.fdopen(replies, "w", buffering=1)
+    out.write("ready\n")
+    children: set[int] = set()
+    buffer = b""
+    open_input = True
+    while open_input:
+        ready, _, _ = select.select([0, wake_r], [], [], 1.0)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if 0 in ready:
+            chunk = os.read(0, 1 << 20)
+            open_input = bool(chunk)
+            buffer += chunk
+            while len(buffer) >= HEADER.size:
+                (size,) = HEADER.unpack_from(buffer)
+                if size > MAX_REQUEST:
+                    raise ValueError(f"request of {size} bytes")
+                if len(buffer) < HEADER.size + size:
+                    break
+                request = pickle.loads(buffer[HEADER.size:HEADER.size + size])
+                buffer = buffer[HEADER.size + size:]
+                if request[0] == "spawn":
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(request, [wake_r, wake_w, replies])
+                    children.add(pid)
+                    out.write(f"spawned {request[1]} {pid}\n")
+                elif request[0] == "kill" and request[1] in children:
+                    try:
+                        os.kill(request[1], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        while children:  # reap
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            out.write(f"exited {pid} {os.waitstatus_to_exitcode(status)}\n")
+
+
+def main() -> None:
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write("lgforkserver")
+    except OSError:
+        pass
+    serve(int(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    main()
