@@ -10,7 +10,7 @@ unslowed run), then every sink task sleeps ``len(batch) / (rate / 2 / p)``
 per batch, so batches queue up in every channel. For each checkpointing mode
 it prints the checkpoint durations (p50, p99, max), the alignment time (the
 longest any task took from a checkpoint's first barrier to its last), and
-the checkpoint size (in-flight data, for unaligned ones).
+the in-flight data stored per checkpoint (unaligned ones).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def run(n: int, parallelism: int, keys: int, interval: float | None, launcher: s
                 and "final" not in c.kind]
         return {"wall": wall, "rate": n / wall, "durations": [c.duration for c in done],
                 "alignments": [c.alignment or 0.0 for c in done],
-                "sizes": [c.size or 0 for c in done], "restarts": result.restarts}
+                "sizes": [c.in_flight for c in done], "restarts": result.restarts}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

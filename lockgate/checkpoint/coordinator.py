@@ -74,6 +74,9 @@ class CheckpointRecord:
     async_duration: float | None = None
     """Seconds of the longest asynchronous part (writing a task's files)."""
     completed_time: float | None = None
+    in_flight: int = 0
+    """Bytes of in-flight data (channel state) of an unaligned checkpoint,
+    included in ``size``."""
     """Wall-clock time it completed (``time.time()``)."""
 
     def completed(self, p: PendingCheckpoint, now: float) -> None:
@@ -83,6 +86,7 @@ class CheckpointRecord:
         self.alignments = dict(p.alignments)
         self.alignment = max(p.alignments.values(), default=0.0)
         self.size = p.size
+        self.in_flight = p.in_flight_size
         self.completed_time = time.time()
 
     def task_durations(self, sync_duration: float, async_duration: float) -> None:

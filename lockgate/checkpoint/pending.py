@@ -87,6 +87,12 @@ class PendingCheckpoint:
         return sum(h.size for acks in self.acks.values() for h in acks.values() if h)
 
     @property
+    def in_flight_size(self) -> int:
+        """Bytes of in-flight data (unaligned checkpoints' channel state) acknowledged so far."""
+        return sum(h.size for acks in self.acks.values()
+                   if (h := acks.get(CHANNEL_STATE_KEY)) is not None)
+
+    @property
     def kind(self) -> CheckpointKind:
         return (CheckpointKind.SAVEPOINT if self.savepoint_dir is not None
                 else CheckpointKind.CHECKPOINT)

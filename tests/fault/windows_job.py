@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from lockgate import (
@@ -44,17 +45,26 @@ class WithWindow(ProcessWindowFunction):
 
 
 def build(n: int, parallelism: int, keys: int, out: str, late: str, storage: str,
-          interval: float = 0.2, rate: float | None = None) -> Pipeline:
+          interval: float = 0.2, rate: float | None = None, unaligned: bool = False,
+          slow: float = 0.0) -> Pipeline:
+    """``slow``: seconds the window's reduce function sleeps per record
+    (backpressure: batches and watermarks queue up in flight)."""
     p = Pipeline("windowed-sums", parallelism=parallelism, batch_size=ref.BATCH,
-                 checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0),
+                 checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0,
+                                             unaligned=unaligned),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
+
+    def add(a: int, b: int) -> int:
+        if slow:
+            time.sleep(slow)
+        return a + b
     sums = (p.source(SequenceSource(1, n, rate=rate), uid="numbers", parallelism=1,
                      watermarks=WatermarkStrategy(ref.timestamp, ref.OUT_OF_ORDER, interval=0))
              .key_by(lambda x: x % keys)
              .window(TumblingEventTimeWindows.of(ref.SIZE))
              .allowed_lateness(ref.LATENESS)
              .side_output_late_data(LATE)
-             .reduce(lambda a, b: a + b, WithWindow(), uid="sums"))
+             .reduce(add, WithWindow(), uid="sums"))
     sums.sink(FileSink(out, format="jsonl"), uid="out")
     sums.side_output(LATE).sink(FileSink(late, format="jsonl"), uid="late-out")
     return p
@@ -71,10 +81,12 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.2)
     ap.add_argument("--rate", type=float)
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
+    ap.add_argument("--unaligned", action="store_true")
+    ap.add_argument("--slow", type=float, default=0.0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     p = build(args.n, args.parallelism, args.keys, args.out, args.late, args.storage,
-              args.interval, args.rate)
+              args.interval, args.rate, args.unaligned, args.slow)
     result = p.run(launcher=args.launcher)
     print(json.dumps(dataclasses.asdict(result)), flush=True)
 
