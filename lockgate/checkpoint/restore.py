@@ -61,19 +61,25 @@ def distribute_operator_state(
 
 
 def check_channel_state(meta: CheckpointMetadata, parallelism: dict[str, int],
-                        shown: str) -> None:
-    """An unaligned checkpoint's in-flight data fits only the parallelism it
-    was taken at: refuse a restore at another one, naming the fix (a savepoint,
-    which is always aligned). ``parallelism``: of each operator uid of the job."""
-    if not any(op.has_channel_state for op in meta.operators.values()):
+                        shown: str, heads: set[str] | None = None) -> None:
+    """An unaligned checkpoint's in-flight data fits only the job graph and
+    parallelism it was taken at: refuse a restore at another parallelism, or
+    where an operator that holds in-flight data no longer starts a chain
+    (``heads``: the first operator uid of every chain of the job), naming the
+    fix (a savepoint, which is always aligned). ``parallelism``: of each
+    operator uid of the job."""
+    holders = sorted(uid for uid, op in meta.operators.items() if op.has_channel_state)
+    if not holders:
         return
     changed = sorted(uid for uid, op in meta.operators.items()
                      if uid in parallelism and parallelism[uid] != op.parallelism)
-    if changed:
+    moved = sorted(uid for uid in holders if heads is not None and uid not in heads)
+    if changed or moved:
+        what = (f"operator(s) {changed} now run at another parallelism" if changed else
+                f"operator(s) {moved} no longer start a chain of tasks")
         raise LockgateError(
             f"{shown} is an unaligned checkpoint: it holds in-flight data of channels that "
-            f"exist only at the parallelism it was taken at, and operator(s) {changed} "
-            "now run at another. Restore it at its parallelism, or rescale through a "
-            "savepoint (savepoints are always aligned): start the job from this checkpoint "
-            "at its old parallelism, take a savepoint (`lockgate savepoint`, or stop with "
-            "one), then start from the savepoint at the new parallelism")
+            f"exist only in the job graph and at the parallelism it was taken at, and {what}. "
+            "Restore it unchanged, or rescale through a savepoint (savepoints are always "
+            "aligned): start the job from this checkpoint as it was, take a savepoint "
+            "(`lockgate savepoint`, or stop with one), then start from the savepoint")

@@ -185,7 +185,8 @@ def load_checkpoint(path: str, graph: JobGraph,
             f"checkpoint {chk} was taken with max_parallelism {meta.max_parallelism}, the "
             f"job has {graph.max_parallelism}; it fixes the key groups: use the same value"
         )
-    check_channel_state(meta, graph.operator_parallelism(), f"checkpoint {fs.redact(chk)}")
+    check_channel_state(meta, graph.operator_parallelism(), f"checkpoint {fs.redact(chk)}",
+                        heads={v.operators[0].uid for v in graph.vertices})
     return CompletedCheckpoint(meta.checkpoint_id, chk, meta)
 
 

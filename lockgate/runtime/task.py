@@ -300,12 +300,12 @@ class Task(UnalignedCheckpoints):
             case Barrier(checkpoint_id, kind, timestamp):
                 if self.spec.aligned and len(self.barriers.live) > 1:
                     self.faults.hit("alignment")
-                self._barrier = (kind, timestamp)
+                self._note_barrier(item)
                 self.barriers.barrier_received(ch, checkpoint_id,
                                                may_overtake=kind == "checkpoint",
                                                timestamp=timestamp)
             case Overtaking(barrier, overtaken):  # unaligned: ahead of queued batches
-                self._barrier = (barrier.kind, barrier.timestamp)
+                self._note_barrier(barrier)
                 self._overtaken = overtaken
                 self.barriers.barrier_received(ch, barrier.checkpoint_id, priority=True,
                                                timestamp=barrier.timestamp)

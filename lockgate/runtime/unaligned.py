@@ -53,6 +53,14 @@ class UnalignedCheckpoints:
     _counts: Callable[[], tuple[int, int]]
     _send: Callable[[ControlMessage], None]
 
+    def _note_barrier(self, barrier: Barrier) -> None:
+        """Keep the kind and trigger time of ``barrier`` to forward them,
+        unless it is a late one of a checkpoint given up or taken here."""
+        b = self.barriers
+        n = barrier.checkpoint_id
+        if n > b.last_done and (b.pending is None or n >= b.pending):
+            self._barrier = (barrier.kind, barrier.timestamp)
+
     def _overtakes(self, barrier: Barrier) -> bool:
         """Called by the reader threads: does ``barrier`` overtake queued input?"""
         if barrier.kind != "checkpoint":

@@ -158,8 +158,42 @@ def test_restore_at_another_parallelism_is_refused_naming_savepoints() -> None:
     meta = CheckpointMetadata("job", 3, CheckpointKind.CHECKPOINT, 0.0, False, 128,
                               {"head": op})
     check_channel_state(meta, {"head": 2}, "checkpoint chk-3")  # same parallelism: fine
-    with pytest.raises(LockgateError, match="savepoint"):
+    with pytest.raises(LockgateError, match="another parallelism.*savepoint"):
         check_channel_state(meta, {"head": 3}, "checkpoint chk-3")
+    with pytest.raises(LockgateError, match="no longer start a chain.*savepoint"):
+        check_channel_state(meta, {"head": 2}, "checkpoint chk-3", heads={"other"})
     back = CheckpointMetadata.from_json(meta.to_json(), "_metadata")
     assert back.operators["head"].channel_state == [handle, None]
     assert back.in_flight_size == 100
+
+
+def test_the_driver_refuses_an_unaligned_checkpoint_at_another_parallelism(tmp_path) -> None:
+    """``load_checkpoint`` (what ``from_checkpoint=`` runs before anything
+    starts) on a checkpoint whose first operator holds in-flight data."""
+    from lockgate import Pipeline
+    from lockgate.checkpoint.storage import write_metadata
+    from lockgate.cluster.submission import load_checkpoint
+    from lockgate.connectors import FileSink, SequenceSource
+    from lockgate.graph.jobgraph import build_job_graph
+
+    def graph(parallelism: int):
+        p = Pipeline("j", parallelism=parallelism)
+        (p.source(SequenceSource(1, 10), uid="numbers").key_by(lambda x: x % 2)
+           .reduce(lambda a, b: a + b, uid="sums").sink(FileSink(str(tmp_path / "o")), uid="out"))
+        return build_job_graph(p)
+
+    chk = tmp_path / "chk-3"
+    chk.mkdir()
+    (chk / "sums-0.channels").write_bytes(b"x" * 10)
+    ops = {uid: OperatorMetadata(2, OperatorStateMode.SPLIT, [None, None])
+           for uid in ("numbers", "sums", "out")}
+    ops["sums"] = OperatorMetadata(2, OperatorStateMode.SPLIT, [None, None],
+                                   channel_state=[StateHandle("sums-0.channels", 10, 0), None])
+    write_metadata(str(chk), CheckpointMetadata("j", 3, CheckpointKind.CHECKPOINT, 0.0, False,
+                                                graph(2).max_parallelism, ops))
+    assert load_checkpoint(str(chk), graph(2)).checkpoint_id == 3
+    with pytest.raises(LockgateError, match="unaligned checkpoint.*savepoint"):
+        load_checkpoint(str(chk), graph(3))
+    (chk / "sums-0.channels").write_bytes(b"x" * 9)
+    with pytest.raises(CheckpointCorruptError, match="sums-0.channels"):
+        load_checkpoint(str(chk), graph(2))
