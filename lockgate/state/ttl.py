@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
 from typing import Any, Protocol, overload
 
 from lockgate.errors import CheckpointCorruptError
@@ -43,6 +42,7 @@ from lockgate.state.backend import (
     ValueState,
     ValueStateDescriptor,
 )
+from lockgate.state.ttl_cleanup import CleanupCursor
 from lockgate.state.ttl_config import StateTtlConfig, StateVisibility, UpdateType
 from lockgate.state.values import ATOMIC, private_copy
 
@@ -66,6 +66,13 @@ class TtlBackend(Protocol):
         """Every key with a value in state ``name``, safe to iterate while
         state changes (a key may be gone when it comes up)."""
         ...
+
+    # Optional, for the incremental cleanup (found with getattr):
+    # ``filter_keys(name, keys, keep)``: for each of ``keys``, replace its
+    # stored object ``o`` by ``keep(o)`` (the same object: no change; None:
+    # delete the key), without copying or holding what it reads. Without
+    # it, the cleanup goes through the handles (the heap backend's dict is
+    # used directly).
 
 
 _END = object()
@@ -91,6 +98,8 @@ class _TtlHandle:
     """What the TTL handles share: the wrapped handle, the clock, the rules,
     and the incremental cleanup of their state."""
 
+    _structure = "value"
+
     def _setup(self, backend: TtlBackend, name: str, config: StateTtlConfig) -> None:
         self._ttl_backend = backend
         self._name = name
@@ -101,7 +110,8 @@ class _TtlHandle:
             config.state_visibility == StateVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP)
         inc = config.cleanup_incrementally
         self._cleanup_size = inc.size if inc is not None else 0
-        self._keys: Iterator[Any] | None = None
+        self._cursor = CleanupCursor(backend, name, self._structure, self._ttl_ms,
+                                     self._clean_current)
         self._debt = 0
         self._now: Callable[[], int] = config.now if config.clock is not None else _wall_ms
 
@@ -119,62 +129,20 @@ class _TtlHandle:
 
     def cleanup_some(self, count: int) -> None:
         """Check the next ``count`` keys of this state's round for expired
-        values and remove them; the current key is left as it was. A round
-        ends when its keys do; at most one new round starts per call (a
-        small state is done)."""
-        now = self._now()
-        table = self._plain_table()
-        started = False
-        while count > 0:
-            if self._keys is None:
-                if started:
-                    return
-                self._keys = iter(self._ttl_backend.state_keys(self._name))
-                started = True
-            keys = list(islice(self._keys, count))
-            if len(keys) < count:  # the round is over: the next one lists the keys anew
-                self._keys = None
-            count -= len(keys)
-            if table is not None:
-                self._clean_table(table, keys, now - self._ttl_ms)
-            elif keys:
-                self._clean_keys(keys, now)
-
-    def _plain_table(self) -> dict[Any, Any] | None:
-        """The heap backend's live dict of this state (the fast path of the
-        incremental cleanup), or None for another backend: its handles."""
-        raw = getattr(self._ttl_backend, "raw", None)
-        table = raw(self._name) if raw is not None else None
-        return table if type(table) is dict else None
-
-    def _clean_keys(self, keys: list[Any], now: int) -> None:
-        backend = self._ttl_backend
-        saved = backend.current_key
-        try:
-            for key in keys:
-                backend.current_key = key
-                self._clean_current(now)
-        finally:
-            backend.current_key = saved
+        values and remove them (:class:`CleanupCursor`); the current key is
+        left as it was."""
+        self._cursor.run(count, self._now())
 
     def _clean_current(self, now: int) -> None:
+        """Remove what expired at ``now`` of the current key's value."""
         raise NotImplementedError
-
-    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
-        """Remove what expired at ``deadline + ttl`` of ``table[key]`` for
-        each of ``keys``, replacing containers, never changing one in place."""
-        raise NotImplementedError
-
-    def _stamp(self, pair: Any) -> int:
-        if type(pair) is tuple and len(pair) == 2 and type(pair[1]) is int:
-            ts: int = pair[1]
-            return ts
-        return _checked(self._name, pair)[1]
 
 
 class TtlValueState(_TtlHandle, ValueState):
     """A value state with TTL: ``value()`` returns the default once the value
     expired (Flink's ``TtlValueState``)."""
+
+    _structure = "value"
 
     def __init__(self, backend: TtlBackend, inner: ValueState,
                  descriptor: ValueStateDescriptor, config: StateTtlConfig) -> None:
@@ -220,22 +188,13 @@ class TtlValueState(_TtlHandle, ValueState):
         if stored is not None and not self._alive(_checked(self._name, stored)[1], now):
             self._inner.clear()
 
-    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
-        get = table.get
-        pair = None
-        try:
-            for key in keys:
-                pair = get(key)
-                if pair is not None and pair[1] <= deadline:
-                    del table[key]
-        except (TypeError, IndexError, KeyError):
-            self._stamp(pair)  # names what is not a pair
-            raise
 
 
 class TtlListState(_TtlHandle, ListState):
     """A list state with TTL: each element has its own timestamp and expires
     on its own (Flink's ``TtlListState``)."""
+
+    _structure = "list"
 
     def __init__(self, backend: TtlBackend, inner: ListState,
                  descriptor: ListStateDescriptor, config: StateTtlConfig) -> None:
@@ -282,22 +241,14 @@ class TtlListState(_TtlHandle, ListState):
             if len(alive) != len(stored):
                 self._inner.update(alive)
 
-    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
-        stamp = self._stamp
-        for key in keys:
-            stored = table.get(key)
-            if stored and any(stamp(p) <= deadline for p in stored):
-                alive = [p for p in stored if p[1] > deadline]
-                if alive:
-                    table[key] = alive
-                else:
-                    del table[key]
 
 
 class TtlMapState(_TtlHandle, MapState):
     """A map state with TTL: each entry has its own timestamp and expires on
     its own (Flink's ``TtlMapState``). ``contains`` and ``get`` of an entry
     count as reads of it."""
+
+    _structure = "map"
 
     def __init__(self, backend: TtlBackend, inner: MapState,
                  descriptor: MapStateDescriptor, config: StateTtlConfig) -> None:
@@ -393,16 +344,6 @@ class TtlMapState(_TtlHandle, MapState):
             if not self._alive(_checked(self._name, pair)[1], now):
                 self._inner.remove(k)
 
-    def _clean_table(self, table: dict[Any, Any], keys: list[Any], deadline: int) -> None:
-        stamp = self._stamp
-        for key in keys:
-            stored = table.get(key)
-            if stored and any(stamp(p) <= deadline for p in stored.values()):
-                alive = {k: p for k, p in stored.items() if p[1] > deadline}
-                if alive:
-                    table[key] = alive
-                else:
-                    del table[key]
 
 
 TtlHandle = TtlValueState | TtlListState | TtlMapState

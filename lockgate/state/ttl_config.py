@@ -34,6 +34,7 @@ __all__ = [
     "kind_change_message",
     "expired",
     "SnapshotFilter",
+    "expiry_filter",
     "snapshot_filter",
     "snapshot_filters",
     "wall_clock_ms",
@@ -186,33 +187,39 @@ def _stamp_ok(pair: Any, deadline: int) -> bool:
                 and pair[1] <= deadline)
 
 
-def snapshot_filter(kind: str, config: StateTtlConfig, now: int) -> SnapshotFilter | None:
-    """The filter that leaves out what expired at ``now`` from a snapshot of
-    one TTL state of the recorded ``kind``; None when nothing is filtered.
-    Pure and thread-safe: it reads the snapshot's objects and builds new
-    containers, never changing one."""
-    if not config.cleanup_full_snapshot or not is_ttl_kind(kind):
-        return None
-    deadline = now - config.ttl_ms
-    structure = structure_kind(kind)
+def expiry_filter(structure: str, ttl_ms: int, now: int) -> SnapshotFilter:
+    """A stored per-key object of a TTL state of ``structure`` (``value``,
+    ``list``, ``map``) -> what of it has not expired at ``now``: the same
+    object when nothing did, a new container when some did, None when all
+    did. Pure and thread-safe: it never changes the object it is given."""
+    deadline = now - ttl_ms
     if structure == "list":
         def list_filter(elements: Any) -> Any:
             if type(elements) is not list:
                 return elements
             kept = [e for e in elements if _stamp_ok(e, deadline)]
-            return kept if kept else None
+            return elements if len(kept) == len(elements) else kept or None
         return list_filter
     if structure == "map":
         def map_filter(entries: Any) -> Any:
             if type(entries) is not dict:
                 return entries
             kept = {k: v for k, v in entries.items() if _stamp_ok(v, deadline)}
-            return kept if kept else None
+            return entries if len(kept) == len(entries) else kept or None
         return map_filter
 
     def value_filter(pair: Any) -> Any:
         return pair if _stamp_ok(pair, deadline) else None
     return value_filter
+
+
+def snapshot_filter(kind: str, config: StateTtlConfig, now: int) -> SnapshotFilter | None:
+    """The filter that leaves out what expired at ``now`` from a snapshot of
+    one TTL state of the recorded ``kind`` (:func:`expiry_filter`); None when
+    nothing is filtered."""
+    if not config.cleanup_full_snapshot or not is_ttl_kind(kind):
+        return None
+    return expiry_filter(structure_kind(kind), config.ttl_ms, now)
 
 
 def snapshot_filters(configs: Mapping[str, StateTtlConfig],

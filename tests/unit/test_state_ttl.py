@@ -451,3 +451,17 @@ def test_a_crafted_stored_form_is_named():
     plain.update("not a pair")
     with pytest.raises(CheckpointCorruptError, match="TTL state 'v'"):
         states.get_state(ValueStateDescriptor("v", ttl=ttl(clock))).value()
+
+
+def test_expiry_filter_keeps_the_object_when_nothing_expired():
+    from lockgate.state.ttl_config import expiry_filter
+
+    lst, m, pair = [(1, 5), (2, 9)], {"a": (1, 5), "b": (2, 9)}, (1, 9)
+    assert expiry_filter("list", 10, 14)(lst) is lst
+    assert expiry_filter("list", 10, 15)(lst) == [(2, 9)] and lst == [(1, 5), (2, 9)]
+    assert expiry_filter("list", 10, 19)(lst) is None
+    assert expiry_filter("map", 10, 14)(m) is m
+    assert expiry_filter("map", 10, 15)(m) == {"b": (2, 9)} and len(m) == 2
+    assert expiry_filter("value", 10, 18)(pair) is pair
+    assert expiry_filter("value", 10, 19)(pair) is None
+    assert expiry_filter("value", 10, 19)("crafted") == "crafted"  # judged by a read
