@@ -154,3 +154,22 @@ def test_dashboard_files_are_packaged_and_load_nothing_from_elsewhere() -> None:
     assert ui_file("/ui")[1].data == ui_file("/ui/index.html")[1].data  # type: ignore[union-attr]
     assert ui_file("/ui/../server.py")[0] == 404
     assert ui_file("/ui/%2e%2e/server.py")[0] == 404
+
+
+def test_spark_names_the_job_and_links_its_dashboard_without_the_token() -> None:
+    from lockgate.cluster.naming import app_name, dashboard_of, spark_description
+
+    class Server:
+        url = "http://127.0.0.1:4321"
+        token = "secret-token-secret-token"
+
+    assert app_name("sums") == "Lockgate: sums"
+    assert spark_description("job-x", 0) == "Lockgate job job-x attempt 0"
+    assert dashboard_of("job-1", "a <b> & c", Server()) == (
+        "http://127.0.0.1:4321/ui", "secret-token-secret-token")
+    text = spark_description("job-1", 2)
+    assert text.startswith("Lockgate job a &lt;b&gt; &amp; c (job-1) attempt 2 · dashboard: ")
+    assert '<a href="http://127.0.0.1:4321/ui">http://127.0.0.1:4321/ui</a>' in text
+    assert "secret" not in text
+    assert dashboard_of("job-2", "n", None) is None
+    assert "dashboard" not in spark_description("job-2", 0)
