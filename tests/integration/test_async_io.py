@@ -43,7 +43,8 @@ def _lookup(address: str, delay_of):
     return lookup
 
 
-def test_ordered_results_come_in_input_order(tmp_path, service, launcher):
+def test_ordered_results_come_in_input_order(tmp_path, service):
+    """(The Spark launcher runs async_map in tests/fault/test_async_io.py.)"""
     n = 1500
     service.reset()
     p = _pipeline(tmp_path, "async-ordered")
@@ -53,7 +54,7 @@ def test_ordered_results_come_in_input_order(tmp_path, service, launcher):
        .async_map(_lookup(service.address, lambda x: 15 if x % 3 == 0 else 0), capacity=16,
                   uid="lookup")
        .sink(sink, uid="out"))
-    result = p.run(launcher=launcher)
+    result = p.run(launcher="local")
     assert result.status == "finished"
     assert sink.results() == [(x, answer(x)) for x in range(1, n + 1)]
     assert service.max_in_flight <= 16
