@@ -38,17 +38,21 @@ from lockgate.checkpoint.metadata import StateHandle
 from lockgate.checkpoint.storage import ChecksumWriter, read_state_file, write_state_file
 from lockgate.errors import CheckpointCorruptError, LockgateError
 from lockgate.fs import Location
-from lockgate.protocol import IDLE, Batch, Idle, StreamElement, Watermark
+from lockgate.protocol import IDLE, Batch, Idle, ProtocolError, StreamElement, Watermark
+from lockgate.runtime import wire
+from lockgate.runtime.arrow_wire import decode_arrow, encode_arrow
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.mailbox import Mailbox
 from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.spec import TaskSpec
+from lockgate.runtime.wire import Frame
 from lockgate.state.serde import StateSerializer
 
 FORMAT = 1
-BATCH, WATERMARK, IDLE_MARK = 0, 1, 2
-"""Element kinds in a channel state file."""
+BATCH, WATERMARK, IDLE_MARK, ARROW = 0, 1, 2, 3
+"""Element kinds in a channel state file (``ARROW``: record batches as one
+Arrow IPC stream, the Arrow path's frames)."""
 
 
 @dataclass
@@ -65,8 +69,8 @@ class InFlight:
     sync_duration: float
     inputs: dict[int, list[list[Any]]] = field(default_factory=dict)
     """Per input channel: ``[kind, value]`` elements in arrival order."""
-    outputs: list[tuple[int, int, bytes]] = field(default_factory=list)
-    """``(output edge, channel, encoded records)``."""
+    outputs: list[tuple[int, int, int, bytes]] = field(default_factory=list)
+    """``(output edge, channel, BATCH or ARROW, encoded records)``."""
     size: int = 0
     """Bytes of encoded records captured (in-flight data)."""
 
@@ -83,9 +87,9 @@ class InFlightCapture:
         outputs have not sent yet."""
         dumps = self.serializer.dumps
         for e, out in enumerate(outputs):
-            for ch, records in out.unsent():
-                blob = dumps(records)
-                snapshot.outputs.append((e, ch, blob))
+            for ch, arrow, records in out.unsent():
+                kind, blob = (ARROW, encode_arrow(records)) if arrow else (BATCH, dumps(records))
+                snapshot.outputs.append((e, ch, kind, blob))
                 snapshot.size += len(blob)
         self.current = snapshot
 
@@ -98,8 +102,13 @@ class InFlightCapture:
         out = current.inputs.setdefault(channel, [])
         for element in elements:
             if isinstance(element, Batch):
-                blob = self.serializer.dumps(element.records)
-                out.append([BATCH, blob])
+                records: Any = element.records  # a list, or an Arrow RecordBatch
+                if isinstance(records, list):
+                    blob = self.serializer.dumps(records)
+                    out.append([BATCH, blob])
+                else:  # a pyarrow.RecordBatch (the Arrow path): immutable, as IPC
+                    blob = encode_arrow([records])
+                    out.append([ARROW, blob])
                 current.size += len(blob)
             elif isinstance(element, Watermark):
                 out.append([WATERMARK, element.timestamp])
@@ -129,7 +138,7 @@ def write_channel_state(chk: Location, spec: TaskSpec, snapshot: InFlight,
     ids = channel_ids(spec)
     inputs = [[*ids[ch], elements] for ch, elements in sorted(snapshot.inputs.items())
               if elements]
-    outputs = [[e, ch, blob] for e, ch, blob in snapshot.outputs]
+    outputs = [[e, ch, kind, blob] for e, ch, kind, blob in snapshot.outputs]
     head = msgpack.packb({"format": FORMAT, "checkpoint": snapshot.checkpoint_id,
                           "inputs": inputs}, use_bin_type=True)
     tail = msgpack.packb({"outputs": outputs}, use_bin_type=True)
@@ -151,13 +160,14 @@ class Recovered:
     batches per ``(edge, channel)``."""
 
     inputs: dict[int, list[StreamElement]]
-    outputs: list[tuple[int, int, list[Any]]]
+    outputs: list[tuple[int, int, Frame, bytes]]
+    """``(output edge, channel, frame type, payload)``: frames to send again."""
 
     def resend(self, outputs: list[OutputEdgeWriter], faults: FaultInjector) -> None:
         """Send the recovered output channel state, first, on each channel."""
-        for e, ch, records in self.outputs:
+        for e, ch, kind, payload in self.outputs:
             faults.hit("replay")
-            outputs[e].resend(ch, records)
+            outputs[e].resend(ch, kind, payload)
 
     def preload(self, mailbox: Mailbox) -> dict[int, int]:
         """Queue the recovered input channel state ahead of new input; returns
@@ -228,18 +238,24 @@ def parse(data: bytes, spec: TaskSpec, serializer: StateSerializer,
             raise corrupt(f"names input channel {entry[0]}/{entry[1]}, which this task "
                           f"does not have once")
         inputs[ch] = [_element(e, serializer, corrupt) for e in entry[2]]
-    outputs: list[tuple[int, int, list[Any]]] = []
+    outputs: list[tuple[int, int, Frame, bytes]] = []
     raw_outputs = tail.get("outputs")
     if not isinstance(raw_outputs, list):
         raise corrupt("has no list of outputs")
     for entry in raw_outputs:
-        if not (isinstance(entry, list) and len(entry) == 3 and _ints(entry[:2])
-                and isinstance(entry[2], bytes)):
+        if not (isinstance(entry, list) and len(entry) == 4 and _ints(entry[:2])
+                and entry[2] in (BATCH, ARROW) and isinstance(entry[3], bytes)):
             raise corrupt(f"has an output entry {entry!r:.60}")
-        edge, ch = entry[0], entry[1]
+        edge, ch, kind, blob = entry
         if edge >= len(spec.outputs) or ch >= len(spec.outputs[edge]):
             raise corrupt(f"names output channel {edge}/{ch}, which this task does not have")
-        outputs.append((edge, ch, _records(entry[2], serializer, corrupt)))
+        # decoded to be checked, then sent as the frame it was
+        if kind == ARROW:
+            _arrow(blob, corrupt)
+            outputs.append((edge, ch, Frame.ARROW_BATCH, blob))
+        else:
+            outputs.append((edge, ch, Frame.BATCH,
+                            wire.encode_batch(_records(blob, serializer, corrupt))))
     return Recovered(inputs, outputs)
 
 
@@ -259,11 +275,20 @@ def _records(blob: bytes, serializer: StateSerializer, corrupt: Any) -> list[Any
     return records
 
 
+def _arrow(blob: bytes, corrupt: Any) -> Any:
+    try:
+        return decode_arrow(blob)
+    except ProtocolError as e:
+        raise corrupt(f"holds an undecodable Arrow batch ({e})") from None
+
+
 def _element(raw: object, serializer: StateSerializer, corrupt: Any) -> StreamElement:
     if isinstance(raw, list) and raw:
         kind = raw[0]
         if kind == BATCH and len(raw) == 2 and isinstance(raw[1], bytes):
             return Batch(_records(raw[1], serializer, corrupt))
+        if kind == ARROW and len(raw) == 2 and isinstance(raw[1], bytes):
+            return Batch(_arrow(raw[1], corrupt))
         if (kind == WATERMARK and len(raw) == 2 and isinstance(raw[1], int | float)
                 and not isinstance(raw[1], bool) and raw[1] == raw[1]):
             return Watermark(raw[1])

@@ -148,11 +148,14 @@ class OutputEdgeWriter:
             if not ignore_errors:
                 raise
 
-    def unsent(self) -> list[tuple[int, list[Any]]]:
-        """The records buffered per channel and not yet sent, as ``(channel,
-        records)``: an unaligned checkpoint's output channel state (they are
-        sent after its barrier, as usual)."""
-        return [(i, list(b)) for i, b in enumerate(self.buffers) if b]
+    def unsent(self) -> list[tuple[int, bool, list[Any]]]:
+        """What is buffered per channel and not yet sent, as ``(channel,
+        arrow, records or record batches)``: an unaligned checkpoint's output
+        channel state (sent after its barrier, as usual)."""
+        out = [(i, False, list(b)) for i, b in enumerate(self.buffers) if b]
+        if self._arrow is not None:
+            out += [(i, True, list(b)) for i, b in enumerate(self._arrow.buffers) if b]
+        return out
 
     def send_ahead(self, element: StreamElement) -> None:
         """Send an in-band element on every channel ahead of the buffered
@@ -162,14 +165,14 @@ class OutputEdgeWriter:
             if link is not None:
                 link.send(kind, payload)
 
-    def resend(self, i: int, records: list[Any]) -> None:
-        """Send recovered output channel state to channel ``i`` (on restore,
-        before anything else)."""
+    def resend(self, i: int, kind: Frame, payload: bytes) -> None:
+        """Send a frame of recovered output channel state to channel ``i``
+        (on restore, before anything else)."""
         link = self.links[i]
         if link is None:
             raise ValueError(f"channel {i} of the edge to {self.edge.downstream_uid!r} "
                              "is not connected from this task")
-        link.send(Frame.BATCH, wire.encode_batch(records))
+        link.send(kind, payload)
 
     def close(self) -> None:
         for link in self.links:

@@ -16,6 +16,7 @@ from lockgate.checkpoint.restore import check_channel_state
 from lockgate.checkpoint.storage import read_state_file
 from lockgate.errors import CheckpointCorruptError, LockgateError
 from lockgate.protocol import IDLE, Barrier, Batch, EndOfData, Watermark
+from lockgate.runtime import wire
 from lockgate.runtime.channel_state import (
     InFlight,
     InFlightCapture,
@@ -95,7 +96,7 @@ def spec(inputs=((10, 11),), outputs=((20, 21),)):
 
 def captured(serializer: StateSerializer) -> InFlight:
     capture = InFlightCapture(serializer)
-    out = SimpleNamespace(unsent=lambda: [(1, [("k", 1), ("k", 2)])])
+    out = SimpleNamespace(unsent=lambda: [(1, False, [("k", 1), ("k", 2)])])
     capture.begin(InFlight(4, [], 0, 0, False, False, 0.0), [out])  # type: ignore[list-item]
     record = {"n": [1]}
     capture.add_input(1, [Batch([record]), Watermark(9.5), IDLE, EndOfData(False)])
@@ -112,7 +113,31 @@ def test_in_flight_data_round_trips(tmp_path) -> None:
     assert handle is not None and handle.file == "head-0.channels"
     recovered = parse(read_state_file(str(tmp_path), handle), s, serializer, "test")
     assert recovered.inputs == {1: [Batch([{"n": [1]}]), Watermark(9.5), IDLE]}
-    assert recovered.outputs == [(0, 1, [("k", 1), ("k", 2)])]
+    assert [(e, ch, kind, wire.decode_batch(payload))
+            for e, ch, kind, payload in recovered.outputs] == [
+        (0, 1, wire.Frame.BATCH, [("k", 1), ("k", 2)])]
+
+
+def test_arrow_batches_in_flight_round_trip(tmp_path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    serializer = StateSerializer()
+    batch = pa.RecordBatch.from_pydict({"k": [1, 2], "v": [0.5, 1.5]})
+    capture = InFlightCapture(serializer)
+    out = SimpleNamespace(unsent=lambda: [(0, True, [batch, batch])])
+    capture.begin(InFlight(2, [], 0, 0, False, False, 0.0), [out])  # type: ignore[list-item]
+    capture.add_input(0, [Batch(batch), Watermark(3.0)])  # type: ignore[arg-type]
+    snap = capture.take()
+    assert snap is not None
+    s = spec()
+    handle = write_channel_state(str(tmp_path), s, snap, FaultInjector([], 0, 0))
+    assert handle is not None
+    recovered = parse(read_state_file(str(tmp_path), handle), s, serializer, "test")
+    [element, mark] = recovered.inputs[0]
+    assert element.records.equals(batch) and mark == Watermark(3.0)
+    [(e, ch, kind, payload)] = recovered.outputs
+    assert (e, ch, kind) == (0, 0, wire.Frame.ARROW_BATCH)
+    assert wire.decode_element(kind, payload).records.to_pydict() == {
+        "k": [1, 2, 1, 2], "v": [0.5, 1.5, 0.5, 1.5]}
 
 
 @pytest.mark.parametrize("damage,complaint", [
