@@ -103,3 +103,37 @@ def test_unaligned_windows_with_watermarks_in_flight(tmp_path, launcher):
     assert kills == 3, result["failures"]
     assert _in_flight_stored(result), result["checkpoints"]
     check(tmp_path, n)
+
+
+def test_unaligned_job_rescales_through_an_aligned_savepoint(tmp_path):
+    """An unaligned job under backpressure, stopped with a savepoint at
+    parallelism 2: the savepoint holds no in-flight data (savepoints stay
+    aligned) and resumes at parallelism 3; the periodic unaligned checkpoints
+    with in-flight data would be refused there. Exact output."""
+    from lockgate.checkpoint import storage
+    from lockgate.checkpoint.restore import check_channel_state
+    from lockgate.errors import LockgateError
+    from tests.fault.sums_job import build
+    from tests.fixtures import start_and_await
+
+    n = N
+
+    def job(parallelism: int):
+        return build(n, parallelism, 2, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1,
+                     rate=30_000, unaligned=True, slow_sink=20_000, batch_size=256)
+
+    client = start_and_await(job(2), launcher="local", until=lambda pr: pr.records_read > n // 3)
+    first = client.stop(str(tmp_path / "sp"))
+    assert first.status == "stopped" and first.savepoint, first
+    assert any(c.in_flight for c in first.completed_checkpoints), "no in-flight data stored"
+    meta = storage.read_metadata(first.savepoint)
+    assert not any(op.has_channel_state for op in meta.operators.values())
+    retained = [storage.read_metadata(str(d)) for d in sorted((tmp_path / "chk").glob("*/chk-*"))
+                if (d / "_metadata").exists()]
+    for chk in retained:  # those with in-flight data: refused at parallelism 3
+        if any(op.has_channel_state for op in chk.operators.values()):
+            with pytest.raises(LockgateError, match="savepoint"):
+                check_channel_state(chk, {uid: 3 for uid in chk.operators}, "checkpoint")
+    second = job(3).run(launcher="local", from_savepoint=first.savepoint)
+    assert second.status == "finished"
+    check_exact_sums(tmp_path / "out", n, 2)
