@@ -222,3 +222,14 @@ def test_the_driver_refuses_an_unaligned_checkpoint_at_another_parallelism(tmp_p
     (chk / "sums-0.channels").write_bytes(b"x" * 9)
     with pytest.raises(CheckpointCorruptError, match="sums-0.channels"):
         load_checkpoint(str(chk), graph(2))
+
+
+def test_config_of_unaligned_checkpoints() -> None:
+    from lockgate import CheckpointConfig
+
+    assert not CheckpointConfig().unaligned
+    assert CheckpointConfig(aligned_timeout=0.5).unaligned  # implies unaligned
+    with pytest.raises(ValueError, match="at_least_once"):
+        CheckpointConfig(unaligned=True, mode="at_least_once")
+    with pytest.raises(ValueError, match="aligned_timeout"):
+        CheckpointConfig(aligned_timeout=-1.0)
