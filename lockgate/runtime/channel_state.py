@@ -133,11 +133,11 @@ def write_channel_state(chk: Location, spec: TaskSpec, snapshot: InFlight,
                         faults: FaultInjector) -> StateHandle | None:
     """Write ``snapshot``'s in-flight data durably (None: there was none).
     The fault point ``channel_state`` is reached halfway through the file."""
-    if not snapshot.inputs and not snapshot.outputs:
-        return None
     ids = channel_ids(spec)
     inputs = [[*ids[ch], elements] for ch, elements in sorted(snapshot.inputs.items())
               if elements]
+    if not inputs and not snapshot.outputs:
+        return None  # nothing was in flight: restorable at any parallelism
     outputs = [[e, ch, kind, blob] for e, ch, kind, blob in snapshot.outputs]
     head = msgpack.packb({"format": FORMAT, "checkpoint": snapshot.checkpoint_id,
                           "inputs": inputs}, use_bin_type=True)

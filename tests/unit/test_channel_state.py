@@ -233,3 +233,14 @@ def test_config_of_unaligned_checkpoints() -> None:
         CheckpointConfig(unaligned=True, mode="at_least_once")
     with pytest.raises(ValueError, match="aligned_timeout"):
         CheckpointConfig(aligned_timeout=-1.0)
+
+
+def test_nothing_in_flight_writes_no_file(tmp_path) -> None:
+    capture = InFlightCapture(StateSerializer())
+    capture.begin(InFlight(1, [], 0, 0, False, False, 0.0), [])
+    capture.add_input(0, [])
+    capture.add_input(1, [EndOfData(False)])
+    snap = capture.take()
+    assert snap is not None
+    assert write_channel_state(str(tmp_path), spec(), snap, FaultInjector([], 0, 0)) is None
+    assert list(tmp_path.iterdir()) == []
