@@ -268,7 +268,7 @@ class RocksDBKeyedStateBackend:
         for i, (state, data) in enumerate(others):
             tmp = os.path.join(self.folder, f"restore-{i}")
             materialize(state, data, restore_dir, tmp)
-            source = open_db(tmp, self.config, read_only=True)
+            source = open_db(tmp, _READER, read_only=True)
             try:
                 copy_range(source, self.db, max(state.key_groups[0], wanted.start),
                            min(state.key_groups[1], wanted.stop), self.batch)
@@ -292,6 +292,11 @@ class RocksDBKeyedStateBackend:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+_READER = RocksDBStateBackend(memory_mb=16)
+"""Options of a database opened read-only to be read once (a snapshot being
+written canonically, a rescale's source): a small cache."""
+
+
 def _same_folder(a: str, b: str) -> bool:
     return fs.absolute(a).rstrip("/") == fs.absolute(b).rstrip("/")
 
@@ -310,7 +315,7 @@ class RocksDBSnapshot:
         """One block per non-empty key group, ascending (the heap backend's
         format); offsets relative to the first byte written here."""
         try:
-            db = open_db(self.path, self.backend.config, read_only=True)
+            db = open_db(self.path, _READER, read_only=True)
             offsets: dict[int, tuple[int, int]] = {}
             pos = 0
             try:

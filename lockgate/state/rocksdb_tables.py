@@ -190,7 +190,7 @@ class ValueTable(_Table):
         if data is None:
             return default
         value = self.loads(data)
-        if value.__class__ not in ATOMIC:
+        if not frozen(value):
             self._hold(key, value)
         return value
 
@@ -201,7 +201,7 @@ class ValueTable(_Table):
         return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if value.__class__ in ATOMIC:
+        if frozen(value):
             self.db.put(self.prefix(key), self.dumps(value))
             if self.live:
                 self.live.pop(key, None)
@@ -387,6 +387,13 @@ class MapTable(_Table):
         if held is not None:
             return held[0]
         return self._stored(self.prefix(key))[0]
+
+
+def frozen(v: Any) -> bool:
+    """Whether ``v`` cannot change: an immutable value, or a tuple of them
+    (a view writes it at once instead of keeping it live)."""
+    c = v.__class__
+    return c in ATOMIC or (c is tuple and all(e.__class__ in ATOMIC for e in v))
 
 
 def _copy(v: Any) -> Any:
