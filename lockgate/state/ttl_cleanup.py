@@ -4,9 +4,10 @@ time, removing what expired.
 
 Each key is checked by the fastest means the backend offers: the heap
 backend's live dict directly; a backend's ``filter_keys(name, keys, keep)``
-(reads without copying or holding, writes back only what changed); or else
-the state's own handles with ``current_key`` set to each key in turn (and
-restored after).
+(reads without copying or holding, writes back only what changed); a raw
+view with ``read`` and ``write`` (the RocksDB backend's value and list
+states); or else the state's own handles with ``current_key`` set to each
+key in turn (and restored after).
 """
 
 from __future__ import annotations
@@ -94,6 +95,21 @@ class CleanupCursor:
         filter_keys = getattr(backend, "filter_keys", None)
         if filter_keys is not None:
             filter_keys(self.name, keys, expiry_filter(self.structure, self.ttl_ms, now))
+            return
+        if self.structure != "map" and callable(getattr(table, "read", None)) \
+                and callable(getattr(table, "write", None)):
+            # the RocksDB backend's view of a value or list state: ``read``
+            # decodes without holding, ``write`` stores at once
+            keep = expiry_filter(self.structure, self.ttl_ms, now)
+            view: Any = table
+            for key in keys:
+                stored = view.read(key)
+                if stored is not None:
+                    kept = keep(stored)
+                    if kept is None:
+                        view.pop(key, None)
+                    elif kept is not stored:
+                        view.write(key, kept)
             return
         saved = backend.current_key
         try:
