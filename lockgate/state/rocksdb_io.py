@@ -45,12 +45,15 @@ def require() -> Any:
 def options(config: RocksDBStateBackend) -> Any:
     """RocksDB options whose memory stays within ``config.memory_mb``: a block
     cache of half of it (index and filter blocks inside), two write buffers
-    of an eighth each, bounded open files."""
+    of an eighth each but at most 8 MiB (a checkpoint's synchronous part
+    flushes the memtable: its time grows with the memtable, never with the
+    state), bounded open files."""
     rd = require()
     budget = config.memory_mb << 20
     opts = rd.Options(raw_mode=True)
     opts.create_if_missing(True)
-    opts.set_write_buffer_size(max(1 << 20, min(budget // 8, 32 << 20)))
+    # the synchronous part of a checkpoint flushes the memtable: keep it small
+    opts.set_write_buffer_size(max(1 << 20, min(budget // 8, 8 << 20)))
     opts.set_max_write_buffer_number(2)
     opts.set_max_background_jobs(2)
     opts.set_max_open_files(512)
