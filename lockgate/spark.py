@@ -169,6 +169,11 @@ def read_state(spark: Any, path: str, uid: str, state_name: str) -> Any:
             f"operator {uid!r} has no state named {state_name!r} in {fs.redact(chk)}; its "
             f"states: {sorted(names)} (reduce keeps its value in 'reduce'; a "
             "KeyedProcessFunction's states are named by its state descriptors)")
+    if any(h.incremental is not None for h in op.subtasks if h):
+        raise StateNotFoundError(
+            f"{fs.redact(chk)} is an incremental checkpoint of the RocksDB state backend: "
+            f"the state of {uid!r} is in RocksDB's files, not in key-group blocks; take a "
+            "savepoint of the job (savepoints are canonical) and read that")
     storage.verify_files(chk, ((uid, h) for h in op.subtasks if h))
     handles = [h for h in op.subtasks if h and h.key_groups]
     sc = spark.sparkContext
