@@ -290,6 +290,10 @@ class RocksDBKeyedStateBackend:
         except Exception:  # noqa: BLE001 - closed already
             pass
         shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(self.folder))  # the job's, once its last task left
+        except OSError:
+            pass
 
 
 _READER = RocksDBStateBackend(memory_mb=16)

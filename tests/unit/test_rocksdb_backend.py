@@ -113,7 +113,7 @@ def test_every_state_kind_with_value_semantics(tmp_path):
     with pytest.raises(StateTypeError):
         b.get_state(ListStateDescriptor("v"))
     b.close()
-    assert not os.listdir(tmp_path / "local" / "job")  # its folder is gone
+    assert not (tmp_path / "local" / "job").exists()  # its folders are gone
 
 
 def test_raw_views_write_back_objects_changed_in_place(tmp_path):
