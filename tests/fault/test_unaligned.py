@@ -52,9 +52,12 @@ def test_unaligned_kills_at_protocol_points(tmp_path, launcher):
             {"point": "channel_state", "task": 0, "attempt": 4, "count": 2},
             {"point": "acked", "task": keyed + 1, "attempt": 5, "count": 2},
         ]
-    result, _ = run_job(tmp_path, n=N, parallelism=2, faults=faults, interval=0.1,
-                        extra=SLOW, launcher=launcher)
-    _check(tmp_path, result)
+    # 240,000 records through sinks of 2 x 40,000 records/s: at least 3 s of
+    # work, while the four kills need a few checkpoints each
+    # 7 keys: both keyed tasks get records (with 2, both keys may hash to one)
+    result, _ = run_job(tmp_path, n=4 * N, parallelism=2, faults=faults, interval=0.1,
+                        keys=7, extra=SLOW, launcher=launcher)
+    _check(tmp_path, result, n=4 * N, keys=7)
     assert result["restarts"] >= 3, result["failures"]
     assert _in_flight_stored(result), result["checkpoints"]
 
@@ -63,7 +66,10 @@ def test_unaligned_kills_at_protocol_points(tmp_path, launcher):
 def test_unaligned_random_kills(tmp_path, seed, launcher):
     """SIGKILL random tasks at random moments while in-flight data is
     checkpointed and replayed."""
-    n = (8 if SOAK else 2) * N
+    # sinks of 2 x 40,000 records/s: at least 3 s (24 s soaking) of work,
+    # while 3 (12) kills at most 0.7 s apart leave at most 2.1 s (8.4 s) of
+    # progress: every planned kill happens
+    n = (16 if SOAK else 4) * N
     kills = 12 if SOAK else 3
     result, done = run_job(tmp_path, n=n, parallelism=2, kills=kills, seed=seed,
                            interval=0.15, keys=7, extra=SLOW,
@@ -79,9 +85,10 @@ def test_unaligned_with_aligned_timeout_is_exact(tmp_path, launcher):
     kill while one's channel state is written (on Spark with LOCKGATE_SOAK=1:
     the CI budget)."""
     faults = [{"point": "channel_state", "task": 2, "attempt": 0, "count": 2}]
-    result, _ = run_job(tmp_path, n=N, parallelism=2, faults=faults, interval=0.1,
+    result, _ = run_job(tmp_path, n=2 * N, parallelism=2, faults=faults, interval=0.1, keys=7,
                         extra=["--aligned-timeout", "0.05", *SLOW[1:]], launcher=launcher)
-    _check(tmp_path, result)
+    _check(tmp_path, result, n=2 * N, keys=7)
+    assert result["restarts"] == 1, result["failures"]
     assert _in_flight_stored(result), result["checkpoints"]
 
 
@@ -92,7 +99,10 @@ def test_unaligned_windows_with_watermarks_in_flight(tmp_path, launcher):
     barriers overtake holds watermarks among the batches. Under kills, the
     committed windows (late firings included) and late records equal the
     plain-Python reference record by record."""
-    n, p = 24_000, 2
+    # 36,000 records through window functions of 2 x 5,000 records/s: at
+    # least 3.6 s of work, while 3 kills at most 0.9 s apart leave 2.7 s of
+    # progress: every planned kill happens
+    n, p = 36_000, 2
     cmd = [sys.executable, str(HERE / "windows_job.py"), "--n", str(n), "--parallelism", str(p),
            "--keys", str(KEYS), "--out", str(tmp_path / "out"), "--late", str(tmp_path / "late"),
            "--storage", str(tmp_path / "chk"), "--interval", "0.1", "--rate", "20000",
