@@ -150,8 +150,9 @@ def reference(n: int) -> list[list[int]]:
 
 
 def build(n: int, parallelism: int, out: str, storage: str, interval: float = 0.2,
-          rate: float | None = None, incremental: bool = True) -> Pipeline:
-    p = Pipeline("ttl", parallelism=parallelism,
+          rate: float | None = None, incremental: bool = True,
+          state_backend: str | None = None) -> Pipeline:
+    p = Pipeline("ttl", parallelism=parallelism, state_backend=state_backend,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
     (p.source(SequenceSource(1, n, rate=rate), uid="numbers", parallelism=1)
@@ -170,9 +171,12 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=0.2)
     ap.add_argument("--rate", type=float)
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
+    ap.add_argument("--state-backend", choices=["heap", "rocksdb"],
+                    help="default: LOCKGATE_STATE_BACKEND, else heap")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    p = build(args.n, args.parallelism, args.out, args.storage, args.interval, args.rate)
+    p = build(args.n, args.parallelism, args.out, args.storage, args.interval, args.rate,
+              state_backend=args.state_backend)
     result = p.run(launcher=args.launcher)
     print(json.dumps(dataclasses.asdict(result)), flush=True)
 
