@@ -207,7 +207,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         try:
-            if method == "GET" and (self.path == "/ui" or self.path.startswith("/ui/")):
+            path = self.path.split("?", 1)[0]
+            if method == "GET" and (path == "/ui" or path.startswith("/ui/")):
                 # the dashboard's static files hold no data: no token (a browser
                 # cannot send one when it opens a page); its script sends the token
                 status, page, headers = ui_file(self.path)

@@ -14,6 +14,9 @@ processes (local launcher) run the running-sums job, one task is killed once
   the REST API says; without the token it is refused, while the dashboard's
   static page is served (it holds no data).
 
+The Spark launcher's job and stage carry the job's name and a link to its
+dashboard (run first, before the module's local job starts).
+
 Under CI a missing chromium or chromium-driver is a failure, not a skip
 (``.ci/run`` installs them with apt-get).
 """
@@ -94,6 +97,36 @@ def _get(url: str, token: str | None = TOKEN) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def test_the_spark_job_and_stage_name_the_job_and_link_its_dashboard(tmp_path: Path) -> None:
+    from pyspark import SparkContext
+
+    pipeline = build(None, 1, 3, str(tmp_path / "out"), str(tmp_path / "chk"), 0.3, rate=2000)
+    client = pipeline.start(launcher="spark")
+    try:
+        _wait(lambda: client.master.coordinator.completed_count >= 1, 240, "a checkpoint")
+        dashboard = client.master.dashboard
+        assert dashboard is not None
+        sc = SparkContext._active_spark_context
+        assert sc is not None
+        assert sc.appName.startswith("Lockgate: ") or sc.appName == "lockgate"
+        store = sc._jsc.sc().statusStore()  # what the Spark UI shows
+
+        def described(items: Any) -> list[str]:
+            found, it = [], items.iterator()
+            while it.hasNext():
+                text = it.next().description()
+                if text.isDefined() and client.job_id in text.get():
+                    found.append(text.get())
+            return found
+
+        jobs = described(store.jobsList(None))
+        assert jobs == [f"Lockgate job sums ({client.job_id}) attempt 0 · dashboard: "
+                        f'<a href="{dashboard[0]}">{dashboard[0]}</a>'], jobs
+        assert TOKEN not in jobs[0] and dashboard[1] not in jobs[0]
+    finally:
+        client.cancel(timeout=120)
 
 
 def test_metrics_scraped_and_parsed_as_prometheus_text(job: tuple[JobClient, str]) -> None:
@@ -232,3 +265,4 @@ def test_the_dashboard_shows_the_live_job_in_a_browser(job: tuple[JobClient, str
         assert not errors, errors
     finally:
         driver.quit()
+
