@@ -16,6 +16,7 @@ pyarrow is imported on first use: a task without Arrow operators never loads it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lockgate.api.arrow import ArrowAggregate, ArrowStep, ColumnKey
@@ -122,6 +123,8 @@ class ArrowAggregateOperator(KeyedOperator):
             else:
                 self.outputs.append((name, how, (slot(column, how),)))
         self.parts = parts
+        self._slot_keys: list[int] = []
+        self._slots = IntTable(self._new_slots)
 
     def process(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -130,15 +133,21 @@ class ArrowAggregateOperator(KeyedOperator):
         if not len(batch):
             return batch
         key = self.key
-        grouped = pa.Table.from_batches([batch]).group_by(key, use_threads=False).aggregate(
-            list(self.parts))
-        keys = grouped.column(key).combine_chunks()
+        found = self._partials_by_table(batch)
+        if found is None:
+            grouped = pa.Table.from_batches([batch]).group_by(key, use_threads=False) \
+                .aggregate(list(self.parts))
+            keys = grouped.column(key).combine_chunks()
+            partials = [grouped.column(f"{column}_{kind}").combine_chunks()
+                        for column, kind in self.parts]
+        else:
+            keys, partials = found
         key_list = keys.to_pylist()
         olds = list(map(self._values.get, key_list))
         fresh = [o is None for o in olds]
         merged: list[Any] = []
-        for j, (column, kind) in enumerate(self.parts):
-            new = grouped.column(f"{column}_{kind}").combine_chunks()
+        for j, (_column, kind) in enumerate(self.parts):
+            new = partials[j]
             if all(fresh):
                 merged.append(new)
                 continue
@@ -155,7 +164,7 @@ class ArrowAggregateOperator(KeyedOperator):
         for _name, how, slots in self.outputs:
             if how == "mean":
                 total, count = merged[slots[0]], merged[slots[1]]
-                mean = pc.divide(pc.cast(total, pa.float64()), count)
+                mean = pc.divide(pc.cast(total, pa.float64(), safe=False), count)
                 columns.append(pc.if_else(pc.greater(count, 0), mean,
                                           pa.scalar(None, pa.float64())))
             else:
@@ -164,36 +173,72 @@ class ArrowAggregateOperator(KeyedOperator):
         return pa.RecordBatch.from_arrays(columns, names=names)
 
 
-# ------------------------------------------------------------------ routing
-
-
-class KeyRouter:
-    """The target channel of every row of a key column, by key group."""
-
-    def __init__(self, max_parallelism: int, parallelism: int) -> None:
-        self.assigner = KeyGroupAssigner(max_parallelism)
-        self.parallelism = parallelism
-        self._lut: Any = None
-        self._base = 0
-
-    def targets(self, keys: Any) -> Any:
-        """A numpy array: the channel of each key of ``keys`` (an Arrow array)."""
+    def _partials_by_table(self, batch: Any) -> tuple[Any, list[Any]] | None:
+        """The batch's keys and partial aggregates with numpy, without hashing:
+        for an integer key column without nulls whose keys fit a table
+        (``IntTable``: key -> a dense slot of this operator), and numeric
+        columns without nulls whose sums cannot overflow. None otherwise (then
+        Arrow's group-by computes them)."""
         import numpy as np
         import pyarrow as pa
 
-        n = self.parallelism
-        if n == 1:
-            return np.zeros(len(keys), dtype=np.int32)
-        if pa.types.is_integer(keys.type) and keys.null_count == 0 and len(keys):
-            found = self._by_table(keys.to_numpy())
-            if found is not None:
-                return found
-        encoded = keys.dictionary_encode(null_encoding="encode")
-        per_key = np.array(self.assigner.route(encoded.dictionary.to_pylist(), n),
-                           dtype=np.int32)
-        return per_key[encoded.indices.to_numpy(zero_copy_only=False)]
+        keys = batch.column(self.key)
+        if not pa.types.is_integer(keys.type) or keys.null_count:
+            return None
+        columns = {}
+        for column, _kind in self.parts:
+            arr = batch.column(column)
+            if arr.null_count or not (pa.types.is_integer(arr.type)
+                                      or pa.types.is_floating(arr.type)):
+                return None
+            columns[column] = arr.to_numpy()
+        slots = self._slots.lookup(keys.to_numpy())
+        n_slots = len(self._slot_keys)
+        if slots is None or n_slots > 4 * len(batch):
+            return None
+        counts = np.bincount(slots, minlength=n_slots)
+        touched = np.flatnonzero(counts)
+        partials = []
+        for column, kind in self.parts:
+            v = columns[column]
+            if kind == "count":
+                partials.append(pa.array(counts[touched]))
+                continue
+            if kind == "sum":
+                if v.dtype.kind in "iu" and len(v) * max(abs(int(v.min())), abs(int(v.max()))) \
+                        >= 1 << 63:
+                    return None  # might overflow: Arrow's group-by, then a checked merge
+                acc = np.zeros(n_slots, dtype=np.float64 if v.dtype.kind == "f" else np.int64)
+                np.add.at(acc, slots, v)
+            else:
+                info = np.finfo(v.dtype) if v.dtype.kind == "f" else np.iinfo(v.dtype)
+                acc = np.full(n_slots, info.max if kind == "min" else info.min, dtype=v.dtype)
+                (np.minimum if kind == "min" else np.maximum).at(acc, slots, v)
+            partials.append(pa.array(acc[touched]))
+        slot_keys = np.asarray(self._slot_keys)
+        return pa.array(slot_keys[touched]).cast(keys.type), partials
 
-    def _by_table(self, a: Any) -> Any:
+    def _new_slots(self, new: Any) -> Any:
+        start = len(self._slot_keys)
+        self._slot_keys.extend(new.tolist())
+        return range(start, start + len(new))
+
+
+# ------------------------------------------------------------------ routing
+
+
+class IntTable:
+    """Values of integer keys through a numpy table indexed by the key (keys
+    spanning at most :data:`LUT_LIMIT` values); ``compute`` gives the values
+    of keys not seen yet (a numpy array of distinct keys -> a sequence)."""
+
+    def __init__(self, compute: Callable[[Any], Any]) -> None:
+        self.compute = compute
+        self._lut: Any = None
+        self._base = 0
+
+    def lookup(self, a: Any) -> Any:
+        """The values of the keys ``a`` (numpy), or None when they are too sparse."""
         import numpy as np
 
         lo, hi = int(a.min()), int(a.max())
@@ -203,9 +248,9 @@ class KeyRouter:
             end = hi + 1 if lut is None else max(hi + 1, base + len(lut))
             if end - start > LUT_LIMIT:
                 if hi + 1 - lo > LUT_LIMIT:
-                    return None  # too sparse: the dictionary path
+                    return None  # too sparse for a table
                 start, end, lut = lo, hi + 1, None
-            grown = np.full(end - start, -1, dtype=np.int32)
+            grown = np.full(end - start, -1, dtype=np.int64)
             if lut is not None:
                 grown[base - start: base - start + len(lut)] = lut
             self._lut, self._base = lut, base = grown, start
@@ -215,9 +260,35 @@ class KeyRouter:
         missing = found < 0
         if missing.any():
             new = np.unique(a[missing])
-            lut[new - base] = self.assigner.route(new.tolist(), self.parallelism)
+            lut[new - base] = self.compute(new)
             found = lut[offsets]
         return found
+
+
+class KeyRouter:
+    """The target channel of every row of a key column, by key group."""
+
+    def __init__(self, max_parallelism: int, parallelism: int) -> None:
+        self.assigner = KeyGroupAssigner(max_parallelism)
+        self.parallelism = parallelism
+        self._table = IntTable(lambda new: self.assigner.route(new.tolist(), parallelism))
+
+    def targets(self, keys: Any) -> Any:
+        """A numpy array: the channel of each key of ``keys`` (an Arrow array)."""
+        import numpy as np
+        import pyarrow as pa
+
+        n = self.parallelism
+        if n == 1:
+            return np.zeros(len(keys), dtype=np.int64)
+        if pa.types.is_integer(keys.type) and keys.null_count == 0 and len(keys):
+            found = self._table.lookup(keys.to_numpy())
+            if found is not None:
+                return found
+        encoded = keys.dictionary_encode(null_encoding="encode")
+        per_key = np.array(self.assigner.route(encoded.dictionary.to_pylist(), n),
+                           dtype=np.int64)
+        return per_key[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def split_by_target(batch: Any, targets: Any, n: int) -> list[tuple[int, Any]]:
