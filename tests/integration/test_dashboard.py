@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -153,6 +155,11 @@ def test_metrics_scraped_and_parsed_as_prometheus_text(job: tuple[JobClient, str
     assert records["0"] > 0, records
     for s in families["lockgate_task_busyTimeMsPerSecond"].samples:
         assert 0 <= s.value <= 1000
+    # `lockgate dashboard JOB` prints the page's whole URL (from the discovery file)
+    cli = subprocess.run([sys.executable, "-m", "lockgate.cli", "dashboard", client.job_id],
+                         capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert cli.stdout.strip() == f"{url}/ui#token={TOKEN}&job={client.job_id}", cli.stderr
     # the page is public (no data in it), the data is not
     assert _get(f"{url}/ui", token=None)[0] == 200
     assert _get(f"{url}/jobs/{client.job_id}/metrics", token=None)[0] == 401
