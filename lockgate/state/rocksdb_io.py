@@ -86,19 +86,55 @@ def open_db(path: str, config: RocksDBStateBackend, read_only: bool = False) -> 
 
 
 def task_folder(config: RocksDBStateBackend, scope: BackendScope) -> str:
-    """A new local folder for one keyed operator of one task of one attempt;
-    the folders of this operator and task from earlier attempts (whose
-    processes are gone) are removed."""
-    job = os.path.join(config.directory, _safe(scope.job_id))
+    """A new local folder for one keyed operator of one task of one attempt
+    (with the task's pid in ``owner``). Removed first: the folders of this
+    operator and task from earlier attempts, and any folder under
+    ``config.directory`` whose owner process is gone from this host (a task
+    SIGKILLed, a job cancelled: nothing else would remove them)."""
+    base = config.directory
+    job = os.path.join(base, _safe(scope.job_id))
     os.makedirs(job, exist_ok=True)
     me = f"{_safe(scope.uid)}-{scope.task_index}-a"
     for name in os.listdir(job):
         m = re.match(re.escape(me) + r"(\d+)-", name)
         if m and int(m.group(1)) < scope.attempt:
             shutil.rmtree(os.path.join(job, name), ignore_errors=True)
+    _remove_orphans(base)
     folder = os.path.join(job, f"{me}{scope.attempt}-{secrets.token_hex(4)}")
-    os.makedirs(folder)
+    for tries in range(5):  # another task may remove the job's folder, empty, meanwhile
+        try:
+            os.makedirs(folder)
+            break
+        except FileNotFoundError:
+            if tries == 4:
+                raise
+    with open(os.path.join(folder, "owner"), "w") as f:
+        f.write(str(os.getpid()))
     return folder
+
+
+def _remove_orphans(base: str) -> None:
+    """Remove task folders under ``base`` whose owner process is dead, and
+    job folders left empty."""
+    for job in os.listdir(base):
+        jpath = os.path.join(base, job)
+        try:
+            names = os.listdir(jpath)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(jpath, name, "owner")) as f:
+                    pid = int(f.read())
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                shutil.rmtree(os.path.join(jpath, name), ignore_errors=True)
+            except (OSError, ValueError):
+                pass  # being made, not ours, or alive under another user
+        try:
+            os.rmdir(jpath)
+        except OSError:
+            pass
 
 
 def _safe(name: str) -> str:

@@ -116,6 +116,23 @@ def test_every_state_kind_with_value_semantics(tmp_path):
     assert not (tmp_path / "local" / "job").exists()  # its folders are gone
 
 
+def test_folders_of_dead_tasks_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    orphan = tmp_path / "local" / "old-job" / "op-0-a0-12345678"
+    (orphan / "db").mkdir(parents=True)
+    (orphan / "owner").write_text(dead)
+    alive = tmp_path / "local" / "live-job" / "op-0-a0-87654321"
+    alive.mkdir(parents=True)
+    (alive / "owner").write_text(str(os.getpid()))
+    b = rocks(tmp_path)
+    assert not (tmp_path / "local" / "old-job").exists() and alive.exists()
+    b.close()
+
+
 def test_raw_views_write_back_objects_changed_in_place(tmp_path):
     b = rocks(tmp_path)
     b.get_state(MapStateDescriptor("_timers"))
