@@ -1,0 +1,81 @@
+"""The Arrow path in whole jobs: the example as a user runs it, a rescale
+through savepoints (keyed Arrow state and Parquet positions dealt out again),
+and a Spark DataFrame read as record batches on the Spark launcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from lockgate import CheckpointConfig, Pipeline
+from lockgate.connectors import FileSink
+from tests.fault.arrow_sums_job import build, check_output, write_input
+from tests.fixtures import start_and_await
+from tests.integration.spark_session import fresh_spark_session
+from tests.integration.test_examples import run_example
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_arrow_example(tmp_path, way):
+    n = 30_000
+    out = run_example(way, "arrow_sums.py", [str(n)], tmp_path)
+    if way == "python":
+        assert "guarantee exactly_once" in out.stdout, out.stdout
+    table = pq.read_table(tmp_path / "out")
+    current = {u: (c, t) for u, c, t in zip(
+        *(table.group_by("user").aggregate([("orders", "max"), ("total", "max")])
+          .column(c).to_pylist() for c in ("user", "orders_max", "total_max")), strict=True)}
+    for u in range(100):
+        orders = [o for o in range(100, n + 1) if o % 100 == u]  # amount >= 1.00
+        assert current[u][0] == len(orders)
+        assert current[u][1] == pytest.approx(sum(orders) / 100)
+
+
+def test_arrow_state_and_positions_rescale_through_savepoints(tmp_path: Path):
+    """2 -> 3 -> 2 tasks, each hop stopped with a savepoint while the input is
+    half read: the copy holds every row once, each key's aggregates are exact."""
+    n, keys = 60_000, 7
+    write_input(tmp_path / "in", n)
+
+    def job(parallelism: int) -> Pipeline:
+        return build(str(tmp_path / "in"), parallelism, keys, str(tmp_path / "out"),
+                     str(tmp_path / "copy"), str(tmp_path / "chk"), 0.2, 12_000, 500)
+
+    savepoint = None
+    for parallelism in (2, 3):
+        client = start_and_await(job(parallelism), launcher="local", from_savepoint=savepoint,
+                                 until=lambda pr: pr.records_read > 5_000)
+        result = client.stop(str(tmp_path / "savepoints"))
+        assert result.status == "stopped", result
+        savepoint = result.savepoint
+    final = job(2).run(launcher="local", from_savepoint=savepoint)
+    assert final.status == "finished", final
+    check_output(tmp_path / "out", tmp_path / "copy", n, keys, in_commit_order=False)
+
+
+def test_dataframe_read_as_record_batches_on_spark(tmp_path: Path):
+    spark = fresh_spark_session(4, "arrow-dataframe")
+    try:
+        n, keys = 20_000, 9
+        df = spark.range(1, n + 1, numPartitions=4).withColumnRenamed("id", "x")
+        p = Pipeline("arrow-df", parallelism=2,
+                     checkpoint=CheckpointConfig(interval=0.5, storage=str(tmp_path / "chk")))
+        (p.source_arrow(df, uid="numbers", batch_rows=3000)
+           .map_arrow(lambda b: b.append_column("k", pc.remainder(b["x"], keys)), uid="keys")
+           .key_by_column("k")
+           .aggregate_arrow(total=("x", "sum"), n=("x", "count"), uid="sums")
+           .sink(FileSink(str(tmp_path / "out"), format="parquet"), uid="out"))
+        result = p.run(launcher="spark", spark=spark)
+        assert result.status == "finished" and result.records_in == n, result
+        got = pq.read_table(tmp_path / "out").group_by("k").aggregate(
+            [("total", "max"), ("n", "max")])
+        final = dict(zip(got.column("k").to_pylist(),
+                         zip(got.column("n_max").to_pylist(), got.column("total_max").to_pylist(),
+                             strict=True), strict=True))
+        assert final == {k: (len(range(k or keys, n + 1, keys)), sum(range(k or keys, n + 1, keys)))
+                         for k in range(keys)}
+    finally:
+        spark.stop()
