@@ -18,7 +18,8 @@ Records/s is N over the job's whole wall time, start-up and the final
 checkpoint included (as in ``bench_sums.py``). Each run checks its committed
 output: every key's last sum equals the sum of its inputs. With
 ``--row-n``, the row W1 (``bench_sums.run``) runs between the Arrow runs
-(alternating, for a machine shared with others), on its own N.
+(alternating, for a machine shared with others), on its own N. With
+``--launcher spark`` a 1,000-row job first starts the SparkSession.
 """
 
 from __future__ import annotations
@@ -121,6 +122,10 @@ def main() -> None:
         print(f"input: {args.n:,} rows of Parquet in {time.perf_counter() - t0:.1f} s "
               f"({sum(f.stat().st_size for f in (data / 'in').iterdir()) / 1e6:.0f} MB)",
               flush=True)
+        if args.launcher == "spark":  # as bench_sums: the figures are on a warm SparkSession
+            write_input(data / "warm", 1000, args.parallelism)
+            run_arrow(data / "warm", 1000, args.parallelism, args.keys, args.interval, "spark",
+                      args.batch_rows)
         arrow_rates, row_rates = [], []
         for i in range(args.runs):
             r = run_arrow(data / "in", args.n, args.parallelism, args.keys, args.interval,
