@@ -121,6 +121,35 @@ def run(n: int, parallelism: int, keys: int, polled: bool, browser: bool) -> dic
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def serve_cost(polls: int = 200) -> float:
+    """CPU seconds of this process per poll (the three requests, both the
+    server's and the client's side: an upper bound), on a running job of
+    ``bench_sums``' shape rate-limited to 200,000 records/s."""
+    tmp = Path(tempfile.mkdtemp(prefix="lockgate-bench-"))
+    try:
+        p = Pipeline("bench-sums", parallelism=2,
+                     checkpoint=CheckpointConfig(interval=1.0, storage=str(tmp / "chk")))
+        (p.source(SequenceSource(1, None, rate=200_000), uid="numbers")
+           .key_by(lambda x: x % 1000)
+           .reduce(lambda a, b: a + b, uid="sums")
+           .sink(FileSink(str(tmp / "out"), format="jsonl"), uid="out"))
+        client = p.start(launcher="local", rest=RestConfig(port=PORT, token=TOKEN))
+        try:
+            while client.master.coordinator.completed_count < 3:
+                time.sleep(0.1)
+            job = client.job_id
+            t0 = time.process_time()
+            for _ in range(polls):
+                _get(f"/jobs/{job}/metrics")
+                _get(f"/jobs/{job}/checkpoints")
+                _get("/metrics")
+            return (time.process_time() - t0) / polls
+        finally:
+            client.cancel(timeout=120)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=6_000_000)
@@ -129,7 +158,14 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--browser", action="store_true", help="a headless chromium has the "
                     "page open, instead of a thread asking what the page asks")
+    ap.add_argument("--serve-cost", action="store_true", help="only measure the CPU "
+                    "time one poll costs the driver, on a running job")
     args = ap.parse_args()
+    if args.serve_cost:
+        cost = serve_cost()
+        print(f"one poll (3 requests): {cost * 1000:.2f} ms of CPU in the driver process "
+              f"(server and client sides): {cost * 100:.2f}% of one core at one poll a second")
+        return
     results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for i in range(args.pairs):
         for polled in ((False, True) if i % 2 == 0 else (True, False)):
