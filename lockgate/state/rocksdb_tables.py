@@ -147,42 +147,39 @@ def prefix_items(db: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
 
 
 class ValueTable(_Table):
-    """A value or list state as a mapping key -> value."""
+    """A value or list state as a mapping key -> value, with a write-back
+    cache of at most :data:`LIVE_LIMIT` keys: ``live`` holds decoded values
+    (hot keys cost a dict lookup), ``dirty`` the keys to write at the next
+    flush (stored ones, and mutable ones handed out: they may be changed in
+    place). A flush (every snapshot) writes the dirty ones in one batch; a
+    full cache is flushed and emptied."""
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
         super().__init__(backend, name)
         self.live: dict[Any, Any] = {}
+        self.dirty: set[Any] = set()
 
     def flush(self) -> None:
-        if not self.live:
+        if not self.dirty:
             return
         batch = self.backend.batch()
-        dumps, prefix = self.dumps, self.prefix
-        for key, value in self.live.items():
-            batch.put(prefix(key), dumps(value))
+        dumps, prefix, live = self.dumps, self.prefix, self.live
+        for key in self.dirty:
+            batch.put(prefix(key), dumps(live[key]))
         self.backend.db.write(batch)
-        self.live.clear()
+        self.dirty.clear()
 
-    def _hold(self, key: Any, value: Any) -> None:
-        if len(self.live) >= LIVE_LIMIT and key not in self.live:
+    def _cache(self, key: Any, value: Any, dirty: bool) -> None:
+        live = self.live
+        if len(live) >= LIVE_LIMIT and key not in live:
             self.flush()
-        self.live[key] = value
+            live.clear()
+        live[key] = value
+        if dirty:
+            self.dirty.add(key)
 
     def read(self, key: Any, default: Any = None) -> Any:
-        """The stored object (live, or decoded anew: not held)."""
-        value = self.live.get(key, _MISSING)
-        if value is not _MISSING:
-            return value
-        data = self.db.get(self.prefix(key))
-        return default if data is None else self.loads(data)
-
-    def write(self, key: Any, value: Any) -> None:
-        """Store an encoded copy of ``value`` now."""
-        self.db.put(self.prefix(key), self.dumps(value))
-        if self.live:
-            self.live.pop(key, None)
-
-    def get(self, key: Any, default: Any = None) -> Any:
+        """The stored object (the caller copies it before it leaves)."""
         value = self.live.get(key, _MISSING)
         if value is not _MISSING:
             return value
@@ -190,8 +187,24 @@ class ValueTable(_Table):
         if data is None:
             return default
         value = self.loads(data)
-        if not frozen(value):
-            self._hold(key, value)
+        self._cache(key, value, False)
+        return value
+
+    def write(self, key: Any, value: Any) -> None:
+        """Store a private copy of ``value``."""
+        self._cache(key, value if frozen(value) else private_copy(value), True)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        value = self.live.get(key, _MISSING)
+        if value is not _MISSING:
+            if value.__class__ not in ATOMIC and not frozen(value):
+                self.dirty.add(key)
+            return value
+        data = self.db.get(self.prefix(key))
+        if data is None:
+            return default
+        value = self.loads(data)
+        self._cache(key, value, not frozen(value))
         return value
 
     def __getitem__(self, key: Any) -> Any:
@@ -201,12 +214,7 @@ class ValueTable(_Table):
         return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if frozen(value):
-            self.db.put(self.prefix(key), self.dumps(value))
-            if self.live:
-                self.live.pop(key, None)
-        else:
-            self._hold(key, value)
+        self._cache(key, value, True)
 
     def __contains__(self, key: Any) -> bool:
         return key in self.live or self.db.get(self.prefix(key)) is not None
@@ -218,6 +226,7 @@ class ValueTable(_Table):
                 raise KeyError(key)
             return default
         self.live.pop(key, None)
+        self.dirty.discard(key)
         self.db.delete(self.prefix(key))
         return value
 
@@ -391,7 +400,7 @@ class MapTable(_Table):
 
 def frozen(v: Any) -> bool:
     """Whether ``v`` cannot change: an immutable value, or a tuple of them
-    (a view writes it at once instead of keeping it live)."""
+    (a view need not write it back after handing it out)."""
     c = v.__class__
     return c in ATOMIC or (c is tuple and all(e.__class__ in ATOMIC for e in v))
 
@@ -411,9 +420,7 @@ class RocksValueState(ValueState):
         t = self.t
         key = t.backend.current_key
         v = t.read(key, _MISSING)
-        if v is _MISSING:
-            return _copy(self._default)
-        return _copy(v) if key in t.live else v  # a decoded value is new already
+        return _copy(self._default if v is _MISSING else v)
 
     def update(self, value: Any) -> None:
         if value is None:

@@ -16,6 +16,7 @@ from lockgate.checkpoint.incremental import (
     IncrementalState,
     delete_unreferenced,
     referenced_shared,
+    shared_checkpoint_id,
     unreferenced,
 )
 from lockgate.checkpoint.kinds import OperatorStateMode
@@ -222,7 +223,7 @@ def test_incremental_checkpoints_upload_only_new_files_and_rescale(tmp_path):
         # the files of the first are referenced, not uploaded again
         assert first.incremental is not None and second.incremental is not None
         reused = set(first.incremental.shared.values()) & set(second.incremental.shared.values())
-        assert reused and all(f.name.split("-c")[1].startswith("1-") for f in reused)
+        assert reused and all(shared_checkpoint_id(f.name) == 1 for f in reused)
         for name, table in contents(b).items():
             expected[name].update(table)
     handles = [write_incremental(b, 3) for b in tasks]
