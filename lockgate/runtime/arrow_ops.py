@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from lockgate.api.arrow import ArrowAggregate, ArrowStep, ColumnKey
 from lockgate.errors import UserFunctionError
 from lockgate.runtime.operators import KeyedOperator, StreamOperator
+from lockgate.runtime.output import MAX_BUFFER_AGE
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.keygroups import KeyGroupAssigner
 from lockgate.state.serde import StateSerializer
@@ -361,7 +362,7 @@ class ArrowOutput:
         else:  # rebalance: whole batches round-robin
             self._put(w.next, batch)
             w.next = (w.next + 1) % n
-        if time.monotonic() - w.last_flush > 0.05:
+        if time.monotonic() - w.last_flush > MAX_BUFFER_AGE:
             w.flush()
 
     def _put(self, i: int, batch: Any) -> None:
@@ -381,7 +382,10 @@ class ArrowOutput:
         batches, self.buffers[i], self.rows[i] = self.buffers[i], [], 0
         link = self.writer.links[i]
         assert link is not None
-        link.send(Frame.ARROW_BATCH, encode_arrow(batches))
+        payload = encode_arrow(batches)
+        started = time.perf_counter()
+        link.send(Frame.ARROW_BATCH, payload)
+        self.writer.send_time += time.perf_counter() - started  # blocked: backpressure
 
     def flush(self) -> None:
         for i, rows in enumerate(self.rows):
