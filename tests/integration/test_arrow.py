@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from lockgate import CheckpointConfig, Pipeline
-from lockgate.connectors import FileSink
+from lockgate.connectors import FileSink, SequenceSource
 from tests.fault.arrow_sums_job import build, check_output, write_input
-from tests.fixtures import start_and_await
+from tests.fixtures import committed_lines, start_and_await
 from tests.integration.spark_session import fresh_spark_session
 from tests.integration.test_examples import run_example
 
@@ -79,3 +79,32 @@ def test_dataframe_read_as_record_batches_on_spark(tmp_path: Path):
                          for k in range(keys)}
     finally:
         spark.stop()
+
+
+def test_rows_to_arrow_and_back(tmp_path: Path):
+    """Rows become batches (``to_arrow``), are aggregated, and go to a JSONL
+    sink as they are (the sink takes their rows) and through ``to_rows``
+    into a row operator: both outputs exact, on the local launcher."""
+    n, keys = 30_000, 5
+    p = Pipeline("rows-arrow-rows", parallelism=2, batch_size=256,
+                 checkpoint=CheckpointConfig(interval=0.3, storage=str(tmp_path / "chk")))
+    sums = (p.source(SequenceSource(1, n), uid="numbers")
+              .map(lambda x: {"k": x % keys, "x": x}, uid="dicts")
+              .to_arrow(uid="batches")
+              .key_by_column("k")
+              .aggregate_arrow(total=("x", "sum"), n=("x", "count"), uid="sums"))
+    sums.sink(FileSink(str(tmp_path / "direct"), format="jsonl"), uid="direct")
+    (sums.to_rows(uid="rows")
+         .map(lambda r: [r["k"], r["n"], r["total"]], uid="triples")
+         .sink(FileSink(str(tmp_path / "triples"), format="jsonl"), uid="triples-out"))
+    result = p.run(launcher="local")
+    assert result.status == "finished", result
+    want = {k: (len(range(k or keys, n + 1, keys)), sum(range(k or keys, n + 1, keys)))
+            for k in range(keys)}
+    direct: dict[int, tuple[int, int]] = {}
+    for r in committed_lines(tmp_path / "direct"):
+        direct[r["k"]] = max(direct.get(r["k"], (0, 0)), (r["n"], r["total"]))
+    triples: dict[int, tuple[int, int]] = {}
+    for k, count, total in committed_lines(tmp_path / "triples"):
+        triples[k] = max(triples.get(k, (0, 0)), (count, total))
+    assert direct == want and triples == want
