@@ -59,9 +59,13 @@ def _run(args: argparse.Namespace) -> int:
         pipeline.parallelism = args.parallelism
         for node in pipeline.nodes:
             node.parallelism = args.parallelism
+    tty = sys.stderr.isatty()
+
     def progress(p: Progress) -> None:
         ms = f"{p.last_checkpoint_duration * 1000:.0f} ms" if p.last_checkpoint_duration else "-"
-        print(f"[{p.elapsed:7.1f} s] checkpoint {p.last_checkpoint_id} ({ms}): "
+        # on a terminal (-v): clear the status line first; it is drawn again below
+        print(f"{chr(13) + chr(27) + '[K' if tty else ''}"
+              f"[{p.elapsed:7.1f} s] checkpoint {p.last_checkpoint_id} ({ms}): "
               f"{p.records_read:,} records read, {p.records_written:,} written, "
               f"{p.restarts} restarts", file=sys.stderr, flush=True)
 
@@ -74,7 +78,9 @@ def _run(args: argparse.Namespace) -> int:
         from_savepoint=args.from_savepoint,
         allow_non_restored_state=args.allow_non_restored_state,
         allow_non_replayable=args.allow_non_replayable or False,
-        on_progress=progress if args.verbose and not args.quiet else None,
+        # a line per checkpoint: in logs always, on a terminal with -v (the status
+        # line shows the same)
+        on_progress=progress if (args.verbose or not tty) and not args.quiet else None,
         master=args.master))
     job_id = master.job_id
     if not args.quiet:
