@@ -135,14 +135,7 @@ class ArrowAggregateOperator(KeyedOperator):
             return batch
         key = self.key
         found = self._partials_by_table(batch)
-        if found is None:
-            grouped = pa.Table.from_batches([batch]).group_by(key, use_threads=False) \
-                .aggregate(list(self.parts))
-            keys = grouped.column(key).combine_chunks()
-            partials = [grouped.column(f"{column}_{kind}").combine_chunks()
-                        for column, kind in self.parts]
-        else:
-            keys, partials = found
+        keys, partials = found if found is not None else self._partials_by_group_by(batch)
         key_list = keys.to_pylist()
         olds = list(map(self._values.get, key_list))
         fresh = [o is None for o in olds]
@@ -173,6 +166,40 @@ class ArrowAggregateOperator(KeyedOperator):
         names = [key] + [name for name, _, _ in self.outputs]
         return pa.RecordBatch.from_arrays(columns, names=names)
 
+
+    def _partials_by_group_by(self, batch: Any) -> tuple[Any, list[Any]]:
+        """The batch's keys and partial aggregates by Arrow's hash group-by.
+        Its integer sums wrap on overflow, so a sum that might overflow is
+        taken as the sums of the values' high and low 32 bits, added exactly
+        in Python: an int64 overflow then fails the batch (``ArrowInvalid``)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        table = pa.Table.from_batches([batch])
+        aggregations: list[tuple[str, str]] = []
+        split: dict[int, str] = {}
+        for j, (column, kind) in enumerate(self.parts):
+            arr = batch.column(column)
+            if kind == "sum" and pa.types.is_integer(arr.type) and _might_overflow(arr):
+                hi, lo = f"__hi_{j}", f"__lo_{j}"
+                table = table.append_column(hi, pc.shift_right(arr, 32)).append_column(
+                    lo, pc.bit_wise_and(arr, pa.scalar(0xFFFFFFFF, arr.type)))
+                aggregations += [(hi, "sum"), (lo, "sum")]
+                split[j] = column
+            else:
+                aggregations.append((column, kind))
+        grouped = table.group_by(self.key, use_threads=False).aggregate(aggregations)
+        partials = []
+        for j, (column, kind) in enumerate(self.parts):
+            if j in split:
+                his = grouped.column(f"__hi_{j}_sum").to_pylist()
+                los = grouped.column(f"__lo_{j}_sum").to_pylist()
+                partials.append(pa.array(
+                    [None if h is None else (h << 32) + lo for h, lo in zip(his, los, strict=True)],
+                    type=batch.column(column).type))
+            else:
+                partials.append(grouped.column(f"{column}_{kind}").combine_chunks())
+        return grouped.column(self.key).combine_chunks(), partials
 
     def _partials_by_table(self, batch: Any) -> tuple[Any, list[Any]] | None:
         """The batch's keys and partial aggregates with numpy, without hashing:
@@ -206,9 +233,8 @@ class ArrowAggregateOperator(KeyedOperator):
                 partials.append(pa.array(counts[touched]))
                 continue
             if kind == "sum":
-                if v.dtype.kind in "iu" and len(v) * max(abs(int(v.min())), abs(int(v.max()))) \
-                        >= 1 << 63:
-                    return None  # might overflow: Arrow's group-by, then a checked merge
+                if v.dtype.kind in "iu" and _might_overflow(v):
+                    return None  # Arrow's group-by path sums such a column exactly
                 acc = np.zeros(n_slots, dtype=np.float64 if v.dtype.kind == "f" else np.int64)
                 np.add.at(acc, slots, v)
             else:
@@ -223,6 +249,21 @@ class ArrowAggregateOperator(KeyedOperator):
         start = len(self._slot_keys)
         self._slot_keys.extend(new.tolist())
         return range(start, start + len(new))
+
+
+def _might_overflow(values: Any) -> bool:
+    """Whether an int64 sum of ``values`` (an Arrow or numpy array of
+    integers) could leave the range of int64."""
+    import pyarrow.compute as pc
+
+    if hasattr(values, "dtype"):  # numpy
+        lo, hi = int(values.min()), int(values.max())
+    else:
+        bounds = pc.min_max(values).as_py()
+        if bounds["min"] is None:
+            return False
+        lo, hi = bounds["min"], bounds["max"]
+    return len(values) * max(abs(lo), abs(hi)) >= 1 << 63
 
 
 # ------------------------------------------------------------------ routing

@@ -275,3 +275,23 @@ def test_the_numpy_path_and_arrows_group_by_agree():
         key = lambda r: r["k"]  # noqa: E731
         assert sorted(a.to_pylist(), key=key) == sorted(b.to_pylist(), key=key)
     assert fast.backend.raw("aggregate_arrow") == slow.backend.raw("aggregate_arrow")  # type: ignore[union-attr]
+
+
+def test_integer_sums_near_the_limit_are_exact_and_an_overflow_fails():
+    """Arrow's group-by wraps int64 sums; the operator does not: sums that
+    might overflow are added exactly, and a real overflow fails the batch."""
+    op = _aggregate()
+    big = 2**62
+    out = op.process(pa.record_batch({"k": pa.array(["a", "a", "b", "b", "b"]),
+                                      "v": pa.array([big, -big, big, big - 7, -big],
+                                                    pa.int64())}))
+    assert {r["k"]: r["total"] for r in out.to_pylist()} == {"a": 0, "b": big - 7}
+    out = op.process(pa.record_batch({"k": pa.array([3, 3, -1]),
+                                      "v": pa.array([-big, -big, -5], pa.int64())}))
+    assert {r["k"]: r["total"] for r in out.to_pylist()} == {3: -2 * big, -1: -5}
+    with pytest.raises((pa.ArrowInvalid, OverflowError)):
+        op.process(pa.record_batch({"k": pa.array(["x", "x"]),
+                                    "v": pa.array([big, big], pa.int64())}))
+    with pytest.raises((pa.ArrowInvalid, OverflowError)):  # in the merge with the state
+        op.process(pa.record_batch({"k": pa.array(["b", "b"]),
+                                    "v": pa.array([big, 10], pa.int64())}))
