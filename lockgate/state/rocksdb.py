@@ -58,6 +58,7 @@ from lockgate.state.rocksdb_io import (
     export_blocks,
     materialize,
     open_db,
+    remove_task_folder,
     require,
     state_names,
     task_folder,
@@ -289,7 +290,7 @@ class RocksDBKeyedStateBackend:
             self.db.close()
         except Exception:  # noqa: BLE001 - closed already
             pass
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove_task_folder(self.folder)
         try:
             os.rmdir(os.path.dirname(self.folder))  # the job's, once its last task left
         except OSError:

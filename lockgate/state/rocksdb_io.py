@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -113,6 +114,26 @@ def task_folder(config: RocksDBStateBackend, scope: BackendScope) -> str:
     return folder
 
 
+ORPHAN_AGE = 600.0
+"""Seconds after which a task folder without its ``owner`` file is an orphan."""
+
+
+def remove_task_folder(folder: str) -> None:
+    """Remove a task's folder, its ``owner`` file last: a removal cut short
+    (the process killed) leaves a folder the next task recognises."""
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        if name != "owner":
+            path = os.path.join(folder, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _remove_orphans(base: str) -> None:
     """Remove task folders under ``base`` whose owner process is dead, and
     job folders left empty."""
@@ -123,14 +144,22 @@ def _remove_orphans(base: str) -> None:
         except OSError:
             continue
         for name in names:
+            folder = os.path.join(jpath, name)
             try:
-                with open(os.path.join(jpath, name, "owner")) as f:
+                with open(os.path.join(folder, "owner")) as f:
                     pid = int(f.read())
                 os.kill(pid, 0)
             except ProcessLookupError:
-                shutil.rmtree(os.path.join(jpath, name), ignore_errors=True)
+                shutil.rmtree(folder, ignore_errors=True)
+            except FileNotFoundError:
+                # no owner: being made (a moment), or its removal was cut short
+                try:
+                    if time.time() - os.path.getmtime(folder) > ORPHAN_AGE:
+                        shutil.rmtree(folder, ignore_errors=True)
+                except OSError:
+                    pass
             except (OSError, ValueError):
-                pass  # being made, not ours, or alive under another user
+                pass  # alive under another user, or not a task's folder
         try:
             os.rmdir(jpath)
         except OSError:

@@ -129,8 +129,12 @@ def test_folders_of_dead_tasks_are_removed(tmp_path):
     alive = tmp_path / "local" / "live-job" / "op-0-a0-87654321"
     alive.mkdir(parents=True)
     (alive / "owner").write_text(str(os.getpid()))
+    cut_short = tmp_path / "local" / "cut-job" / "op-1-a0-11112222"  # owner gone first
+    (cut_short / "db").mkdir(parents=True)
+    os.utime(cut_short, (0, 0))
     b = rocks(tmp_path)
     assert not (tmp_path / "local" / "old-job").exists() and alive.exists()
+    assert not (tmp_path / "local" / "cut-job").exists()
     b.close()
 
 
