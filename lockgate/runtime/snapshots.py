@@ -87,7 +87,10 @@ class SnapshotWriter:
     def __init__(self, spec: TaskSpec, serializer: StateSerializer, faults: FaultInjector,
                  send: Callable[[ControlMessage], None]) -> None:
         self.spec = spec
-        self.serializer = serializer
+        self.serializer = StateSerializer(serializer.allow_pickle)
+        """The writer thread's own: a serializer's packer holds a buffer, and
+        the task thread packs with the task's (RocksDB values, channel state)
+        while this thread writes."""
         self.faults = faults
         self.send = send
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")

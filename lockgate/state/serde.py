@@ -41,7 +41,10 @@ class StateSerializationError(LockgateError, TypeError):
 
 
 class StateSerializer:
-    """Encodes state values and records with msgpack; pickle only on opt-in."""
+    """Encodes state values and records with msgpack; pickle only on opt-in.
+
+    Not thread-safe: ``dumps`` packs into one buffer, so each thread that
+    packs (the task thread, the snapshot writer) has a serializer of its own."""
 
     def __init__(self, allow_pickle: bool = False) -> None:
         self.allow_pickle = allow_pickle
