@@ -153,7 +153,12 @@ class ArrowAggregateOperator(KeyedOperator):
             else:  # sum, count: a side that is null (no value yet) counts as nothing
                 merged.append(pc.coalesce(pc.add_checked(old, new), old, new))
         values = [m.to_pylist() for m in merged]
-        self._values.update(zip(key_list, zip(*values, strict=True), strict=True))
+        updated = zip(key_list, zip(*values, strict=True), strict=True)
+        if isinstance(self._values, dict):  # the heap backend
+            self._values.update(updated)
+        else:  # a backend's mapping view (RocksDB): written back per key
+            for k, accumulators in updated:
+                self._values[k] = accumulators
         columns = [keys]
         for _name, how, slots in self.outputs:
             if how == "mean":

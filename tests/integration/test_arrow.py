@@ -34,9 +34,13 @@ def test_arrow_example(tmp_path, way):
         assert current[u][1] == pytest.approx(sum(orders) / 100)
 
 
-def test_arrow_state_and_positions_rescale_through_savepoints(tmp_path: Path):
+@pytest.mark.parametrize("backend", ["heap", "rocksdb"])
+def test_arrow_state_and_positions_rescale_through_savepoints(tmp_path: Path, monkeypatch,
+                                                              backend: str):
     """2 -> 3 -> 2 tasks, each hop stopped with a savepoint while the input is
-    half read: the copy holds every row once, each key's aggregates are exact."""
+    half read: the copy holds every row once, each key's aggregates are exact;
+    with the state on either backend."""
+    monkeypatch.setenv("LOCKGATE_STATE_BACKEND", backend)
     n, keys = 60_000, 7
     write_input(tmp_path / "in", n)
 
