@@ -20,10 +20,8 @@ from lockgate.api.watermarks import TimeDomain, TimerService
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import OperatorSpec
-from lockgate.runtime.operators import KeyedContext, StreamOperator, user_hook
+from lockgate.runtime.operators import KeyedContext, StreamOperator, open_keyed_backend, user_hook
 from lockgate.runtime.timers import KeyedTimers
-from lockgate.state.backend import HeapKeyedStateBackend
-from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
 
 __all__ = ["TwoInputOperator", "CoProcessOperator", "CoContext", "NoTimers"]
@@ -40,9 +38,7 @@ class TwoInputOperator(StreamOperator):
 
     def open(self, serializer: StateSerializer) -> None:
         if self.keyed:
-            kg = key_group_range(self.info.task_index, self.info.parallelism,
-                                 self.info.max_parallelism)
-            self.backend = HeapKeyedStateBackend(self.info.max_parallelism, kg, serializer)
+            self.backend = open_keyed_backend(self, serializer)
             self.timers: KeyedTimers | None = KeyedTimers(self.backend)
         else:
             self.timers = None

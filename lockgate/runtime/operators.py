@@ -151,12 +151,16 @@ class KeyedOperator(StreamOperator):
     keyed = True
 
     def open(self, serializer: StateSerializer) -> None:
-        kg = key_group_range(self.info.task_index, self.info.parallelism,
-                             self.info.max_parallelism)
-        info = self.info
-        self.backend = create_keyed_backend(
-            self.state_backend, info.max_parallelism, kg, serializer,
-            BackendScope(info.job_id, self.uid, info.task_index, info.attempt, self.job_dir))
+        self.backend = open_keyed_backend(self, serializer)
+
+
+def open_keyed_backend(op: StreamOperator, serializer: StateSerializer) -> KeyedStateBackend:
+    """The keyed state of ``op``'s key groups, in the job's backend."""
+    info = op.info
+    kg = key_group_range(info.task_index, info.parallelism, info.max_parallelism)
+    return create_keyed_backend(
+        op.state_backend, info.max_parallelism, kg, serializer,
+        BackendScope(info.job_id, op.uid, info.task_index, info.attempt, op.job_dir))
 
 
 class ReduceOperator(KeyedOperator):

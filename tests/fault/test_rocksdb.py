@@ -183,3 +183,26 @@ def test_targeted_kills_on_rocksdb(tmp_path, parallelism, launcher, rocksdb):
     check_exact_sums(tmp_path / "out", N, 50)
     assert result["restarts"] == len(faults), result["failures"]
     check_incremental_and_retention(tmp_path / "chk")
+
+
+def test_joins_broadcast_and_windows_on_rocksdb_under_random_kills(tmp_path, rocksdb):
+    """The several-inputs pipeline of ``tests/fault/test_multi_input.py``
+    (broadcast state, a side output, windows, an interval join: two-input
+    keyed operators) with its keyed state in RocksDB, under random kills."""
+    from tests.fault.test_multi_input import check as check_enrichment
+
+    n, p, kills = (60_000, 2, 8) if SOAK else (20_000, 2, 3)
+    cmd = [sys.executable, str(HERE / "enrich_job.py"), "--n", str(n), "--parallelism", str(p),
+           "--out", str(tmp_path / "out"), "--rejected", str(tmp_path / "rejected"),
+           "--storage", str(tmp_path / "chk"), "--interval", "0.2", "--rate", "5000",
+           "--launcher", "local"]
+    result, done = drive(cmd, kills=kills, tasks=3 + 3 * p, seed=29, kill_delays=(0.3, 1.0),
+                         timeout=600 if SOAK else 300)
+    assert result["status"] == "finished"
+    assert done == kills and result["restarts"] >= kills - 1, result["failures"]
+    check_enrichment(tmp_path, n)
+    # the two-input operators' keyed state was in RocksDB too
+    (job_dir,) = (tmp_path / "chk").iterdir()
+    (meta, *_) = reversed(retained_metadata(job_dir))
+    for uid in ("enrich", "share"):
+        assert any(h and "incremental" in h for h in meta["operators"][uid]["subtasks"]), uid
