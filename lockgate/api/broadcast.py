@@ -20,13 +20,13 @@ the copy of old task ``i % old_parallelism`` (round-robin, as Flink does).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import RuntimeContext
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.types import OperatorKind, Partitioning
-from lockgate.state.backend import MapStateDescriptor
+from lockgate.state.backend import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from lockgate.state.values import ATOMIC, private_copy
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ __all__ = ["BroadcastStream", "BroadcastConnectedStream", "BroadcastProcessFunct
 IN1 = TypeVar("IN1")
 IN2 = TypeVar("IN2")
 OUT = TypeVar("OUT")
+Descriptor = ValueStateDescriptor | ListStateDescriptor | MapStateDescriptor
 
 
 def _copy(v: Any) -> Any:
@@ -99,6 +100,17 @@ class BroadcastContext(RuntimeContext, ABC):
         """The broadcast state of ``descriptor`` (one given to
         ``broadcast(...)``): a ``BroadcastState`` in
         ``process_broadcast_element``, read-only in ``process_element``."""
+
+    def apply_to_keyed_state(self, descriptor: Descriptor,
+                             fn: Callable[[Any, Any], None]) -> None:
+        """In ``process_broadcast_element`` of a keyed function: call
+        ``fn(key, state)`` for every key of this task that has a value in
+        the keyed state ``descriptor``, with ``state`` that key's state
+        (read it, update it, clear it: Flink's ``applyToKeyedState``).
+        Every task visits its own keys; on heap and RocksDB alike."""
+        raise PipelineDefinitionError(
+            "apply_to_keyed_state is for process_broadcast_element of a "
+            "KeyedBroadcastProcessFunction")
 
 
 class _BroadcastFunction(ABC, Generic[IN1, IN2, OUT]):

@@ -13,14 +13,20 @@ operator, so they move by key group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from lockgate.api.broadcast import BroadcastContext, BroadcastState, ReadOnlyBroadcastState
+from lockgate.api.broadcast import (
+    BroadcastContext,
+    BroadcastState,
+    Descriptor,
+    ReadOnlyBroadcastState,
+)
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.errors import CheckpointCorruptError, PipelineDefinitionError
 from lockgate.runtime.coprocess import CoContext, CoProcessOperator, NoTimers
 from lockgate.runtime.operators import OperatorSnapshot, user_hook
-from lockgate.state.backend import MapStateDescriptor
+from lockgate.state.backend import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from lockgate.state.serde import StateSerializer
 from lockgate.state.values import private_copy
 
@@ -51,6 +57,26 @@ class _Context(CoContext, BroadcastContext):
             raise PipelineDefinitionError(
                 "process_broadcast_element has no current key (it runs for every task)")
         return super().current_key
+
+    def apply_to_keyed_state(self, descriptor: Descriptor,
+                             fn: Callable[[Any, Any], None]) -> None:
+        backend = self._op.backend
+        if not self.writable or backend is None:
+            BroadcastContext.apply_to_keyed_state(self, descriptor, fn)
+        assert backend is not None
+        kinds = (ValueStateDescriptor, ListStateDescriptor, MapStateDescriptor)
+        if not isinstance(descriptor, kinds):
+            raise PipelineDefinitionError(
+                f"apply_to_keyed_state takes a state descriptor, got {descriptor!r}")
+        state = self._state(descriptor, type(descriptor))
+        before = backend.current_key
+        try:
+            for key in list(backend.state_keys(descriptor.name)):
+                backend.current_key = key
+                with user_hook(self._op.uid, "apply_to_keyed_state"):
+                    fn(key, state)
+        finally:
+            backend.current_key = before
 
 
 class BroadcastProcessOperator(CoProcessOperator):
