@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 from lockgate import fs
@@ -53,6 +54,7 @@ from lockgate.state.backend import (
     ValueStateDescriptor,
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
 from lockgate.state.rocksdb_io import (
     copy_range,
     export_blocks,
@@ -177,6 +179,19 @@ class RocksDBKeyedStateBackend:
     def state_keys(self, name: str) -> list[Any]:
         table = self._tables.get(name)
         return table.keys() if table is not None else []
+
+    def iter_state_keys(self, name: str) -> Iterator[Any]:
+        """The keys of state ``name``, read lazily a chunk at a time (TTL's
+        incremental cleanup: :func:`~lockgate.state.rocksdb_cleanup.iter_keys`)."""
+        table = self._tables.get(name)
+        return iter_keys(table) if table is not None else iter(())
+
+    def filter_keys(self, name: str, keys: list[Any], keep: SnapshotFilter) -> None:
+        """Replace the stored object ``o`` of each of ``keys`` by ``keep(o)``
+        (None: deleted): :func:`~lockgate.state.rocksdb_cleanup.filter_keys`."""
+        table = self._tables.get(name)
+        if table is not None:
+            filter_keys(table, keys, keep)
 
     def num_keys(self) -> int:
         keys: set[Any] = set()

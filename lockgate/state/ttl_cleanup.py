@@ -1,6 +1,9 @@
 """The incremental cleanup of one TTL state (Flink's ``TtlIncrementalCleanup``):
 a cursor over all the task's keys of the state, advanced a few keys at a
-time, removing what expired.
+time, removing what expired. The keys come from the backend's lazy
+``iter_state_keys(name)`` where it has one (the RocksDB backend: a resumable
+walk over its key groups, :mod:`lockgate.state.rocksdb_cleanup`), else from
+``state_keys(name)`` listed when a round starts.
 
 Each key is checked by the fastest means the backend offers: the heap
 backend's live dict directly; a backend's ``filter_keys(name, keys, keep)``
@@ -66,14 +69,17 @@ class CleanupCursor:
     def run(self, count: int, now: int) -> None:
         """Check the next ``count`` keys for what expired at ``now`` and
         remove it. A round ends when its keys do and the next lists them anew
-        (``backend.state_keys``); at most one round starts per call, so a
-        small state is checked at most once."""
+        (``backend.iter_state_keys``, a lazy walk, where the backend has one:
+        the RocksDB backend's; else ``backend.state_keys``); at most one round
+        starts per call, so a small state is checked at most once."""
         started = False
         while count > 0:
             if self._keys is None:
                 if started:
                     return
-                self._keys = iter(self.backend.state_keys(self.name))
+                lazy = getattr(self.backend, "iter_state_keys", None)
+                self._keys = iter(lazy(self.name) if lazy is not None
+                                  else self.backend.state_keys(self.name))
                 started = True
             keys = list(islice(self._keys, count))
             if len(keys) < count:

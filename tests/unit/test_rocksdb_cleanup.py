@@ -1,0 +1,97 @@
+"""The RocksDB backend's hooks for TTL's incremental cleanup: the lazy,
+resumable walk over a state's keys and ``filter_keys``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lockgate.state.backend import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.keygroups import key_group_for_key, key_group_range
+from lockgate.state.serde import StateSerializer
+
+pytest.importorskip("rocksdict")
+
+from lockgate.state.rocksdb_cleanup import iter_keys  # noqa: E402
+
+M = 16
+
+
+def rocks(tmp: Path, kg: range = range(M)) -> Any:
+    config = RocksDBStateBackend(local_dir=str(tmp / "local"), memory_mb=16)
+    return create_keyed_backend(config, M, kg, StateSerializer(),
+                                BackendScope("job", "op", 0, 0, str(tmp / "job")))
+
+
+def test_walk_resumes_across_chunks_and_sees_only_the_tasks_key_groups(tmp_path):
+    own = key_group_range(1, 2, M)
+    b = rocks(tmp_path, own)
+    v = b.get_state(ValueStateDescriptor("v", default=0))
+    m = b.get_state(MapStateDescriptor("m"))
+    other = b.get_state(ValueStateDescriptor("other", default=0))
+    keys = [k for k in range(600)] + ["a", ("t", 1), -5, 2.5]
+    for k in keys:
+        b.current_key = k
+        v.update(1)
+        m.put("x", 1)
+        m.put("y", 2)
+        if k == 3:
+            other.update(1)
+    mine = [k for k in keys if key_group_for_key(k, M) in own]
+    assert 0 < len(mine) < len(keys)
+    # written back when the walk starts (a round's first chunk)
+    for chunk in (1, 3, 7, 256):
+        assert sorted(map(repr, iter_keys(b.raw("v"), chunk))) == sorted(map(repr, mine))
+        assert sorted(map(repr, iter_keys(b.raw("m"), chunk))) == sorted(map(repr, mine))
+    assert list(b.iter_state_keys("other")) == ([3] if 3 in mine else [])
+    assert list(b.iter_state_keys("never")) == []
+    # a walk goes on while the state changes under it: a key of a later
+    # chunk (the last key group) cleared after the walk began never comes up
+    walk = b.iter_state_keys("v")
+    seen = [next(walk)]
+    assert key_group_for_key(seen[0], M) == own[0]
+    gone = next(k for k in mine if key_group_for_key(k, M) == own[-1])
+    b.current_key = gone
+    v.clear()
+    seen.extend(walk)
+    assert len(seen) == len(mine) - 1 and gone not in seen
+    b.close()
+
+
+def test_filter_keys_in_the_cache_and_in_the_database(tmp_path):
+    b = rocks(tmp_path)
+    v = b.get_state(ValueStateDescriptor("v", default=0))
+    lst = b.get_state(ListStateDescriptor("l"))
+    m = b.get_state(MapStateDescriptor("m"))
+    for k in range(40):
+        b.current_key = k
+        v.update(k)
+        lst.add_all([k, k + 1])
+        m.put("a", k)
+        m.put("b", -k)
+    b.snapshot().write(open(tmp_path / "s", "wb"))  # written back: in the database
+    b.current_key = 1
+    v.update(1001)  # in the cache again
+    m.put("a", 1001)
+    keys = list(range(40)) + ["absent"]
+
+    def keep_value(x: int) -> int | None:
+        return None if x % 2 else x
+
+    b.filter_keys("v", keys, keep_value)
+    b.filter_keys("l", keys, lambda xs: None if xs[0] % 3 == 0 else (xs if xs[0] % 3 == 1
+                                                                     else xs[:1]))
+    b.filter_keys("m", keys, lambda d: None if d["a"] % 2 else {"a": d["a"]})
+    got = {}
+    for k in range(40):
+        b.current_key = k
+        got[k] = (v.value(), lst.get(), m.items())
+    for k in range(40):
+        a = 1001 if k == 1 else k
+        assert got[k][0] == (0 if a % 2 else a)
+        assert got[k][1] == ([] if k % 3 == 0 else [k, k + 1] if k % 3 == 1 else [k])
+        assert got[k][2] == ([] if a % 2 else [("a", a)])
+    b.close()
