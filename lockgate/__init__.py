@@ -10,6 +10,16 @@ from lockgate.api.connected import ConnectedStreams, CoProcessFunction
 from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.joins import ProcessJoinFunction
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
+from lockgate.api.triggers import (
+    ContinuousEventTimeTrigger,
+    CountTrigger,
+    EventTimeTrigger,
+    ProcessingTimeTrigger,
+    PurgingTrigger,
+    Trigger,
+    TriggerContext,
+    TriggerResult,
+)
 from lockgate.api.watermarks import (
     END_OF_TIME,
     MAX_WATERMARK,
@@ -21,6 +31,7 @@ from lockgate.api.windowed import WindowedStream
 from lockgate.api.windows import (
     AggregateFunction,
     EventTimeSessionWindows,
+    GlobalWindows,
     ProcessingTimeSessionWindows,
     ProcessWindowFunction,
     SlidingEventTimeWindows,
@@ -73,6 +84,15 @@ __all__ = [
     "TumblingEventTimeWindows",
     "TumblingProcessingTimeWindows",
     "WindowedStream",
+    "GlobalWindows",
+    "Trigger",
+    "TriggerContext",
+    "TriggerResult",
+    "CountTrigger",
+    "EventTimeTrigger",
+    "ProcessingTimeTrigger",
+    "ContinuousEventTimeTrigger",
+    "PurgingTrigger",
     "CheckpointConfig",
     "CheckpointingMode",
     "DataStream",

@@ -445,15 +445,18 @@ class KeyedStream(Generic[T]):
 
         return WindowedStream(self._p, self._node, self._key, self._tag, assigner, timestamp_of)
 
-    def count_window(self, size: int) -> WindowedStream[T]:
+    def count_window(self, size: int, slide: int | None = None) -> WindowedStream[T]:
         """A window per ``size`` records of a key, in their arrival order
         (Flink's ``countWindow(size)``): it fires when its last record arrives.
-        A key's last incomplete window never fires (and stays in state)."""
+        A key's last incomplete window never fires (and stays in state).
+        With ``slide``: every ``slide``-th record of a key fires a window of
+        its last ``size`` records (fewer at first), as Flink's
+        ``countWindow(size, slide)``."""
         from lockgate.api.windowed import WindowedStream
         from lockgate.api.windows import CountWindows
 
-        return WindowedStream(self._p, self._node, self._key, self._tag, CountWindows(size),
-                              None)
+        return WindowedStream(self._p, self._node, self._key, self._tag,
+                              CountWindows(size, slide), None)
 
     def reduce(self, fn: Callable[[T, T], T], *, uid: str | None = None,
                parallelism: int | None = None) -> DataStream[T]:

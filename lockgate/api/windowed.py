@@ -12,6 +12,7 @@ from lockgate.api.functions import OutputTag
 from lockgate.api.windows import (
     AggregateFunction,
     CountWindows,
+    GlobalWindows,
     ProcessWindowFunction,
     WindowAssigner,
     WindowFunctionKind,
@@ -41,6 +42,7 @@ class WindowedStream(Generic[T]):
     _timestamp_of: Callable[[T], int] | None
     _lateness: int = 0
     _late_tag: str | None = None
+    _trigger: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self._assigner, WindowAssigner):
@@ -60,6 +62,25 @@ class WindowedStream(Generic[T]):
         if not self._assigner.event_time and lateness:
             raise PipelineDefinitionError("allowed_lateness is for event-time windows only")
         return replace(self, _lateness=lateness)
+
+    def trigger(self, trigger: Any) -> WindowedStream[T]:
+        """Fire (and purge) windows by ``trigger`` (a
+        :class:`lockgate.api.triggers.Trigger`: ``CountTrigger.of(100)``,
+        ``ContinuousEventTimeTrigger.of(10_000)``, your own) instead of the
+        assigner's default. Time windows still go at ``end - 1 +
+        allowed_lateness``; ``GlobalWindows`` need one. Not for session or
+        count windows."""
+        from lockgate.api.triggers import Trigger
+
+        if not isinstance(trigger, Trigger):
+            raise PipelineDefinitionError(f"trigger() takes a Trigger, got {trigger!r}")
+        if self._assigner.merging:
+            raise PipelineDefinitionError("session windows take no custom trigger")
+        if isinstance(self._assigner, CountWindows):
+            raise PipelineDefinitionError(
+                "count windows fire by count: use window(GlobalWindows.create())"
+                ".trigger(...) for a trigger of your own")
+        return replace(self, _trigger=trigger)
 
     def side_output_late_data(self, tag: OutputTag) -> WindowedStream[T]:
         """Send records too late for every window they belong to (beyond the
@@ -111,8 +132,11 @@ class WindowedStream(Generic[T]):
         if window_function is not None and not isinstance(window_function,
                                                           ProcessWindowFunction):
             raise PipelineDefinitionError(f"{window_function!r} is not a ProcessWindowFunction")
+        if isinstance(self._assigner, GlobalWindows) and self._trigger is None:
+            raise PipelineDefinitionError(
+                "GlobalWindows fire only by a trigger: .trigger(CountTrigger.of(n)), ...")
         spec = WindowSpec(self._assigner, kind, fn, window_function, self._timestamps(),
-                          self._lateness, self._late_tag)
+                          self._lateness, self._late_tag, self._trigger)
         node = self._p._add(OperatorKind.WINDOW, spec, uid, parallelism, self._node,
                             Partitioning.HASH, self._key, self._tag)
         return DataStream(self._p, node)
@@ -120,7 +144,8 @@ class WindowedStream(Generic[T]):
     def _timestamps(self) -> Callable[[Any], int] | None:
         """Event time: the records' timestamps, given or the source's; the
         stream must carry watermarks."""
-        if not self._assigner.event_time or isinstance(self._assigner, CountWindows):
+        if not self._assigner.event_time or isinstance(self._assigner,
+                                                       CountWindows | GlobalWindows):
             return None
         nodes = self._p.nodes
         node, only_filters = self._node, self._tag is None

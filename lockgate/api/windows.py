@@ -43,6 +43,7 @@ __all__ = [
     "CountWindows",
     "EventTimeSessionWindows",
     "GlobalWindow",
+    "GlobalWindows",
     "ProcessWindowFunction",
     "ProcessingTimeSessionWindows",
     "SlidingEventTimeWindows",
@@ -210,14 +211,35 @@ class CountWindows(WindowAssigner):
 
     event_time = False
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, slide: int | None = None) -> None:
         self.size = _positive("the count window's size", size)
+        self.slide = None if slide is None else _positive("the count window's slide", slide)
+        """Sliding: fire every ``slide`` records of a key with its last
+        ``size`` records (Flink's ``countWindow(size, slide)``)."""
 
     def assign(self, timestamp: int) -> list[tuple[int, int]]:
         raise NotImplementedError("count windows are not assigned by time")
 
     def __repr__(self) -> str:
-        return f"CountWindows({self.size})"
+        return f"CountWindows({self.size}, {self.slide})"
+
+
+class GlobalWindows(WindowAssigner):
+    """One window per key for all time (Flink's ``GlobalWindows``): it
+    fires only by a custom trigger (``.trigger(CountTrigger.of(n))``), and
+    its contents stay until the trigger purges them."""
+
+    event_time = False
+
+    @classmethod
+    def create(cls) -> GlobalWindows:
+        return cls()
+
+    def assign(self, timestamp: int) -> list[tuple[int, int]]:
+        raise NotImplementedError("the global window is not assigned by time")
+
+    def __repr__(self) -> str:
+        return "GlobalWindows.create()"
 
 
 class WindowContext(ABC):
@@ -319,6 +341,9 @@ class _WindowFields(NamedTuple):
     allowed_lateness: int = 0
     late_tag: str | None = None
     """The side output of records too late for every window they belong to."""
+    trigger: Any = None
+    """A custom :class:`lockgate.api.triggers.Trigger`, or None: the assigner's
+    default (watermark, clock or count)."""
 
 
 class WindowSpec(_WindowFields):

@@ -44,6 +44,7 @@ from lockgate.api.windows import (
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.runtime.operators import KeyedContext, KeyedOperator, OperatorSnapshot, user_hook
 from lockgate.runtime.timers import KeyedTimers, processing_time
+from lockgate.runtime.window_triggers import TRIGGER_STATE, TriggerRunner
 from lockgate.state.backend import MapStateDescriptor, ValueStateDescriptor
 from lockgate.state.serde import StateSerializer
 from lockgate.state.values import ATOMIC, private_copy
@@ -100,6 +101,11 @@ class WindowOperator(KeyedOperator):
             backend.get_state(ValueStateDescriptor(WINDOW_COUNTS_STATE))
             self.counts: dict[Any, int] = backend.raw(WINDOW_COUNTS_STATE)
         self.timers = KeyedTimers(backend)
+        self.slide = spec.assigner.slide if isinstance(spec.assigner, CountWindows) else None
+        self.triggers: TriggerRunner | None = None
+        if spec.trigger is not None:
+            backend.get_state(MapStateDescriptor(TRIGGER_STATE))
+            self.triggers = TriggerRunner(self, spec.trigger)
         self.clock = processing_time
         """The task's clock (ms since the epoch); tests replace it."""
         self.ctx = KeyedContext(self, self.timers)
@@ -136,10 +142,13 @@ class WindowOperator(KeyedOperator):
         backend, key_of = self.backend, self.spec.key_selector
         assert backend is not None
         out: list[Any] = []
+        if self.triggers is not None:
+            return self.triggers.process(batch)
         if self.count:
+            add = self._count_add if self.slide is None else self._count_slide
             for r in batch:
                 key = backend.current_key = key_of(r)
-                self._count_add(key, r, out)
+                add(key, r, out)
             return out
         timestamp_of = self.window_spec.timestamp_of
         now = 0 if self.event_time else self.clock()
@@ -210,6 +219,41 @@ class WindowOperator(KeyedOperator):
         self._fire(key, None, out)
         self._remove(key, None)
 
+    def _count_slide(self, key: Any, r: Any, out: list[Any]) -> None:
+        """``count_window(size, slide)``: keep the key's last records; every
+        ``slide``-th fires with the last ``size`` of them (Flink's count
+        trigger and count evictor)."""
+        table = self.windows.get(key)
+        if table is None:
+            table = self.windows[key] = {}
+        buf = table.get(None)
+        if buf is None:
+            buf = []
+        elif (key, None) not in self._fresh:
+            buf = list(buf)  # its records are stored copies: never changed in place
+        buf.append(r if r.__class__ in ATOMIC else private_copy(r))
+        self._fresh.add((key, None))
+        n = self.counts.get(key, 0) + 1
+        if n < (self.slide or 1):
+            table[None] = buf
+            self.counts[key] = n
+            return
+        self.counts.pop(key, None)
+        del buf[:-self.count]
+        table[None] = buf
+        fn, kind = self.window_spec.function, self.kind
+        if kind == WindowFunctionKind.REDUCE:
+            acc = private_copy(buf[0])
+            for x in buf[1:]:
+                acc = fn(acc, private_copy(x))
+        elif kind == WindowFunctionKind.AGGREGATE:
+            acc = fn.create_accumulator()
+            for x in buf:
+                acc = fn.add(private_copy(x), acc)
+        else:
+            acc = buf
+        self._fire(key, None, out, acc)
+
     # -- session merging ---------------------------------------------------
     def _merge(self, key: Any, w: Window) -> Window:
         """Merge the new session ``w`` with the key's windows it intersects
@@ -259,6 +303,12 @@ class WindowOperator(KeyedOperator):
 
     def _register(self, w: Window) -> None:
         timers = self.timers
+        if self.triggers is not None:  # the trigger fires; the operator cleans up
+            if self.event_time:
+                timers.register_event_time_timer(self._cleanup_time(w))
+            else:
+                timers.register_processing_time_timer(w[1] - 1)
+            return
         if not self.event_time:
             timers.register_processing_time_timer(w[1] - 1)
             return
@@ -289,6 +339,8 @@ class WindowOperator(KeyedOperator):
         """Fire and clean up the windows whose time each due timer is."""
         backend = self.backend
         assert backend is not None
+        if self.triggers is not None:
+            return self.triggers.on_timers(due, domain)
         out: list[Any] = []
         event = domain == TimeDomain.EVENT_TIME
         if event != self.event_time:
@@ -309,9 +361,11 @@ class WindowOperator(KeyedOperator):
         return out
 
     # -- firing ---------------------------------------------------------------
-    def _fire(self, key: Any, w: Window | None, out: list[Any]) -> None:
-        """Emit the result of window ``w`` of ``key`` to ``out``."""
-        contents = self.windows[key][w]
+    def _fire(self, key: Any, w: Window | None, out: list[Any],
+              contents: Any = _MISSING) -> None:
+        """Emit the result of window ``w`` of ``key`` (or of ``contents``) to ``out``."""
+        if contents is _MISSING:
+            contents = self.windows[key][w]
         kind = self.kind
         hook = "process" if self._user is not None else "get_result"
         with user_hook(self.uid, hook):

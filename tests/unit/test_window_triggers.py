@@ -1,0 +1,259 @@
+"""Custom window triggers and sliding count windows on the window operator
+without processes, against plain-Python references: ``CountTrigger`` (with
+and without purging) over random out-of-order input with late records, the
+built-in ``EventTimeTrigger`` reproducing the default firing
+(``tests/window_reference.py``), ``ContinuousEventTimeTrigger``,
+``ProcessingTimeTrigger`` on a fake clock, ``GlobalWindows`` with a purging
+count trigger, ``count_window(size, slide)``, trigger state moved by key
+group through a snapshot, state cleaned up, and what the API refuses."""
+
+from __future__ import annotations
+
+import io
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from lockgate import (
+    ContinuousEventTimeTrigger,
+    CountTrigger,
+    EventTimeTrigger,
+    GlobalWindows,
+    Pipeline,
+    ProcessingTimeTrigger,
+    PurgingTrigger,
+    Trigger,
+    TriggerResult,
+    WatermarkStrategy,
+)
+from lockgate.api.windows import (
+    CountWindows,
+    EventTimeSessionWindows,
+    ProcessWindowFunction,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
+    WindowFunctionKind,
+    WindowSpec,
+)
+from lockgate.connectors import SequenceSource
+from lockgate.errors import PipelineDefinitionError, UserFunctionError
+from lockgate.runtime.timers import PROCESSING_TIMERS_STATE, TIMERS_STATE
+from lockgate.runtime.window_triggers import TRIGGER_STATE
+from lockgate.state.keygroups import key_group_range
+from tests import window_reference as ref
+from tests.unit.test_windows import (
+    SortedValues,
+    Sum,
+    WithWindow,
+    drive,
+    operator,
+    random_input,
+    spec,
+    value,
+)
+
+INF = float("inf")
+
+
+def with_trigger(assigner: Any, trigger: Trigger, kind: WindowFunctionKind,
+                 lateness: int = 0) -> WindowSpec:
+    return spec(assigner, kind, lateness)._replace(trigger=trigger)
+
+
+def count_reference(records: list, watermarks: list[float], assign: Any, n: int,
+                    lateness: int, purge: bool) -> tuple[list, list]:
+    """Every ``n``-th record a window takes fires it with the sum of what it
+    holds (all it took, or since the last firing when purging); windows
+    late at a record's watermark take nothing."""
+    counts: Counter = Counter()
+    sums: Counter = Counter()
+    fired, late = [], []
+    for r, wm in zip(records, watermarks, strict=True):
+        took = False
+        for w in assign(r[1]):
+            if w[1] - 1 + lateness <= wm:
+                continue
+            took = True
+            counts[r[0], w] += 1
+            sums[r[0], w] += value(r)
+            if counts[r[0], w] == n:
+                counts[r[0], w] = 0
+                fired.append((r[0], w[0], w[1], sums[r[0], w]))
+                if purge:
+                    sums[r[0], w] = 0
+        if not took and r[1] + lateness <= wm:
+            late.append(r)
+    return fired, late
+
+
+def clean(op) -> bool:
+    b = op.backend
+    return (op.windows == {} and b.raw(TRIGGER_STATE) == {} and b.raw(TIMERS_STATE) == {})
+
+
+@pytest.mark.parametrize("purge", [False, True])
+@pytest.mark.parametrize("kind", [WindowFunctionKind.AGGREGATE, WindowFunctionKind.REDUCE])
+def test_count_trigger_matches_the_reference(kind, purge):
+    for seed, (assigner, assign) in enumerate([
+            (TumblingEventTimeWindows.of(100), ref.tumbling(100)),
+            (SlidingEventTimeWindows.of(100, 30), ref.sliding(100, 30))]):
+        records, watermarks = random_input(seed)
+        trigger = CountTrigger.of(3)
+        op = operator(with_trigger(assigner, PurgingTrigger.of(trigger) if purge else trigger,
+                                   kind, 120))
+        got, late = drive(op, records, watermarks)
+        want, want_late = count_reference(records, watermarks, assign, 3, 120, purge)
+        assert Counter(got) == Counter(want) and want
+        assert late == want_late and late
+        assert clean(op), "window, trigger state or timers left behind"
+
+
+@pytest.mark.parametrize("lateness", [0, 120])
+def test_event_time_trigger_is_the_default_firing(lateness):
+    for seed in range(2):
+        records, watermarks = random_input(seed)
+        op = operator(with_trigger(SlidingEventTimeWindows.of(100, 30), EventTimeTrigger(),
+                                   WindowFunctionKind.PROCESS, lateness))
+        got, late = drive(op, records, watermarks)
+        want, want_late = ref.simulate(
+            records, watermarks, key_of=lambda r: r[0], ts_of=lambda r: r[1], value_of=value,
+            assign=ref.sliding(100, 30), lateness=lateness, result=lambda vs: tuple(sorted(vs)))
+        assert Counter(got) == Counter(want)
+        assert late == want_late
+        assert clean(op)
+
+
+def test_continuous_event_time_trigger_fires_every_interval_and_at_the_end():
+    op = operator(with_trigger(TumblingEventTimeWindows.of(100), ContinuousEventTimeTrigger.of(
+        30), WindowFunctionKind.AGGREGATE))
+    op.process([("k", 5, 1), ("k", 40, 2)])
+    assert op.process_watermark(28) == []
+    assert op.process_watermark(29) == [("k", 0, 100, 3)]  # 29: the first interval's end
+    op.process([("k", 70, 4)])
+    assert op.process_watermark(65) == [("k", 0, 100, 7)]  # 59
+    assert op.process_watermark(99) == [("k", 0, 100, 7), ("k", 0, 100, 7)]  # 89, the end
+    assert clean(op)
+
+
+def test_processing_time_trigger_fires_on_the_clock():
+    op = operator(with_trigger(TumblingProcessingTimeWindows.of(100), ProcessingTimeTrigger(),
+                               WindowFunctionKind.PROCESS))
+    op.window_spec = op.window_spec._replace(function=SortedValues())
+    op.clock = lambda: 1_050
+    op.process([("a", None, 1), ("b", None, 2)])
+    assert op.next_processing_timer() == 1_099
+    assert sorted(op.process_processing_time(1_099)) == [
+        ("a", 1_000, 1_100, (1,)), ("b", 1_000, 1_100, (2,))]
+    assert op.windows == {} and op.backend.raw(PROCESSING_TIMERS_STATE) == {}
+
+
+def test_global_windows_with_a_purging_count_trigger_are_count_windows():
+    op = operator(WindowSpec(GlobalWindows.create(), WindowFunctionKind.AGGREGATE, Sum(),
+                             trigger=PurgingTrigger.of(CountTrigger.of(4))))
+    rng = random.Random(3)
+    records = [(rng.randrange(3), 0, i) for i in range(60)]
+    op.window_spec = op.window_spec._replace(window_function=None)
+    op._user = None
+    got = op.process(records)
+    want = ref.count_windows(records, 4, key_of=lambda r: r[0], value_of=value)
+    assert got == [v for _, v in want] and got
+    assert op.backend.raw(TRIGGER_STATE) != {}, "the counts of the keys' open windows"
+
+
+class CountValues(ProcessWindowFunction):
+    def process(self, key, context, elements):
+        yield (key, tuple(sorted(value(e) for e in elements)))
+
+
+def sliding_count_reference(records: list, size: int, slide: int) -> list[tuple]:
+    seen: dict[Any, list[int]] = {}
+    out = []
+    for r in records:
+        vs = seen.setdefault(r[0], [])
+        vs.append(value(r))
+        if len(vs) % slide == 0:
+            out.append((r[0], tuple(sorted(vs[-size:]))))
+    return out
+
+
+@pytest.mark.parametrize("size,slide", [(5, 2), (3, 3), (2, 5)])
+def test_sliding_count_windows_match_the_reference(size, slide):
+    rng = random.Random(size * 10 + slide)
+    records = [(rng.randrange(4), 0, i) for i in range(120)]
+    want = sliding_count_reference(records, size, slide)
+    for kind in WindowFunctionKind:
+        op = operator(spec(CountWindows(size, slide), kind)._replace(
+            timestamp_of=None, window_function=None,
+            function=CountValues() if kind == WindowFunctionKind.PROCESS
+            else spec(CountWindows(size, slide), kind).function))
+        half = op.process(records[:60])
+        op.snapshot(1)  # the stored buffers are shared from here: copied before changing
+        got = half + op.process(records[60:])
+        if kind == WindowFunctionKind.PROCESS:
+            assert got == want
+        else:
+            got = [v[2] if kind == WindowFunctionKind.REDUCE else v for v in got]
+            assert got == [sum(vs) for _, vs in want], kind
+        assert all(len(b[None]) <= size + slide for b in op.windows.values())
+
+
+def test_trigger_state_restores_at_another_parallelism():
+    records, watermarks = random_input(7, n=800, keys=11)
+    window = with_trigger(SlidingEventTimeWindows.of(100, 50), CountTrigger.of(4),
+                          WindowFunctionKind.AGGREGATE, 60)
+    whole, whole_late = drive(operator(window), records, watermarks)
+    first = operator(window)
+    out, late = drive(first, records[:400], watermarks[:400], end=False)
+    assert first.backend.raw(TRIGGER_STATE), "counts in state at the snapshot"
+    snap = first.snapshot(1)
+    buf = io.BytesIO()
+    blocks = snap.keyed.write(buf)
+    data = buf.getvalue()
+    for index in range(3):
+        op = operator(window, index, 3)
+        for kg in key_group_range(index, 3, op.backend.max_parallelism):
+            if kg in blocks.key_groups:
+                offset, length = blocks.key_groups[kg]
+                op.backend.restore_block(data[offset:offset + length], blocks.states)
+        op.restore_operator_state(snap.operator_state)
+        mine = [i for i, r in enumerate(records[400:], 400)
+                if op.backend._assigner.key_group(r[0]) in op.backend.key_group_range]
+        o, lt = drive(op, [records[i] for i in mine], [watermarks[i] for i in mine])
+        out += o
+        late += lt
+    assert Counter(out) == Counter(whole) and whole
+    assert sorted(late) == sorted(whole_late)
+
+
+class Bad(Trigger):
+    def on_element(self, element, timestamp, window, ctx):
+        return "fire"
+
+
+def test_what_triggers_refuse():
+    p = Pipeline("t")
+    keyed = p.source(SequenceSource(1, 10), uid="s",
+                     watermarks=WatermarkStrategy(lambda x: x, 0)).key_by(lambda x: x % 2)
+    with pytest.raises(PipelineDefinitionError, match="session"):
+        keyed.window(EventTimeSessionWindows.with_gap(5)).trigger(CountTrigger.of(2))
+    with pytest.raises(PipelineDefinitionError, match="count windows"):
+        keyed.count_window(5).trigger(CountTrigger.of(2))
+    with pytest.raises(PipelineDefinitionError, match="takes a Trigger"):
+        keyed.window(TumblingEventTimeWindows.of(5)).trigger(lambda *a: None)
+    with pytest.raises(PipelineDefinitionError, match="GlobalWindows"):
+        keyed.window(GlobalWindows.create()).reduce(lambda a, b: a + b)
+    with pytest.raises(ValueError):
+        CountTrigger.of(0)
+    with pytest.raises(ValueError):
+        keyed.count_window(5, 0)
+    keyed.window(GlobalWindows.create()).trigger(CountTrigger.of(2)).reduce(
+        lambda a, b: a + b, uid="ok")
+    op = operator(with_trigger(TumblingEventTimeWindows.of(10), Bad(),
+                               WindowFunctionKind.AGGREGATE))
+    with pytest.raises(UserFunctionError, match="not a TriggerResult"):
+        op.process([("k", 1, 1)])
+    assert TriggerResult.FIRE_AND_PURGE.fires and TriggerResult.FIRE_AND_PURGE.purges
+    assert WithWindow  # the window function of the reference specs
