@@ -22,6 +22,7 @@ from pathlib import Path
 
 from lockgate import (
     CheckpointConfig,
+    CountTrigger,
     FixedDelayRestart,
     OutputTag,
     Pipeline,
@@ -46,9 +47,11 @@ class WithWindow(ProcessWindowFunction):
 
 def build(n: int, parallelism: int, keys: int, out: str, late: str, storage: str,
           interval: float = 0.2, rate: float | None = None, unaligned: bool = False,
-          slow: float = 0.0) -> Pipeline:
+          slow: float = 0.0, trigger: int = 0) -> Pipeline:
     """``slow``: seconds the window's reduce function sleeps per record
-    (backpressure: batches and watermarks queue up in flight)."""
+    (backpressure: batches and watermarks queue up in flight); ``trigger``:
+    fire every ``trigger``-th record of a window (``CountTrigger``) instead
+    of on the watermark."""
     p = Pipeline("windowed-sums", parallelism=parallelism, batch_size=ref.BATCH,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0,
                                              unaligned=unaligned),
@@ -58,10 +61,13 @@ def build(n: int, parallelism: int, keys: int, out: str, late: str, storage: str
         if slow:
             time.sleep(slow)
         return a + b
-    sums = (p.source(SequenceSource(1, n, rate=rate), uid="numbers", parallelism=1,
-                     watermarks=WatermarkStrategy(ref.timestamp, ref.OUT_OF_ORDER, interval=0))
-             .key_by(lambda x: x % keys)
-             .window(TumblingEventTimeWindows.of(ref.SIZE))
+    windows = (p.source(SequenceSource(1, n, rate=rate), uid="numbers", parallelism=1,
+                        watermarks=WatermarkStrategy(ref.timestamp, ref.OUT_OF_ORDER, interval=0))
+               .key_by(lambda x: x % keys)
+               .window(TumblingEventTimeWindows.of(ref.SIZE)))
+    if trigger:
+        windows = windows.trigger(CountTrigger.of(trigger))
+    sums = (windows
              .allowed_lateness(ref.LATENESS)
              .side_output_late_data(LATE)
              .reduce(add, WithWindow(), uid="sums"))
@@ -83,10 +89,11 @@ def main() -> None:
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
     ap.add_argument("--unaligned", action="store_true")
     ap.add_argument("--slow", type=float, default=0.0)
+    ap.add_argument("--trigger", type=int, default=0)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     p = build(args.n, args.parallelism, args.keys, args.out, args.late, args.storage,
-              args.interval, args.rate, args.unaligned, args.slow)
+              args.interval, args.rate, args.unaligned, args.slow, args.trigger)
     result = p.run(launcher=args.launcher)
     print(json.dumps(dataclasses.asdict(result)), flush=True)
 
