@@ -26,6 +26,7 @@ from lockgate import (
     PurgingTrigger,
     Trigger,
     TriggerResult,
+    ValueStateDescriptor,
     WatermarkStrategy,
 )
 from lockgate.api.windows import (
@@ -257,3 +258,34 @@ def test_what_triggers_refuse():
         op.process([("k", 1, 1)])
     assert TriggerResult.FIRE_AND_PURGE.fires and TriggerResult.FIRE_AND_PURGE.purges
     assert WithWindow  # the window function of the reference specs
+
+
+class EarlyAndOnTime(Trigger):
+    """The example of docs/windows.md, every 3 records instead of 100."""
+    COUNT = ValueStateDescriptor("count", default=0)
+
+    def on_element(self, element, timestamp, window, ctx):
+        ctx.register_event_time_timer(window.max_timestamp())
+        count = ctx.get_state(self.COUNT)
+        count.update(count.value() + 1)
+        if count.value() % 3 == 0:
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time, window, ctx):
+        if time == window.max_timestamp():
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def clear(self, window, ctx):
+        ctx.delete_event_time_timer(window.max_timestamp())
+
+
+def test_the_documented_trigger_fires_early_and_on_time():
+    op = operator(with_trigger(TumblingEventTimeWindows.of(10), EarlyAndOnTime(),
+                               WindowFunctionKind.AGGREGATE))
+    assert op.process([("k", t, t) for t in range(1, 8)] + [("j", 12, 5)]) == [
+        ("k", 0, 10, 6), ("k", 0, 10, 21)]
+    assert op.process_watermark(9) == [("k", 0, 10, 28)]
+    assert op.process_watermark(INF) == [("j", 10, 20, 5)]
+    assert clean(op)
