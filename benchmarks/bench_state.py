@@ -3,11 +3,19 @@ RocksDB state backend, at growing key spaces.
 
     python benchmarks/bench_state.py [--keys 1000000 10000000 30000000]
         [--backends heap rocksdb] [--measure 30] [--launcher local]
+        [--fill-through-job]
 
-Per backend and key space (2 tasks, a checkpoint every 2 s): the job first
-reads every key of the key space once (a permutation: the state is full),
-then keys drawn uniformly at random; the measurement starts when the state
-is full and lasts ``--measure`` seconds. Reported:
+Per backend and key space (2 tasks, a checkpoint every 2 s): the state
+starts full, every key of the key space with a count of 1. By default the
+benchmark writes that state offline as a savepoint in the canonical
+key-group format (what a savepoint of either backend holds: one block per
+key group per task; ``prefill_s``) and the job starts from it (each task
+restores its key groups; the RocksDB backend ingests big blocks as sorted
+SST files), then counts keys drawn uniformly at random. With
+``--fill-through-job`` the job instead first reads every key once (a
+permutation), as the first runs did (10M keys on RocksDB: 21 minutes on the
+shared machine). The measurement starts when the state is full and records
+flow, and lasts ``--measure`` seconds. Reported:
 
 - records/s while measuring;
 - bytes written per checkpoint (state files, plus the shared files uploaded
@@ -17,7 +25,11 @@ is full and lasts ``--measure`` seconds. Reported:
 - peak resident memory (VmHWM) per keyed task;
 - recovery: from the SIGKILL of a keyed task to every task of the next
   attempt running (state restored, records flowing), the job master's
-  ``recovery_times``.
+  ``recovery_times``;
+- ``start_s``: from the start of the job from the prefilled savepoint to
+  records flowing (the savepoint restore of the full state);
+- the load average (1 minute) at the start and the end of the measurement:
+  the machine is shared.
 
 Nothing is retained-deleted during the run (``retained`` is large), so the
 bytes of each checkpoint can be read back from the storage afterwards.
@@ -38,24 +50,38 @@ from pathlib import Path
 from typing import Any
 
 from lockgate import CheckpointConfig, FixedDelayRestart, KeyedProcessFunction, Pipeline
+from lockgate.checkpoint import storage
 from lockgate.checkpoint.incremental import shared_checkpoint_id
+from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
+from lockgate.checkpoint.metadata import CheckpointMetadata, OperatorMetadata, StateHandle
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.backends import RocksDBStateBackend
+from lockgate.state.keygroups import (
+    DEFAULT_MAX_PARALLELISM,
+    key_group_for_key,
+    key_group_range,
+)
+from lockgate.state.serde import StateSerializer
 
 MIX = 0x9E3779B97F4A7C15
 
 
-def build(keys: int, total: int, backend: str, storage: str, out: str) -> Pipeline:
+PARALLELISM = 2
+
+
+def build(keys: int, total: int, backend: str, chk: str, out: str,
+          prefilled: bool) -> Pipeline:
     state: Any = "heap" if backend == "heap" else RocksDBStateBackend(memory_mb=256)
-    p = Pipeline("bench-state", parallelism=2, state_backend=state,
-                 checkpoint=CheckpointConfig(interval=2.0, storage=storage, retained=100_000,
+    p = Pipeline("bench-state", parallelism=PARALLELISM, state_backend=state,
+                 checkpoint=CheckpointConfig(interval=2.0, storage=chk, retained=100_000,
                                              timeout=600.0, unaligned=True),
                  restart=FixedDelayRestart(max_attempts=3))
     stride = _coprime(keys)
+    first = 0 if prefilled else keys
 
     def key_of(x: int) -> int:
-        if x < keys:
+        if x < first:
             return x * stride % keys  # a permutation: every key once
         return (((x * MIX) & 0xFFFFFFFFFFFFFFFF) >> 20) % keys
 
@@ -75,6 +101,41 @@ class Count(KeyedProcessFunction):
 
     def process_element(self, value: int, ctx: Any) -> None:
         self.count.update(self.count.value() + 1)
+
+
+def prefill(path: Path, keys: int) -> str:
+    """A savepoint of the ``counts`` operator whose value state ``count``
+    holds 1 for every key of ``range(keys)``, in the canonical format (one
+    block per key group, ascending, per task of :data:`PARALLELISM`)."""
+    m = DEFAULT_MAX_PARALLELISM
+    groups: list[list[list[int]]] = [[] for _ in range(m)]
+    for k in range(keys):
+        groups[key_group_for_key(k, m)].append([k, 1])
+    dumps = StateSerializer().dumps
+    path.mkdir(parents=True)
+    handles: list[StateHandle | None] = []
+    for task in range(PARALLELISM):
+        offsets: dict[int, tuple[int, int]] = {}
+
+        def write(out: Any, task: int = task, offsets: dict[int, tuple[int, int]] = offsets
+                  ) -> None:
+            pos = 0
+            for kg in key_group_range(task, PARALLELISM, m):
+                if groups[kg]:
+                    groups[kg].sort(key=lambda e: e[0])
+                    blob = dumps([kg, {"count": groups[kg]}])
+                    out.write(blob)
+                    offsets[kg] = (pos, len(blob))
+                    pos += len(blob)
+
+        name = f"counts-{task}.state"
+        size, crc = storage.write_state_file(str(path), name, write)
+        handles.append(StateHandle(name, size, crc, 0, offsets, {"count": "value"}))
+    storage.write_metadata(str(path), CheckpointMetadata(
+        job_id="bench-state-prefill", checkpoint_id=0, kind=CheckpointKind.SAVEPOINT,
+        timestamp=time.time(), final=False, max_parallelism=m,
+        operators={"counts": OperatorMetadata(PARALLELISM, OperatorStateMode.SPLIT, handles)}))
+    return str(path)
 
 
 def _coprime(n: int) -> int:
@@ -162,10 +223,18 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else 0.0
 
 
-def measure(backend: str, keys: int, seconds: float, launcher: str) -> dict[str, Any]:
+def measure(backend: str, keys: int, seconds: float, launcher: str,
+            through_job: bool) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-bench-state-"))
     total = keys + 200_000_000
-    p = build(keys, total, backend, str(tmp / "chk"), str(tmp / "out"))
+    prefill_s = 0.0
+    savepoint = None
+    if not through_job:
+        t = time.monotonic()
+        savepoint = prefill(tmp / "prefill", keys)
+        prefill_s = time.monotonic() - t
+    p = build(keys, total, backend, str(tmp / "chk"), str(tmp / "out"), not through_job)
+    filled = keys if through_job else 1
     read = {"n": 0}
     full = threading.Event()
     marks: list[tuple[float, int, int]] = []
@@ -173,18 +242,20 @@ def measure(backend: str, keys: int, seconds: float, launcher: str) -> dict[str,
     def on_progress(pr: Any) -> None:
         read["n"] = pr.records_read
         marks.append((time.monotonic(), pr.records_read, pr.last_checkpoint_id or 0))
-        if pr.records_read >= keys:
+        if pr.records_read >= filled:
             full.set()
 
     watch = MemoryWatch()
     watch.start()
     started = time.monotonic()
-    client = p.start(launcher=launcher, on_progress=on_progress)
+    client = p.start(launcher=launcher, on_progress=on_progress, from_savepoint=savepoint)
     try:
         full.wait(3600)
         fill_s = time.monotonic() - started
+        load0 = os.getloadavg()[0]
         t0, n0, id0 = marks[-1]
         time.sleep(seconds)
+        load1 = os.getloadavg()[0]
         t1, n1, id1 = marks[-1]
         victims = [pid for pid, name in task_processes().items()
                    if name.startswith("lgtask-0-") and name.endswith(("-2", "-3"))]
@@ -207,7 +278,9 @@ def measure(backend: str, keys: int, seconds: float, launcher: str) -> dict[str,
     written = [sizes[c["checkpoint_id"]] for c in window if c["checkpoint_id"] in sizes]
     keyed_peak = [v for k, v in watch.peak.items() if k.endswith(("-2", "-3"))]
     row = {
-        "backend": backend, "keys": keys, "fill_s": round(fill_s, 1),
+        "backend": backend, "keys": keys, "prefill_s": round(prefill_s, 1),
+        ("fill_s" if through_job else "start_s"): round(fill_s, 1),
+        "loadavg": [round(load0, 1), round(load1, 1)],
         "records_per_s": round((n1 - n0) / (t1 - t0)) if t1 > t0 else None,
         "checkpoints": len(window),
         "bytes_per_checkpoint_p50": int(pct(written, 0.5)),
@@ -229,10 +302,12 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["heap", "rocksdb"])
     ap.add_argument("--measure", type=float, default=30.0)
     ap.add_argument("--launcher", default="local")
+    ap.add_argument("--fill-through-job", action="store_true")
     args = ap.parse_args()
     for keys in args.keys:
         for backend in args.backends:
-            print(json.dumps(measure(backend, keys, args.measure, args.launcher)), flush=True)
+            print(json.dumps(measure(backend, keys, args.measure, args.launcher,
+                                     args.fill_through_job)), flush=True)
 
 
 if __name__ == "__main__":
