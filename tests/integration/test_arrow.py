@@ -30,8 +30,8 @@ def test_arrow_example(tmp_path, way):
           .column(c).to_pylist() for c in ("user", "orders_max", "total_max")), strict=True)}
     for u in range(100):
         orders = [o for o in range(100, n + 1) if o % 100 == u]  # amount >= 1.00
-        assert current[u][0] == len(orders)
-        assert current[u][1] == pytest.approx(sum(orders) / 100)
+        assert current[u][0] == len(orders), (u, out.stdout)
+        assert current[u][1] == pytest.approx(sum(orders) / 100), (u, out.stdout)
 
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
