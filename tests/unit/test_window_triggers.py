@@ -289,3 +289,50 @@ def test_the_documented_trigger_fires_early_and_on_time():
     assert op.process_watermark(9) == [("k", 0, 10, 28)]
     assert op.process_watermark(INF) == [("j", 10, 20, 5)]
     assert clean(op)
+
+
+def test_triggers_and_sliding_count_windows_on_rocksdb(tmp_path):
+    """The same operator over the RocksDB backend's views: trigger state and
+    count buffers written back, through a snapshot, and cleaned up."""
+    pytest.importorskip("rocksdict")
+    from lockgate.connectors.base import TaskInfo
+    from lockgate.graph.jobgraph import OperatorSpec
+    from lockgate.graph.types import OperatorKind
+    from lockgate.runtime.windows import WindowOperator
+    from lockgate.state.backends import RocksDBStateBackend, close_backend
+    from lockgate.state.serde import StateSerializer
+
+    def rocks(window: WindowSpec) -> WindowOperator:
+        op = WindowOperator(OperatorSpec("w", OperatorKind.WINDOW, window, lambda r: r[0]),
+                            TaskInfo("job", "w", 0, 1, 16, 0))
+        op.state_backend = RocksDBStateBackend(local_dir=str(tmp_path / "rocks"), memory_mb=16,
+                                               incremental=False)
+        op.job_dir = str(tmp_path / "job")
+        op.open(StateSerializer())
+        return op
+
+    records, watermarks = random_input(1)
+    op = rocks(with_trigger(SlidingEventTimeWindows.of(100, 30),
+                            PurgingTrigger.of(CountTrigger.of(3)), WindowFunctionKind.AGGREGATE,
+                            120))
+    try:
+        first, _ = drive(op, records[:300], watermarks[:300], end=False)
+        op.snapshot(1)
+        rest, late = drive(op, records[300:], watermarks[300:])
+        want, _ = count_reference(records, watermarks, ref.sliding(100, 30), 3, 120, True)
+        assert Counter(first + rest) == Counter(want) and want
+        b = op.backend
+        assert not list(b.state_keys(TRIGGER_STATE)) and not list(b.state_keys("_windows"))
+    finally:
+        close_backend(op.backend)
+    rng = random.Random(1)
+    records = [(rng.randrange(4), 0, i) for i in range(120)]
+    op = rocks(spec(CountWindows(5, 2), WindowFunctionKind.AGGREGATE)._replace(
+        timestamp_of=None, window_function=None))
+    try:
+        got = op.process(records[:50])
+        op.snapshot(1)
+        got += op.process(records[50:])
+        assert got == [sum(vs) for _, vs in sliding_count_reference(records, 5, 2)]
+    finally:
+        close_backend(op.backend)
