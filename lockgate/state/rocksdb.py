@@ -21,7 +21,8 @@ thread then writes either
   heap backend's format, so either backend restores it at any parallelism.
 
 **Restore.** Canonical blocks are written into the database
-(:meth:`RocksDBKeyedStateBackend.restore_block`). Incremental state
+(:meth:`RocksDBKeyedStateBackend.restore_block`; a big one as a sorted SST
+file, ingested). Incremental state
 (:meth:`RocksDBKeyedStateBackend.restore_incremental`): the handle whose key
 groups overlap the task's most is materialized as the task's database (hard
 links from a local checkpoint storage, downloads otherwise), the key groups
@@ -60,6 +61,7 @@ from lockgate.state.rocksdb_io import (
     export_blocks,
     materialize,
     open_db,
+    options,
     remove_task_folder,
     require,
     state_names,
@@ -244,6 +246,8 @@ class RocksDBKeyedStateBackend:
                 "the checkpoint is corrupt or misassigned")
         dumps, parts = self.serializer.dumps, self.codec.parts
         batch = self.batch()
+        rows: list[tuple[bytes, bytes]] = []
+        put = rows.append
         for name, entries in content.items():
             kind = states.get(name, "")
             sid = state_id(name)
@@ -254,10 +258,33 @@ class RocksDBKeyedStateBackend:
                 prefix = kgb + sid + lk
                 if is_map:
                     for mk, v in value.items():
-                        batch.put(prefix + dumps(mk), dumps(v))
+                        put((prefix + dumps(mk), dumps(v)))
                 else:
-                    batch.put(prefix, dumps(value))
+                    put((prefix, dumps(value)))
+        if len(rows) >= INGEST_MIN_ENTRIES:
+            self._ingest(rows)
+        else:
+            for k, v in rows:
+                batch.put(k, v)
         self.db.write(batch)
+
+    def _ingest(self, rows: list[tuple[bytes, bytes]]) -> None:
+        """Write ``rows`` as one sorted SST file and ingest it (a big block of
+        a savepoint restored: no memtable, no compaction of what was just
+        written). A key given twice keeps its last value, as a batch would."""
+        path = os.path.join(self.folder, "ingest.sst")
+        writer = require().SstFileWriter(options(self.config))
+        writer.open(path)
+        try:
+            for k, v in sorted(dict(rows).items()):
+                writer[k] = v
+            writer.finish()
+            self.db.ingest_external_file([path])
+        finally:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
     def restore_incremental(self, restore_dir: str,
                             parts: list[tuple[IncrementalState, bytes]]) -> None:
@@ -311,6 +338,10 @@ class RocksDBKeyedStateBackend:
         except OSError:
             pass
 
+
+INGEST_MIN_ENTRIES = 50_000
+"""A canonical block with at least this many entries is restored by SST
+ingestion, a smaller one by a write batch."""
 
 _READER = RocksDBStateBackend(memory_mb=16)
 """Options of a database opened read-only to be read once (a snapshot being
