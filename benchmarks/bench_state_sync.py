@@ -63,7 +63,7 @@ def bulk_load(db: Any, name: str, keys: int, config: RocksDBStateBackend,
             w[e] = one
         w.finish()
         files.append(path)
-    # chunks overlap in key range: each ingests below the ones before it
+    # the chunks' key ranges overlap (their keys do not): later ones go to L0
     for path in files:
         db.ingest_external_file([path])
 
