@@ -7,6 +7,7 @@ from lockgate.api.broadcast import (
     KeyedBroadcastProcessFunction,
 )
 from lockgate.api.connected import ConnectedStreams, CoProcessFunction
+from lockgate.api.evictors import CountEvictor, Evictor, TimeEvictor
 from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.joins import ProcessJoinFunction
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
@@ -93,6 +94,9 @@ __all__ = [
     "ProcessingTimeTrigger",
     "ContinuousEventTimeTrigger",
     "PurgingTrigger",
+    "Evictor",
+    "CountEvictor",
+    "TimeEvictor",
     "CheckpointConfig",
     "CheckpointingMode",
     "DataStream",

@@ -43,6 +43,7 @@ class WindowedStream(Generic[T]):
     _lateness: int = 0
     _late_tag: str | None = None
     _trigger: Any = None
+    _evictor: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self._assigner, WindowAssigner):
@@ -81,6 +82,21 @@ class WindowedStream(Generic[T]):
                 "count windows fire by count: use window(GlobalWindows.create())"
                 ".trigger(...) for a trigger of your own")
         return replace(self, _trigger=trigger)
+
+    def evictor(self, evictor: Any) -> WindowedStream[T]:
+        """Drop records of a window before its ``process`` function sees
+        them, and from the window (a :class:`lockgate.api.evictors.Evictor`:
+        ``CountEvictor.of(n)``, ``TimeEvictor.of(size)``). Not for session
+        or count windows."""
+        from lockgate.api.evictors import Evictor, TimeEvictor
+
+        if not isinstance(evictor, Evictor):
+            raise PipelineDefinitionError(f"evictor() takes an Evictor, got {evictor!r}")
+        if self._assigner.merging or isinstance(self._assigner, CountWindows):
+            raise PipelineDefinitionError("session and count windows take no evictor")
+        if isinstance(evictor, TimeEvictor) and not self._assigner.event_time:
+            raise PipelineDefinitionError("TimeEvictor needs event-time windows")
+        return replace(self, _evictor=evictor)
 
     def side_output_late_data(self, tag: OutputTag) -> WindowedStream[T]:
         """Send records too late for every window they belong to (beyond the
@@ -135,8 +151,11 @@ class WindowedStream(Generic[T]):
         if isinstance(self._assigner, GlobalWindows) and self._trigger is None:
             raise PipelineDefinitionError(
                 "GlobalWindows fire only by a trigger: .trigger(CountTrigger.of(n)), ...")
+        if self._evictor is not None and kind != WindowFunctionKind.PROCESS:
+            raise PipelineDefinitionError("an evictor needs a process window function: "
+                                          "reduce and aggregate keep no records to evict")
         spec = WindowSpec(self._assigner, kind, fn, window_function, self._timestamps(),
-                          self._lateness, self._late_tag, self._trigger)
+                          self._lateness, self._late_tag, self._trigger, self._evictor)
         node = self._p._add(OperatorKind.WINDOW, spec, uid, parallelism, self._node,
                             Partitioning.HASH, self._key, self._tag)
         return DataStream(self._p, node)

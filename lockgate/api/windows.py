@@ -344,6 +344,8 @@ class _WindowFields(NamedTuple):
     trigger: Any = None
     """A custom :class:`lockgate.api.triggers.Trigger`, or None: the assigner's
     default (watermark, clock or count)."""
+    evictor: Any = None
+    """``process`` windows: an :class:`lockgate.api.evictors.Evictor`, or None."""
 
 
 class WindowSpec(_WindowFields):

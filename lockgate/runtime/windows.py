@@ -370,6 +370,9 @@ class WindowOperator(KeyedOperator):
         hook = "process" if self._user is not None else "get_result"
         with user_hook(self.uid, hook):
             if kind == WindowFunctionKind.PROCESS:
+                evictor = self.window_spec.evictor
+                if evictor is not None and w in self.windows.get(key, ()):
+                    contents = self._evict(key, w, contents, evictor)
                 elements = private_copy(contents)
             else:
                 result = contents if kind == WindowFunctionKind.REDUCE \
@@ -386,6 +389,17 @@ class WindowOperator(KeyedOperator):
             emitted = self._user.process(key, ctx, elements)
             if emitted is not None:
                 out.extend(emitted)
+
+    def _evict(self, key: Any, w: Window | None, contents: list[Any], evictor: Any) -> Any:
+        """What ``evictor`` keeps of a window's records, kept as its contents."""
+        kept = evictor.evict(private_copy(contents), self.window_spec.timestamp_of)
+        if not isinstance(kept, list):
+            raise TypeError(f"{type(evictor).__name__}.evict returned {type(kept).__name__}, "
+                            "not a list")
+        if len(kept) != len(contents):
+            self.windows[key][w] = kept  # copies: nothing of them reached user code
+            self._fresh.add((key, w))
+        return kept
 
     def _remove(self, key: Any, w: Window | None) -> None:
         table = self.windows.get(key)

@@ -336,3 +336,38 @@ def test_triggers_and_sliding_count_windows_on_rocksdb(tmp_path):
         assert got == [sum(vs) for _, vs in sliding_count_reference(records, 5, 2)]
     finally:
         close_backend(op.backend)
+
+
+def test_count_evictor_and_count_trigger_on_global_windows_are_sliding_count_windows():
+    from lockgate.api.evictors import CountEvictor
+
+    rng = random.Random(8)
+    records = [(rng.randrange(4), 0, i) for i in range(120)]
+    op = operator(WindowSpec(GlobalWindows.create(), WindowFunctionKind.PROCESS, CountValues(),
+                             trigger=CountTrigger.of(2), evictor=CountEvictor.of(5)))
+    got = op.process(records[:60])
+    op.snapshot(1)
+    got += op.process(records[60:])
+    assert got == sliding_count_reference(records, 5, 2)
+    assert all(len(t[None]) <= 5 + 2 for t in op.windows.values()), "evicted from state too"
+
+
+def test_time_evictor_keeps_the_newest_records_of_a_window():
+    from lockgate.api.evictors import TimeEvictor
+
+    op = operator(with_trigger(TumblingEventTimeWindows.of(100), CountTrigger.of(3),
+                               WindowFunctionKind.PROCESS)._replace(evictor=TimeEvictor.of(20)))
+    op.window_spec = op.window_spec._replace(function=SortedValues())
+    op._user = op.window_spec.function
+    assert op.process([("k", 5, 1), ("k", 30, 2), ("k", 41, 3)]) == [("k", 0, 100, (2, 3))]
+    assert op.process([("k", 42, 4), ("k", 70, 5), ("k", 60, 6)]) == [("k", 0, 100, (5, 6))]
+    p = Pipeline("e")
+    keyed = p.source(SequenceSource(1, 10), uid="s",
+                     watermarks=WatermarkStrategy(lambda x: x, 0)).key_by(lambda x: x % 2)
+    with pytest.raises(PipelineDefinitionError, match="process window function"):
+        keyed.window(TumblingEventTimeWindows.of(5)).evictor(TimeEvictor.of(2)).reduce(
+            lambda a, b: a + b)
+    with pytest.raises(PipelineDefinitionError, match="event-time"):
+        keyed.window(TumblingProcessingTimeWindows.of(5)).evictor(TimeEvictor.of(2))
+    with pytest.raises(PipelineDefinitionError, match="no evictor"):
+        keyed.window(EventTimeSessionWindows.with_gap(5)).evictor(TimeEvictor.of(2))
