@@ -136,7 +136,13 @@ def main() -> None:
             f.write("lgforkserver")
     except OSError:
         pass
-    serve(int(sys.argv[1]))
+    try:
+        serve(int(sys.argv[1]))
+    except BrokenPipeError:
+        # the driver is gone (e.g. it refused the job before starting it):
+        # nothing to report to; running children notice the lost control
+        # connection and end on their own
+        os._exit(0)
 
 
 if __name__ == "__main__":
