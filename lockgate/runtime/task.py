@@ -8,8 +8,9 @@ Lifecycle (each step marked in ``Task.run``):
 3. wait for :class:`Start` (the addresses of every task of this attempt),
    connect output channels, wait until every input channel is connected
    (:mod:`lockgate.runtime.channels`);
-4. the main loop: stream elements from the mailbox, control messages, the
-   source's polls and processing-time timers, one ``match`` each;
+4. the main loop: stream elements from the mailbox, control messages
+   (:mod:`lockgate.runtime.task_control`), the source's polls and
+   processing-time timers, one ``match`` each;
 5. on :class:`Finish` (after the final checkpoint) or any error: close everything.
 
 Alongside the loop: barrier alignment is a ``BarrierHandler`` (this task is
@@ -42,27 +43,21 @@ from lockgate.protocol import (
     ChannelLost,
     ControlLost,
     ControlMessage,
-    Decline,
-    Drain,
     EndOfData,
     EndOfPartition,
     Failed,
-    Finish,
     Finished,
     Hello,
     Idle,
     InputEnded,
-    NotifyAborted,
-    NotifyComplete,
     Register,
     Running,
     Start,
     StreamElement,
-    TriggerCheckpoint,
     Watermark,
 )
 from lockgate.runtime import channel_state, channels, handshake, wire
-from lockgate.runtime.barriers import AbortReason, BarrierHandler
+from lockgate.runtime.barriers import BarrierHandler
 from lockgate.runtime.chain import OperatorChain
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.mailbox import CONTROL, OVERTAKABLE, Mailbox, Overtaking
@@ -74,7 +69,7 @@ from lockgate.runtime.script_classes import register_script_classes
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
 from lockgate.runtime.steps import Steps, mark
-from lockgate.runtime.unaligned import UnalignedCheckpoints
+from lockgate.runtime.task_control import TaskControl
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.backends import close_backend
 from lockgate.state.serde import StateSerializer
@@ -82,7 +77,7 @@ from lockgate.state.serde import StateSerializer
 log = logging.getLogger("lockgate.task")
 
 
-class Task(UnalignedCheckpoints):
+class Task(TaskControl):
     def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
                  before_finished: Callable[[], None] | None = None,
                  steps: Steps | None = None) -> None:
@@ -374,79 +369,6 @@ class Task(UnalignedCheckpoints):
     def _flush_all(self) -> None:
         for out in self.outputs:
             out.flush()
-
-    # -------------------------------------------------------- control plane
-    def _on_control(self, msg: ControlMessage) -> None:
-        match msg:
-            case TriggerCheckpoint(checkpoint_id, kind):
-                self._barrier = (kind, time.time())
-                if self.spec.unaligned and kind == "checkpoint" and not self.spec.aligned_timeout:
-                    self.start_unaligned(checkpoint_id)  # a source: no input to wait for
-                    self.finish_unaligned(checkpoint_id)
-                else:
-                    self.trigger_snapshot(checkpoint_id)
-            case NotifyComplete(checkpoint_id):
-                self.faults.hit("commit")
-                for op in self.ops:
-                    op.notify_complete(checkpoint_id)
-            case NotifyAborted(checkpoint_id):
-                for op in self.ops:
-                    op.notify_aborted(checkpoint_id)
-            case Finish():
-                self.faults.hit("finish")
-                self.done = True
-            case Drain():
-                # stop --drain: this source ends its input now, as if exhausted
-                # (its position stays in state: a job resumed from the final
-                # savepoint reads on from there)
-                if self.source is not None and not self.reached_end:
-                    self.drained = True
-                    self._end_of_input()
-            case Cancel():
-                raise LockgateError("cancelled by the driver")
-            case ControlLost():
-                raise ConnectionError("lost the connection to the coordinator")
-            case _:
-                raise LockgateError(f"unexpected control message {msg.tag!r}")
-
-    def _send(self, msg: ControlMessage) -> None:
-        assert self.control is not None
-        self.control.send(msg)
-
-    def _counts(self) -> tuple[int, int]:
-        """Records this task read from its source and wrote to its sinks."""
-        return (self.chain.records_in if self.source is not None else 0,
-                self.chain.written())
-
-    # ------------------------------------ barrier handler's controller role
-    def block(self, channel: int) -> None:
-        self.mailbox.blocked.add(channel)
-
-    def unblock_all(self) -> None:
-        self.mailbox.unblock_all()
-
-    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
-        self.in_flight.take()  # an unaligned one's in-flight data: dropped
-        self._send(Decline(checkpoint_id, reason.value))
-        for out in self.outputs:
-            out.broadcast(CancelBarrier(checkpoint_id))
-
-    def trigger_snapshot(self, checkpoint_id: int) -> None:
-        """Synchronous part: capture every operator's state (sinks pre-commit),
-        forward the barrier; the asynchronous part writes the files and acks."""
-        started = time.monotonic()
-        if self._barrier[0] == "savepoint":
-            self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
-        snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
-        self._flush_all()
-        barrier = Barrier(checkpoint_id, *self._barrier)
-        for out in self.outputs:
-            out.broadcast(barrier)
-        read, written = self._counts()
-        self.snapshots.submit(checkpoint_id, snaps, read=read, written=written,
-                              finished=self.reached_end and not self.drained,
-                              alignment=self.barriers.take_alignment(), final=self.reached_end,
-                              sync_duration=time.monotonic() - started)
 
     # ---------------------------------------------------------------- end
     def _report_failure(self, e: BaseException) -> None:

@@ -1,0 +1,112 @@
+"""The task's control plane, as a mixin of :class:`~lockgate.runtime.task.Task`:
+the coordinator's control messages (one ``match``), what the task sends back,
+and its role as the barrier handler's
+:class:`~lockgate.runtime.barriers.Controller` (blocking channels, aborting a
+checkpoint, the synchronous part of a snapshot)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from lockgate.errors import LockgateError
+from lockgate.protocol import (
+    Barrier,
+    Cancel,
+    CancelBarrier,
+    ControlLost,
+    ControlMessage,
+    Decline,
+    Drain,
+    Finish,
+    NotifyAborted,
+    NotifyComplete,
+    TriggerCheckpoint,
+)
+from lockgate.runtime import wire
+from lockgate.runtime.barriers import AbortReason
+from lockgate.runtime.chain import OperatorChain
+from lockgate.runtime.operators import SourceOperator
+from lockgate.runtime.unaligned import UnalignedCheckpoints
+
+
+class TaskControl(UnalignedCheckpoints):
+    chain: OperatorChain
+    source: SourceOperator | None
+    control: wire.ControlChannel | None
+    done: bool
+    _end_of_input: Callable[[], None]
+    _flush_all: Callable[[], None]
+
+    # -------------------------------------------------------- control plane
+    def _on_control(self, msg: ControlMessage) -> None:
+        match msg:
+            case TriggerCheckpoint(checkpoint_id, kind):
+                self._barrier = (kind, time.time())
+                if self.spec.unaligned and kind == "checkpoint" and not self.spec.aligned_timeout:
+                    self.start_unaligned(checkpoint_id)  # a source: no input to wait for
+                    self.finish_unaligned(checkpoint_id)
+                else:
+                    self.trigger_snapshot(checkpoint_id)
+            case NotifyComplete(checkpoint_id):
+                self.faults.hit("commit")
+                for op in self.ops:
+                    op.notify_complete(checkpoint_id)
+            case NotifyAborted(checkpoint_id):
+                for op in self.ops:
+                    op.notify_aborted(checkpoint_id)
+            case Finish():
+                self.faults.hit("finish")
+                self.done = True
+            case Drain():
+                # stop --drain: this source ends its input now, as if exhausted
+                # (its position stays in state: a job resumed from the final
+                # savepoint reads on from there)
+                if self.source is not None and not self.reached_end:
+                    self.drained = True
+                    self._end_of_input()
+            case Cancel():
+                raise LockgateError("cancelled by the driver")
+            case ControlLost():
+                raise ConnectionError("lost the connection to the coordinator")
+            case _:
+                raise LockgateError(f"unexpected control message {msg.tag!r}")
+
+    def _send(self, msg: ControlMessage) -> None:
+        assert self.control is not None
+        self.control.send(msg)
+
+    def _counts(self) -> tuple[int, int]:
+        """Records this task read from its source and wrote to its sinks."""
+        return (self.chain.records_in if self.source is not None else 0,
+                self.chain.written())
+
+    # ------------------------------------ barrier handler's controller role
+    def block(self, channel: int) -> None:
+        self.mailbox.blocked.add(channel)
+
+    def unblock_all(self) -> None:
+        self.mailbox.unblock_all()
+
+    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
+        self.in_flight.take()  # an unaligned one's in-flight data: dropped
+        self._send(Decline(checkpoint_id, reason.value))
+        for out in self.outputs:
+            out.broadcast(CancelBarrier(checkpoint_id))
+
+    def trigger_snapshot(self, checkpoint_id: int) -> None:
+        """Synchronous part: capture every operator's state (sinks pre-commit),
+        forward the barrier; the asynchronous part writes the files and acks."""
+        started = time.monotonic()
+        if self._barrier[0] == "savepoint":
+            self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
+        snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
+        self._flush_all()
+        barrier = Barrier(checkpoint_id, *self._barrier)
+        for out in self.outputs:
+            out.broadcast(barrier)
+        read, written = self._counts()
+        self.snapshots.submit(checkpoint_id, snaps, read=read, written=written,
+                              finished=self.reached_end and not self.drained,
+                              alignment=self.barriers.take_alignment(), final=self.reached_end,
+                              sync_duration=time.monotonic() - started)
