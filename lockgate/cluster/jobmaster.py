@@ -8,7 +8,8 @@ zombie of an older attempt writes anything. Events from tasks
 time, with the requests from outside (:mod:`lockgate.cluster.commands`)
 between them; the checkpoint coordinator is only ever called from this loop.
 Why an attempt failed and how long to wait are pure decisions
-(:mod:`lockgate.cluster.failures`); checking a job before it runs is
+(:mod:`lockgate.cluster.failures`), acted on by the ``RestartHandler`` part
+(:mod:`lockgate.cluster.restarts`); checking a job before it runs is
 :mod:`lockgate.cluster.submission`.
 """
 
@@ -19,7 +20,6 @@ import os
 import queue
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -35,25 +35,21 @@ from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.cluster.commands import CommandKind, Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
-    BROKEN_CHANNEL,
     AttemptFailed,
     JobEnds,
-    repeats,
     reported_failure,
-    restart_delay,
-    root_cause,
 )
 from lockgate.cluster.launcher import Launcher, make_launcher
 from lockgate.cluster.metrics import JobMetrics, history_entry, overview
 from lockgate.cluster.naming import dashboard_of
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
+from lockgate.cluster.restarts import RestartHandler
 from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.specs import task_specs
 from lockgate.cluster.startup import StartupLog
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
-from lockgate.errors import JobFailedError
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.types import OperatorKind
 from lockgate.protocol import (
@@ -70,7 +66,7 @@ from lockgate.protocol import (
     TaskMetrics,
     ToDriver,
 )
-from lockgate.runtime.script_classes import script_classes, script_traceback
+from lockgate.runtime.script_classes import script_classes
 from lockgate.web.serving import attach as serve_rest
 from lockgate.web.serving import resolve_rest
 
@@ -80,12 +76,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("lockgate.driver")
 
 TICK = 0.02  # seconds between coordinator ticks
-ROOT_CAUSE_WAIT = 1.0
-"""Seconds a failure seen as a broken channel waits for the failure that broke it."""
 DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
 
 
-class JobMaster:
+class JobMaster(RestartHandler):
     def __init__(self, pipeline: Pipeline, graph: JobGraph, options: RunOptions,
                  guarantee: Guarantee, started_from: CompletedCheckpoint | None = None) -> None:
         self.pipeline = pipeline
@@ -242,33 +236,6 @@ class JobMaster:
                 self.commands.attempt_failed()
                 self._restart_after(e)
 
-    def _restart_after(self, e: AttemptFailed | CheckpointFailureError) -> None:
-        """Fail the job, or wait for the restart strategy and count the attempt."""
-        reason = e.reason if isinstance(e, AttemptFailed) else str(e)
-        self.failures.append(reason)
-        self.monitor.on_restart(self.attempt, reason, getattr(e, "task", None), self._task_name)
-        if isinstance(e, AttemptFailed) and e.fatal:
-            raise JobFailedError(f"job {self.job_id} failed: {reason}.{self._other_job()} "
-                                 "Restarting cannot help; nothing committed was lost") from None
-        delay = restart_delay(self.restart, self.failures,
-                              isinstance(e, AttemptFailed) and e.reported)
-        if delay is None:
-            raise JobFailedError(
-                f"job {self.job_id} failed after {len(self.failures)} failure(s) "
-                f"({len(self.failures) - 1} restarts); last: {reason}") from None
-        n = repeats(self.failures)
-        if n > 1:  # the traceback and the input were printed already
-            log.warning("attempt %d failed the same way again (%d in a row): %s; "
-                        "restart %d of at most %s in %.2f s", self.attempt, n, reason,
-                        len(self.failures), getattr(self.restart, "max_attempts", "?"), delay)
-        else:
-            latest = self.coordinator.latest
-            log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
-                        self.attempt, reason, delay,
-                        fs.redact(latest.path) if latest else "the beginning")
-        time.sleep(delay)
-        self.attempt += 1
-
     # ------------------------------------------------------------ attempts
     def _run_attempt(self) -> None:
         n = self.graph.num_tasks
@@ -363,42 +330,6 @@ class JobMaster:
                 failure = reported_failure(task, msg, self._task_name(task))
                 self._log_report(failure)
                 raise failure
-
-    def _log_report(self, failure: AttemptFailed) -> None:
-        """Show a task's report of its failure: a broken channel (most often a
-        peer's death) in one line, a user function's traceback once."""
-        report = failure.report
-        assert report is not None and failure.task is not None
-        name = self._task_name(failure.task)
-        if report.error_type == BROKEN_CHANNEL:
-            log.warning("task %s: %s", name, report.error)
-        elif self.failures and self.failures[-1] == failure.reason:
-            # the same failure again: its traceback was printed already
-            log.debug("task %s failed:\n%s", name, report.traceback)
-        else:
-            log.error("task %s failed%s:\n%s", name,
-                      f" at {report.where}" if report.where else "",
-                      script_traceback(report.traceback, *self._user_code))
-
-    def _root_cause(self, failure: AttemptFailed) -> AttemptFailed:
-        """Wait a moment for the report of the task whose death broke a
-        channel, and name it if it comes (:func:`root_cause`)."""
-        cause = root_cause(failure, self._events_for(ROOT_CAUSE_WAIT), self._finished,
-                           self._task_name)
-        if cause is not failure and cause.report is not None:
-            self._log_report(cause)
-        return cause
-
-    def _events_for(self, seconds: float) -> Iterator[TaskEvent]:
-        """This attempt's events as they come, for ``seconds`` at most."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                event = self.events.get(timeout=left)
-            except queue.Empty:
-                return
-            if event.attempt == self.attempt:
-                yield event
 
     def _start_tasks(self) -> None:
         self.startup.mark("registered")
