@@ -25,12 +25,14 @@ def test_arrow_example(tmp_path, way):
     out = run_example(way, "arrow_sums.py", [str(n)], tmp_path)
     if way == "python":
         assert "guarantee exactly_once" in out.stdout, out.stdout
+    seen = sorted(p.name for p in (tmp_path / "out").iterdir())  # as read, hidden ones too
     table = pq.read_table(tmp_path / "out")
     current = {u: (c, t) for u, c, t in zip(
         *(table.group_by("user").aggregate([("orders", "max"), ("total", "max")])
           .column(c).to_pylist() for c in ("user", "orders_max", "total_max")), strict=True)}
     wrong = check_current(current, n)
-    assert wrong is None, diagnose(tmp_path, out.stdout, wrong)
+    assert wrong is None, (f"read {seen}: user {wrong} (orders, total) = {current.get(wrong)}\n"
+                           + diagnose(tmp_path, out.stdout, wrong))
 
 
 @pytest.mark.parametrize("backend", ["heap", "rocksdb"])
