@@ -48,24 +48,22 @@ def bulk_load(db: Any, name: str, keys: int, config: RocksDBStateBackend,
     rd = require()
     sid = state_id(name)
     one = dumps(1)
+    entries = []
+    for k in range(keys):
+        kb = key_bytes(k)
+        kg = fmix32(zlib.crc32(kb)) % MAX_PARALLELISM
+        entries.append(kg.to_bytes(2, "big") + sid + len(kb).to_bytes(4, "big") + kb)
+    entries.sort()
     files = []
-    for start in range(0, keys, CHUNK):
-        entries = []
-        for k in range(start, min(keys, start + CHUNK)):
-            kb = key_bytes(k)
-            kg = fmix32(zlib.crc32(kb)) % MAX_PARALLELISM
-            entries.append(kg.to_bytes(2, "big") + sid + len(kb).to_bytes(4, "big") + kb)
-        entries.sort()
+    for start in range(0, keys, CHUNK):  # files of disjoint key ranges
         path = os.path.join(folder, f"bulk-{start}.sst")
         w = rd.SstFileWriter(options(config))
         w.open(path)
-        for e in entries:
+        for e in entries[start:start + CHUNK]:
             w[e] = one
         w.finish()
         files.append(path)
-    # the chunks' key ranges overlap (their keys do not): later ones go to L0
-    for path in files:
-        db.ingest_external_file([path])
+    db.ingest_external_file(files)  # to the last level: nothing to compact
 
 
 def pct(values: list[float], q: float) -> float:
