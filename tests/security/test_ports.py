@@ -110,7 +110,8 @@ def test_an_encrypted_job_completes_exactly(tmp_path: Path) -> None:
 
 def data_spec(**fields) -> types.SimpleNamespace:
     return types.SimpleNamespace(job_id="job", attempt=3, bind_host="127.0.0.1",
-                                 encrypt_traffic=False, max_data_frame=1 << 20, **fields)
+                                 encrypt_traffic=False, max_data_frame=1 << 20,
+                                 unaligned=False, **fields)
 
 
 def test_garbage_silent_and_fenced_peers_neither_fail_a_data_port_nor_keep_its_upstream_out(
