@@ -14,7 +14,7 @@ from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 from tests.fault.arrow_sums_job import build, check_output, write_input
 from tests.fixtures import committed_lines, start_and_await
-from tests.integration.arrow_diagnosis import check_current, diagnose
+from tests.integration.arrow_diagnosis import check_current, diagnose, latest_per_user
 from tests.integration.spark_session import fresh_spark_session
 from tests.integration.test_examples import run_example
 
@@ -27,9 +27,7 @@ def test_arrow_example(tmp_path, way):
         assert "guarantee exactly_once" in out.stdout, out.stdout
     seen = sorted(p.name for p in (tmp_path / "out").iterdir())  # as read, hidden ones too
     table = pq.read_table(tmp_path / "out")
-    current = {u: (c, t) for u, c, t in zip(
-        *(table.group_by("user").aggregate([("orders", "max"), ("total", "max")])
-          .column(c).to_pylist() for c in ("user", "orders_max", "total_max")), strict=True)}
+    current = latest_per_user(table)
     wrong = check_current(current, n)
     assert wrong is None, (f"read {seen}: user {wrong} (orders, total) = {current.get(wrong)}\n"
                            + diagnose(tmp_path, out.stdout, wrong))
