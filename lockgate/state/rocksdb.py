@@ -56,6 +56,7 @@ from lockgate.state.backend import (
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
+from lockgate.state.rocksdb_handles import RocksListState, RocksMapState, RocksValueState
 from lockgate.state.rocksdb_io import (
     copy_range,
     export_blocks,
@@ -73,9 +74,6 @@ from lockgate.state.rocksdb_tables import (
     META,
     KeyCodec,
     MapTable,
-    RocksListState,
-    RocksMapState,
-    RocksValueState,
     ValueTable,
     kg_bytes,
     state_id,
