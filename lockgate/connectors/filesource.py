@@ -167,17 +167,22 @@ class _CsvReader(_SplitReader):
         self._f.close()
 
 
-class _ParquetReader(_SplitReader):
-    def __init__(self, path: str, rel: str, offset: int) -> None:
-        import pyarrow.parquet as pq
+class _ParquetSplit(_SplitReader):
+    """A Parquet file of a split, opened locally or through its filesystem,
+    with the first row of each row group (positions are row numbers)."""
 
+    def __init__(self, path: str, rel: str, offset: int) -> None:
         super().__init__(path, rel, offset)
         local = fs.local_path(path)
         self._raw: Any = None
         if local is None:
             filesystem, p = fs.resolve(path)
             self._raw = filesystem.open_input_file(p)
-        self._pf = pq.ParquetFile(local if local is not None else self._raw)
+        try:
+            self._pf = self._open_parquet(local if local is not None else self._raw)
+        except BaseException:
+            self._close_raw()
+            raise
         md = self._pf.metadata
         self._starts: list[int] = []
         total = 0
@@ -186,10 +191,31 @@ class _ParquetReader(_SplitReader):
             total += md.row_group(i).num_rows
         self._total = total
         self._rg = -1
+
+    def _open_parquet(self, source: Any) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(source)
+
+    def _row_group_of(self, row: int) -> int:
+        return max(i for i, s in enumerate(self._starts) if s <= row)
+
+    def _close_raw(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+
+    def close(self) -> None:
+        self._pf.close()
+        self._close_raw()
+
+
+class _ParquetReader(_ParquetSplit):
+    def __init__(self, path: str, rel: str, offset: int) -> None:
+        super().__init__(path, rel, offset)
         self._rows: list[dict[str, Any]] = []
 
     def _load(self, row: int) -> None:
-        rg = max(i for i, s in enumerate(self._starts) if s <= row)
+        rg = self._row_group_of(row)
         if rg != self._rg:
             self._rows = self._pf.read_row_group(rg).to_pylist()
             self._rg = rg
@@ -210,11 +236,6 @@ class _ParquetReader(_SplitReader):
             out.extend(chunk)
             self.offset += len(chunk)
         return out
-
-    def close(self) -> None:
-        self._pf.close()
-        if self._raw is not None:
-            self._raw.close()
 
 
 _READERS: dict[str, type[_SplitReader]] = {

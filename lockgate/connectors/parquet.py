@@ -19,11 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lockgate import fs
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
 from lockgate.connectors.dataframe import DataFrameSource, DataFrameSourceReader
-from lockgate.connectors.filesource import FileSource, FileSourceReader, _SplitReader
+from lockgate.connectors.filesource import FileSource, FileSourceReader, _ParquetSplit
 from lockgate.errors import LockgateError, PipelineDefinitionError
 
 __all__ = ["ArrowSource", "ArrowFileSourceReader", "ArrowDataFrameSourceReader"]
@@ -31,37 +30,23 @@ __all__ = ["ArrowSource", "ArrowFileSourceReader", "ArrowDataFrameSourceReader"]
 DEFAULT_BATCH_ROWS = 65_536
 
 
-class _ParquetBatches(_SplitReader):
+class _ParquetBatches(_ParquetSplit):
     """One Parquet file read as record batches from row ``offset`` on; a row
     group is decoded once and sliced (no copy)."""
 
     def __init__(self, path: str, rel: str, offset: int) -> None:
-        import pyarrow.parquet as pq
-
         super().__init__(path, rel, offset)
-        local = fs.local_path(path)
-        self._raw: Any = None
-        if local is None:
-            filesystem, p = fs.resolve(path)
-            self._raw = filesystem.open_input_file(p)
-        try:
-            self._pf = pq.ParquetFile(local if local is not None else self._raw)
-        except Exception as e:
-            self._close_raw()
-            raise LockgateError(f"file source: {rel!r} is not a Parquet file ({e}); fix or "
-                                "remove the file") from e
-        md = self._pf.metadata
-        self._starts: list[int] = []
-        total = 0
-        for i in range(md.num_row_groups):
-            self._starts.append(total)
-            total += md.row_group(i).num_rows
-        self._total = total
-        self._rg = -1
         self._batch: Any = None
 
+    def _open_parquet(self, source: Any) -> Any:
+        try:
+            return super()._open_parquet(source)
+        except Exception as e:
+            raise LockgateError(f"file source: {self.rel!r} is not a Parquet file ({e}); fix "
+                                "or remove the file") from e
+
     def _load(self, row: int) -> int:
-        rg = max(i for i, s in enumerate(self._starts) if s <= row)
+        rg = self._row_group_of(row)
         if rg != self._rg:
             import pyarrow as pa
 
@@ -87,14 +72,6 @@ class _ParquetBatches(_SplitReader):
             return rows
         self.exhausted = True
         return None
-
-    def _close_raw(self) -> None:
-        if self._raw is not None:
-            self._raw.close()
-
-    def close(self) -> None:
-        self._pf.close()
-        self._close_raw()
 
 
 class _ArrowPoll(FileSourceReader):
