@@ -203,6 +203,28 @@ class MapState(_State):
         return not self._map()
 
 
+def registered_kind(descriptor: Descriptor, kinds: dict[str, str],
+                    restored: dict[str, str]) -> str:
+    """The stored kind of ``descriptor``'s state (TTL marked), refused when
+    the state is registered or was restored as another kind (every backend)."""
+    name, kind = descriptor.name, stored_kind(descriptor.kind, descriptor.ttl)
+    known = kinds.get(name) or restored.get(name)
+    if known is not None and known != kind:
+        raise StateTypeError(kind_change_message(name, known, kind, in_checkpoint=False))
+    return kind
+
+
+def note_restored_kinds(states: dict[str, str], kinds: dict[str, str],
+                        restored: dict[str, str]) -> None:
+    """Record the kinds a checkpoint gives its states in ``restored``, refusing
+    one registered here as another kind (every backend)."""
+    for name, kind in states.items():
+        known = kinds.get(name)
+        if known is not None and known != kind:
+            raise StateTypeError(kind_change_message(name, kind, known, in_checkpoint=True))
+        restored[name] = kind
+
+
 def _copies(values: Iterable[Any]) -> list[Any]:
     """A new list of ``values``, mutable ones copied."""
     return [v if type(v) in ATOMIC else private_copy(v) for v in values]
@@ -234,10 +256,8 @@ class HeapKeyedStateBackend:
     def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
 
     def get_state(self, descriptor: Descriptor) -> _State:
-        name, kind = descriptor.name, stored_kind(descriptor.kind, descriptor.ttl)
-        known = self._kinds.get(name) or self._restored_kinds.get(name)
-        if known is not None and known != kind:
-            raise StateTypeError(kind_change_message(name, known, kind, in_checkpoint=False))
+        name = descriptor.name
+        kind = registered_kind(descriptor, self._kinds, self._restored_kinds)
         if descriptor.ttl is not None:
             self._ttl[name] = descriptor.ttl  # (the state layer wraps: lockgate.state.ttl)
         if name in self._handles:
@@ -294,11 +314,7 @@ class HeapKeyedStateBackend:
 
     def restore_block(self, data: bytes, states: dict[str, str]) -> None:
         """Merge one key-group block written by ``KeyedStateSnapshot.write``."""
-        for name, kind in states.items():
-            known = self._kinds.get(name)
-            if known is not None and known != kind:
-                raise StateTypeError(kind_change_message(name, kind, known, in_checkpoint=True))
-            self._restored_kinds[name] = kind
+        note_restored_kinds(states, self._kinds, self._restored_kinds)
         block = self.serializer.loads(data)
         kg, content = block
         if kg not in self.key_group_range:

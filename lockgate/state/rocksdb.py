@@ -50,9 +50,10 @@ from lockgate.state.backend import (
     ListStateDescriptor,
     MapState,
     MapStateDescriptor,
-    StateTypeError,
     ValueState,
     ValueStateDescriptor,
+    note_restored_kinds,
+    registered_kind,
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
@@ -82,9 +83,7 @@ from lockgate.state.serde import StateSerializer
 from lockgate.state.ttl_config import (
     SnapshotFilter,
     StateTtlConfig,
-    kind_change_message,
     snapshot_filters,
-    stored_kind,
     structure_kind,
 )
 
@@ -133,10 +132,8 @@ class RocksDBKeyedStateBackend:
     def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
 
     def get_state(self, descriptor: Descriptor) -> Any:
-        name, kind = descriptor.name, stored_kind(descriptor.kind, descriptor.ttl)
-        known = self._kinds.get(name) or self._restored_kinds.get(name)
-        if known is not None and known != kind:
-            raise StateTypeError(kind_change_message(name, known, kind, in_checkpoint=False))
+        name = descriptor.name
+        kind = registered_kind(descriptor, self._kinds, self._restored_kinds)
         if descriptor.ttl is not None:
             self._ttl[name] = descriptor.ttl
         if name in self._handles:
@@ -227,11 +224,7 @@ class RocksDBKeyedStateBackend:
 
     # -- restore -----------------------------------------------------------
     def _check_kinds(self, states: dict[str, str]) -> None:
-        for name, kind in states.items():
-            known = self._kinds.get(name)
-            if known is not None and known != kind:
-                raise StateTypeError(kind_change_message(name, kind, known, in_checkpoint=True))
-            self._restored_kinds[name] = kind
+        note_restored_kinds(states, self._kinds, self._restored_kinds)
 
     def restore_block(self, data: bytes, states: dict[str, str]) -> None:
         """Merge one canonical key-group block (either backend wrote it)."""
