@@ -20,7 +20,13 @@ from lockgate.api.watermarks import TimeDomain, TimerService
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import OperatorSpec
-from lockgate.runtime.operators import KeyedContext, StreamOperator, open_keyed_backend, user_hook
+from lockgate.runtime.operators import (
+    KeyedContext,
+    StreamOperator,
+    fire_timers,
+    open_keyed_backend,
+    user_hook,
+)
 from lockgate.runtime.timers import KeyedTimers
 from lockgate.state.serde import StateSerializer
 
@@ -138,21 +144,7 @@ class CoProcessOperator(TwoInputOperator):
         return self._fire(self.timers.due_processing(now), TimeDomain.PROCESSING_TIME)
 
     def _fire(self, due: Iterator[tuple[Any, int]], domain: TimeDomain) -> list[Any]:
-        backend, ctx = self.backend, self.ctx
-        assert backend is not None
-        on_timer = self.fn.on_timer
-        out: list[Any] = []
-        ctx.time_domain = domain
-        try:
-            with user_hook(self.uid, "on_timer"):
-                for key, ts in due:
-                    backend.current_key = key
-                    res = on_timer(ts, ctx)
-                    if res is not None:
-                        out.extend(res)
-        finally:
-            ctx.time_domain = None
-        return out
+        return fire_timers(self, self.fn.on_timer, self.ctx, due, domain)
 
     def end_input(self) -> list[Any]:
         with user_hook(self.uid, "end_input"):

@@ -6,7 +6,7 @@ the per-record cost is the user's function plus a list comprehension step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -296,6 +296,26 @@ def user_hook(uid: str, hook: str) -> Iterator[None]:
             f"operator {uid!r} raised {type(e).__name__} in {hook}(): {e}") from e
 
 
+def fire_timers(op: StreamOperator, on_timer: Callable[[int, Any], Any], ctx: KeyedContext,
+                due: Iterator[tuple[Any, int]], domain: TimeDomain) -> list[Any]:
+    """Call ``on_timer(timestamp, ctx)`` for each due ``(key, timestamp)``
+    with that key current in ``op``'s backend; what it returns is emitted."""
+    backend = op.backend
+    assert backend is not None
+    out: list[Any] = []
+    ctx.time_domain = domain
+    try:
+        with user_hook(op.uid, "on_timer"):
+            for key, ts in due:
+                backend.current_key = key
+                res = on_timer(ts, ctx)
+                if res is not None:
+                    out.extend(res)
+    finally:
+        ctx.time_domain = None
+    return out
+
+
 class ProcessOperator(KeyedOperator):
     """Runs a user ``KeyedProcessFunction``."""
 
@@ -320,20 +340,7 @@ class ProcessOperator(KeyedOperator):
         return self._fire(self.timers.due_processing(now), TimeDomain.PROCESSING_TIME)
 
     def _fire(self, due: Iterator[tuple[Any, int]], domain: TimeDomain) -> list[Any]:
-        backend, fn, ctx = self.backend, self.fn, self.ctx
-        assert backend is not None
-        out: list[Any] = []
-        ctx.time_domain = domain
-        try:
-            with user_hook(self.uid, "on_timer"):
-                for key, ts in due:
-                    backend.current_key = key
-                    res = fn.on_timer(ts, ctx)
-                    if res is not None:
-                        out.extend(res)
-        finally:
-            ctx.time_domain = None
-        return out
+        return fire_timers(self, self.fn.on_timer, self.ctx, due, domain)
 
     def process(self, batch: list[Any]) -> list[Any]:
         backend, key_of, fn, ctx = self.backend, self.spec.key_selector, self.fn, self.ctx
