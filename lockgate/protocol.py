@@ -294,8 +294,10 @@ class TaskMetrics(ControlMessage):
 @dataclass(frozen=True, slots=True)
 class Hello(ControlMessage):
     """Who connects: ``role`` ``task`` (control), ``data`` (a channel from task
-    ``task``) or ``lease`` (a Spark task's lease, with its ``pid`` and ``host``),
-    for which job and attempt (connections of another attempt are refused)."""
+    ``task``), ``lease`` (a Spark task's lease, with its ``pid`` and ``host``)
+    or ``host`` (a Spark task slot of the job's barrier stage: ``attempt`` is
+    the stage's generation, ``task`` the slot), for which job and attempt
+    (connections of another attempt are refused)."""
 
     tag: ClassVar[str] = "hello"
     role: str
@@ -338,6 +340,46 @@ class Exited(ControlMessage):
     code: int
 
 
+# the Spark launcher's task hosts (lockgate.cluster.spark_hosts, spark_host)
+@dataclass(frozen=True, slots=True)
+class RunTask(ControlMessage):
+    """To a host: fork a child that runs the task in ``payload`` (the
+    launcher's pickled task job) for attempt ``attempt``."""
+
+    tag: ClassVar[str] = "run_task"
+    attempt: int
+    payload: bytes
+
+    def __post_init__(self) -> None:
+        if self.attempt < 0:
+            raise ProtocolError(f"run_task: attempt must be >= 0, got {self.attempt}")
+
+
+@dataclass(frozen=True, slots=True)
+class KillTask(ControlMessage):
+    """To a host: SIGKILL the task child it runs, if any."""
+
+    tag: ClassVar[str] = "kill_task"
+
+
+@dataclass(frozen=True, slots=True)
+class Release(ControlMessage):
+    """To a host: the job is over; end the child, if any, and return the
+    Spark task."""
+
+    tag: ClassVar[str] = "release"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEnded(ControlMessage):
+    """From a host: the child of attempt ``attempt`` ended with ``code`` (its
+    exit status; negative: the signal that killed it)."""
+
+    tag: ClassVar[str] = "task_ended"
+    attempt: int
+    code: int
+
+
 ToTask: TypeAlias = (Start | TriggerCheckpoint | NotifyComplete | NotifyAborted | Finish | Drain
                      | Cancel | ControlLost)
 ToDriver: TypeAlias = (Register | Running | Ack | Decline | InputEnded | Finished | Failed
@@ -347,7 +389,8 @@ _MESSAGES: dict[str, type[ControlMessage]] = {
     cls.tag: cls for cls in (Start, TriggerCheckpoint, NotifyComplete, NotifyAborted, Finish,
                              Drain, Cancel, Register, Running, Ack, Decline, InputEnded,
                              Finished, Failed, TaskMetrics, Hello, LeaseGranted,
-                             LeaseRefused, Finishing, FinishingSeen, Exited)
+                             LeaseRefused, Finishing, FinishingSeen, Exited, RunTask,
+                             KillTask, Release, TaskEnded)
 }
 
 

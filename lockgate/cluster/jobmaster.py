@@ -39,7 +39,7 @@ from lockgate.cluster.failures import (
     JobEnds,
     reported_failure,
 )
-from lockgate.cluster.launcher import Launcher, make_launcher
+from lockgate.cluster.launcher import Launcher, end_job, make_launcher
 from lockgate.cluster.metrics import JobMetrics, history_entry, overview
 from lockgate.cluster.naming import dashboard_of
 from lockgate.cluster.options import RunOptions
@@ -200,6 +200,10 @@ class JobMaster(RestartHandler):
             error = e
             raise
         finally:
+            if self.launcher is not None:  # the job failed in an attempt
+                self.launcher.stop()
+                self.launcher = None
+            end_job(self.options.launcher, self.job_id)
             self.server.close()
             self.commands.job_ended(status, error)
             if served is not None:

@@ -24,7 +24,7 @@ import threading
 def preload() -> None:
     import pyspark.worker  # noqa: F401
 
-    import lockgate.cluster.spark_launcher  # noqa: F401
+    import lockgate.cluster.spark_host  # noqa: F401
     from lockgate.runtime.forkserver import preload as task_code
 
     task_code()

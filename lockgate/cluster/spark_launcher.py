@@ -1,25 +1,24 @@
-"""The ``spark`` launcher: every task of an attempt is one task of a single
-Spark barrier stage.
+"""The ``spark`` launcher: every task of an attempt runs in a task slot of
+the job's Spark barrier stage.
 
-``start`` submits ``sc.parallelize(payloads, n).barrier().mapPartitions(...)``
-from a background thread of the driver (under a job group of its own), so
-Spark gang-schedules the ``n`` tasks: all start together or none. Each Spark
-task runs one Lockgate task in its Python worker with the same entry point as
-the local launcher (``TaskSpec``, coordinator address, secret).
+The stage (:mod:`lockgate.cluster.spark_stage`) is long-lived: Spark
+gang-schedules one *host* per task (all start together or none), and each
+host forks a child per attempt that runs the Lockgate task with the same
+entry point as the local launcher (``TaskSpec``, coordinator address,
+secret). A restart after a task died is a fork in every host; only a lost host
+(its executor or Python worker) costs a new stage, since Spark never retries a
+barrier stage whose task died.
 
-Before it runs anything, a Spark task takes a *lease* from this launcher: one
+Before it runs anything, a task takes a *lease* from this launcher: one
 authenticated TCP connection to a listener the launcher opens next to the
 control server, with the task's pid and host. The lease is how the launcher
 knows which tasks of its attempt exist and when each is gone (the connection
 closes when the task returns or its process dies), so ``stop`` can guarantee
 what the local launcher guarantees with ``wait()``: no task of the attempt runs
-after it returns. Once ``stop`` began, leases are refused, so a Spark task that
-starts late (after the cancel) returns without running.
+after it returns. Once ``stop`` began, leases are refused, so a task that
+starts late returns without running.
 
-Spark never retries a barrier result stage: one dead task aborts the Spark
-job, and Lockgate's job master restarts the whole attempt from the latest
-completed checkpoint with a new Spark job (cheap on a warm session). The
-session itself (which SparkContext, its task slots, Spark's log level) is
+The session itself (which SparkContext, its task slots, Spark's log level) is
 :mod:`lockgate.cluster.spark_session`'s.
 """
 
@@ -34,15 +33,13 @@ import socket
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import cloudpickle
 
 from lockgate.cluster.events import TaskEvent, TaskExited
-from lockgate.cluster.naming import spark_description
 from lockgate.cluster.spark_session import check_slots, is_local
+from lockgate.cluster.spark_stage import BarrierStage, stage_of
 from lockgate.errors import ConfigurationError
 from lockgate.protocol import (
     Exited,
@@ -64,7 +61,7 @@ on without them (they are fenced)."""
 
 
 class SparkLauncher:
-    """Runs the tasks of one attempt as one Spark barrier stage."""
+    """Runs the tasks of one attempt in the job's Spark barrier stage."""
 
     name = "spark"
 
@@ -72,17 +69,18 @@ class SparkLauncher:
         self.events = events
         self._sc = sc
         self._lock = threading.Condition()
-        self._attempt = -1
+        self.attempt = -1
         self._tasks: list[int] = []
         self._leases: dict[int, _Lease] = {}
         """Every task that took a lease, by global task number (gone or not)."""
+        self._reported: set[int] = set()
+        """Tasks whose exit was reported without a lease (they never took one)."""
         self._stopping = False
-        self._job: threading.Thread | None = None
-        self._job_error: BaseException | None = None
-        self._group = f"lockgate-{uuid.uuid4().hex}"
+        self._stage: BarrierStage | None = None
         self._listener: socket.socket | None = None
         self._local = True
-        self._cancelled = False
+        self.reused_stage = False
+        """Whether the attempt ran on the hosts of the stage before (a fork each)."""
         self.submitted_at: float | None = None
         self.steps: Steps = {}
         """The launcher's start-up steps (``submitted``, :mod:`lockgate.cluster.startup`)."""
@@ -99,7 +97,7 @@ class SparkLauncher:
         n = len(specs)
         check_slots(sc, n)
         self._local = is_local(sc)
-        self._attempt = specs[0].attempt
+        self.attempt = specs[0].attempt
         self._tasks = [s.task_id for s in specs]
         self._job_id = specs[0].job_id
         self._secret = secret
@@ -121,39 +119,47 @@ class SparkLauncher:
             "sys_path": [p or os.getcwd() for p in sys.path] if self._local else [],
         }
         payloads = [pickle.dumps({**common, "spec": cloudpickle.dumps(s)}) for s in specs]
-        self._job = threading.Thread(target=self._run_job, args=(sc, payloads), daemon=True,
-                                     name=f"spark-job-{self._attempt}")
+        self._stage = stage_of(self._job_id, secret, coordinator[0], specs[0].encrypt_traffic)
         self.submitted_at = time.monotonic()
-        self._job.start()
+        mark(self.steps, "submitted")
+        self.reused_stage = self._stage.run(sc, self, payloads, self._local)
 
     def pids(self) -> dict[int, int]:
-        """Process id of every running task (its Python worker), by global task number."""
+        """Process id of every running task (a child of its host), by global task number."""
         with self._lock:
             return {t: lease.pid for t, lease in self._leases.items() if not lease.gone}
+
+    def host_pids(self) -> dict[int, int]:
+        """Process id of every host of the job's stage (a Spark Python worker),
+        by global task number of this attempt."""
+        if self._stage is None:
+            return {}
+        return {self._tasks[slot]: pid for slot, pid in self._stage.host_pids().items()
+                if slot < len(self._tasks)}
 
     def stop(self) -> None:
         """Make sure no task of the attempt runs any more: tasks that are
         ending by themselves (they sent ``finished``) may; the others are
-        cancelled through Spark (and SIGKILLed in local mode). Returns when
-        every task that took a lease is gone, and, unless tasks were
-        cancelled, the Spark job ended (a cancelled one ends in the background)."""
+        SIGKILLed (in local mode directly, else by their host; a host that
+        cannot be reached is cancelled with its stage). Returns when every
+        task that took a lease is gone."""
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
             doomed = [t for t in self._tasks
                       if not (t in self._leases and self._leases[t].finishing)]
-            live = [lease for t, lease in self._leases.items()
+            live = [(t, lease) for t, lease in self._leases.items()
                     if t in doomed and not lease.gone]
-        job = self._job
-        if doomed and job is not None and job.is_alive():
-            self._cancel()
-        if self._local:
-            for lease in live:
+        stage = self._stage
+        for t, lease in live:
+            if self._local:
                 try:
                     os.kill(lease.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            elif stage is not None and not stage.kill(self._tasks.index(t)):
+                stage.abort()
         deadline = time.monotonic() + STOP_TIMEOUT
         with self._lock:
             while any(not lease.gone for lease in self._leases.values()):
@@ -164,70 +170,39 @@ class SparkLauncher:
                     # attempt's tasks; its sink cannot commit without a notice).
                     alive = sorted(t for t, lease in self._leases.items() if not lease.gone)
                     log.warning("tasks %s of attempt %d still hold their lease %.0f s after "
-                                "they were cancelled; going on without them (they are fenced)",
-                                alive, self._attempt, STOP_TIMEOUT)
+                                "they were killed; going on without them (they are fenced)",
+                                alive, self.attempt, STOP_TIMEOUT)
                     break
                 self._lock.wait(left)
-        if job is not None and doomed:
-            # Every task is gone or never ran (and a late one is refused its
-            # lease): the next attempt may start while Spark winds this job
-            # down, which takes a round trip through the JVM and its error.
-            threading.Thread(target=self._end_job, args=(job, deadline), daemon=True,
-                             name=f"spark-job-{self._attempt}-end").start()
-        elif job is not None:
-            self._end_job(job, deadline)
         if self._listener is not None:
             handshake.close_listener(self._listener)
 
-    def _end_job(self, job: threading.Thread, deadline: float) -> None:
-        """Every task is gone or never ran: the Spark job ends now; cancel it
-        again if it does not (a task that never got a slot)."""
-        job.join(5.0)
-        while job.is_alive() and time.monotonic() < deadline:
-            self._cancel()
-            job.join(1.0)
-        if job.is_alive():
-            log.warning("the Spark job of attempt %d did not end after it was cancelled; "
-                        "going on (its tasks are fenced)", self._attempt)
+    # ----------------------------------------- the stage's news (Watcher)
+    def task_ended(self, slot: int, code: int) -> None:
+        """The host of ``slot`` reaped this attempt's child: a task that never
+        took a lease (it failed before, or was refused one) is reported here."""
+        self._never_leased(slot, code)
 
-    # ------------------------------------------------------------ internals
-    def _cancel(self) -> None:
-        self._cancelled = True
-        try:
-            assert self._sc is not None
-            self._sc.cancelJobGroup(self._group)
-        except Exception as e:  # noqa: BLE001 - a stopped SparkContext: nothing runs
-            log.warning("cancelling Spark job group %s failed: %s", self._group, e)
+    def slot_lost(self, slot: int) -> None:
+        """The host of ``slot`` is gone, and its child with it."""
+        self._never_leased(slot, None)
 
-    def _run_job(self, sc: Any, payloads: list[bytes]) -> None:
-        n = len(payloads)
-        error: BaseException | None = None
-        try:
-            sc.setJobGroup(self._group, spark_description(self._job_id, self._attempt),
-                           interruptOnCancel=True)
-            with self._lock:
-                stopped = self._stopping
-            if not stopped:
-                mark(self.steps, "submitted")
-                sc.parallelize(payloads, n).barrier().mapPartitions(_task_partition).collect()
-        except BaseException as e:  # noqa: BLE001 - reported as task exits below
-            error = e
-        self._job_error = error
+    def _never_leased(self, slot: int, code: int | None) -> None:
+        if slot >= len(self._tasks):
+            return
+        task = self._tasks[slot]
         with self._lock:
-            never_ran = [t for t in self._tasks if t not in self._leases]
-            stopping = self._stopping
-        if error is not None and not stopping:
-            log.warning("the Spark job of attempt %d failed: %s", self._attempt,
-                        _first_line(error))
-        for t in never_ran:
-            self.events.put(TaskExited(self._attempt, t, 1 if error is not None else 0))
+            if task in self._leases or task in self._reported:
+                return  # the lease reports it
+            self._reported.add(task)
+        self.events.put(TaskExited(self.attempt, task, code))
 
     def _serve_lease(self, link: wire.Link, hello: Hello) -> None:
         channel = wire.ControlChannel(link)
         task = hello.task
         with self._lock:
             ok = (hello.role == "lease" and hello.job == self._job_id
-                  and hello.attempt == self._attempt and task in self._tasks
+                  and hello.attempt == self.attempt and task in self._tasks
                   and task not in self._leases and not self._stopping)
             if ok:
                 lease = self._leases[task] = _Lease(hello.pid, hello.host)
@@ -255,7 +230,7 @@ class SparkLauncher:
             lease.gone = True
             self._lock.notify_all()
         # None: the process vanished without a word (killed, crashed).
-        self.events.put(TaskExited(self._attempt, task, code))
+        self.events.put(TaskExited(self.attempt, task, code))
 
 
 class _Lease:
@@ -266,88 +241,3 @@ class _Lease:
         self.host = host
         self.finishing = False
         self.gone = False
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    for line in text.splitlines():
-        if "Error" in line or "Exception" in line:
-            return line.strip()[:500]
-    return text.splitlines()[0][:500] if text else type(error).__name__
-
-
-# --------------------------------------------------------- Spark task side
-def _task_partition(payloads: Iterable[bytes]) -> Iterator[int]:
-    """Runs in a Spark Python worker: one Lockgate task per partition. Keeps
-    nothing in module globals: the worker may be reused by the next job."""
-    for payload in payloads:
-        steps = {"entry": time.time()}
-        yield _run_leased(pickle.loads(payload), steps)
-
-
-def _run_leased(job: dict[str, Any], steps: Steps) -> int:
-    for p in job["sys_path"]:
-        if p not in sys.path:
-            sys.path.append(p)
-    from lockgate.runtime.task import run_task
-
-    spec: TaskSpec = cloudpickle.loads(job["spec"])
-    mark(steps, "imported")
-    spec.bind_host = job["host"] or _executor_host()
-    secret: bytes = job["secret"]
-    lease = _take_lease(tuple(job["lease"]), secret, spec)
-    if lease is None:
-        return -1  # the attempt was stopped before this task could start
-    mark(steps, "leased")
-    code = 1
-    try:
-        run_task(spec, tuple(job["coordinator"]), secret, lambda: _finishing(lease), steps)
-        code = 0
-    except Exception as e:
-        # The driver already knows (the task reported it, or its lease says
-        # exit 1): the Spark task returns instead of raising, so that Spark does
-        # not log a stack trace for every task of a failed attempt.
-        log.debug("Lockgate task %d of attempt %d failed: %r", spec.task_id, spec.attempt, e)
-    finally:
-        try:
-            lease.send(Exited(code))
-        except OSError:
-            pass
-        lease.close()
-    return spec.task_id
-
-
-def _executor_host() -> str:
-    """The address Spark reaches this executor on: peers and the driver can too."""
-    from pyspark import BarrierTaskContext
-
-    ctx = BarrierTaskContext.get()
-    address = str(ctx.getTaskInfos()[ctx.partitionId()].address)
-    return address.rsplit(":", 1)[0]
-
-
-def _take_lease(address: tuple[str, int], secret: bytes,
-                spec: TaskSpec) -> wire.ControlChannel | None:
-    channel = wire.ControlChannel(handshake.open_link(address, secret, Hello(
-        "lease", spec.job_id, spec.attempt, spec.task_id, os.getpid(), spec.bind_host),
-        encrypt=spec.encrypt_traffic))
-    try:
-        answer = channel.recv()
-    except (OSError, EOFError, ValueError):
-        answer = None
-    if not isinstance(answer, LeaseGranted):
-        channel.close()
-        return None
-    return channel
-
-
-def _finishing(lease: wire.ControlChannel) -> None:
-    """Just before the task says ``finished``: tell the launcher (and wait for
-    its answer), so that from then on ``stop`` lets the task end instead of
-    killing it (a killed worker would fail the Spark job and be forked anew
-    for the next one). The launcher knows before the job master does."""
-    try:
-        lease.send(Finishing())
-        lease.recv()
-    except (OSError, EOFError, ValueError):
-        pass

@@ -63,41 +63,58 @@ def _parent_cmdline(pid: int) -> str:
         return f.read().replace(b"\0", b" ").decode()
 
 
-def test_sigkill_of_a_python_worker_restarts_from_the_checkpoint(
-        spark, launchers, tmp_path: Path) -> None:
+@pytest.mark.parametrize("victim", ["task", "host"])
+def test_sigkill_restarts_from_the_checkpoint(spark, launchers, tmp_path: Path,
+                                              victim: str) -> None:
+    """A killed task is a fork on the same hosts (the stage lives on); a killed
+    host (the Spark Python worker) costs a new stage. Exact either way."""
     n = 60_000
     p = build(n, 2, 2, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2, rate=30_000)
     checkpointed = threading.Event()
-    killed: dict[str, float] = {}
+    killed: dict[str, object] = {}
 
     def on_progress(progress) -> None:
         if progress.checkpoints_completed >= 2:
             checkpointed.set()
+        if progress.restarts == 1 and "after" not in killed:
+            killed["after"] = launchers[-1].host_pids()  # the hosts of attempt 1
 
     def killer() -> None:
         if not checkpointed.wait(60):
             return
         pids = launchers[0].pids()
-        victim = pids[min(pids)]  # the first source task: a Spark Python worker
-        killed["cmdline"] = _parent_cmdline(victim)
+        hosts = launchers[0].host_pids()
+        killed["hosts"] = dict(hosts)
+        task = min(pids)  # the first source task
+        target = pids[task] if victim == "task" else hosts[task]
+        killed["parent"] = _parent_cmdline(target)
         killed["at"] = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
+        os.kill(target, signal.SIGKILL)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     result = p.run(launcher="spark", spark=spark, on_progress=on_progress)
     thread.join()
     assert "at" in killed, "the job ended before the kill"
-    # the victim was forked by Spark's daemon (Lockgate's, which preloads the task code)
-    assert "lockgate.cluster.spark_daemon" in killed["cmdline"]
+    # a task is forked by its host, a Spark Python worker forked by Spark's
+    # daemon (Lockgate's, which preloads the task code): both show its command line
+    assert "lockgate.cluster.spark_daemon" in str(killed["parent"])
     assert result.restarts >= 1
     assert len(launchers) == result.restarts + 1
+    if victim == "task":  # the next attempt ran on the same hosts: no new Spark job
+        assert launchers[1].reused_stage
+        assert killed["after"] == killed["hosts"]
+    else:
+        assert not launchers[1].reused_stage
+        assert killed["after"] and set(killed["after"].values()).isdisjoint(  # type: ignore[union-attr]
+            killed["hosts"].values())  # type: ignore[union-attr]
     # restored from a completed checkpoint, and nothing read or written twice
     assert (result.records_in, result.records_out) == (n, n)
     check_exact_sums(tmp_path / "out", n, 2)
     assert result.recovery_times and max(result.recovery_times) < 10
     for launcher in launchers:
         assert launcher.pids() == {}
+    assert launchers[-1].host_pids() == {}  # the job released its stage
 
 
 def test_too_few_slots_fails_fast_with_a_clear_message(spark, launchers,
