@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from lockgate.cluster.spark_host import HOST_PROCESS_PREFIX
 from lockgate.runtime.spec import TASK_PROCESS_PREFIX
 
 HERE = Path(__file__).parent
@@ -60,6 +61,19 @@ def task_processes(driver_pid: int) -> dict[int, tuple[int, int]]:
     return found
 
 
+def spark_host_of(pid: int) -> int | None:
+    """The Spark host (``lghost-...``, the Python worker) whose child task
+    ``pid`` is, or None (a local launcher's task)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/comm") as f:
+            name = f.read().strip()
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return None
+    return ppid if name.startswith(HOST_PROCESS_PREFIX) else None
+
+
 def process_state(pid: int) -> str | None:
     """The state letter of process ``pid`` in ``/proc/<pid>/stat`` ("R", "S",
     "T" for stopped, "Z" for exited but not yet reaped), or None once it has
@@ -102,8 +116,13 @@ class RandomKiller(threading.Thread):
     waits for the next attempt's tasks before it strikes again."""
 
     def __init__(self, driver: subprocess.Popen, kills: int, n_tasks: int, seed: int,
-                 min_delay: float = 0.2, max_delay: float = 1.0) -> None:
+                 min_delay: float = 0.2, max_delay: float = 1.0,
+                 hosts: float = 0.0) -> None:
         super().__init__(daemon=True)
+        self.hosts = hosts
+        """The share of kills that strike the victim's Spark host (the Python
+        worker whose child the task is) instead of the task itself."""
+        self.host_kills = 0
         self.driver = driver
         self.kills_planned = kills
         self.n_tasks = n_tasks
@@ -131,6 +150,11 @@ class RandomKiller(threading.Thread):
             if not alive:
                 continue
             victim = self.rng.choice(alive)
+            if self.hosts and self.rng.random() < self.hosts:
+                host = spark_host_of(victim)
+                if host is not None:
+                    victim = host
+                    self.host_kills += 1
             try:
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
@@ -143,23 +167,24 @@ def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list 
             kills: int = 0, seed: int = 0, interval: float = 0.2, timeout: float = 300,
             extra: list[str] | None = None,
             kill_delays: tuple[float, float] = (0.2, 1.0),
-            launcher: str = "local") -> tuple[dict, int]:
+            launcher: str = "local", kill_hosts: float = 0.0) -> tuple[dict, int]:
     out, chk = tmp / "out", tmp / "chk"
     cmd = [sys.executable, str(HERE / "sums_job.py"), "--n", str(n), "--parallelism",
            str(parallelism), "--keys", str(keys), "--out", str(out), "--storage", str(chk),
            "--interval", str(interval), "--faults", json.dumps(faults or []),
            "--launcher", launcher] + (extra or [])
     return drive(cmd, kills=kills, tasks=parallelism * 2, seed=seed, kill_delays=kill_delays,
-                 timeout=timeout)
+                 timeout=timeout, kill_hosts=kill_hosts)
 
 
 def drive(cmd: list[str], *, kills: int, tasks: int, seed: int,
-          kill_delays: tuple[float, float], timeout: float) -> tuple[dict, int]:
+          kill_delays: tuple[float, float], timeout: float,
+          kill_hosts: float = 0.0) -> tuple[dict, int]:
     """Run the driver ``cmd`` while a :class:`RandomKiller` SIGKILLs ``kills``
     of its ``tasks`` tasks; return the JobResult it printed last (as a dict)
     and how many kills happened."""
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killer = RandomKiller(driver, kills, tasks, seed, *kill_delays)
+    killer = RandomKiller(driver, kills, tasks, seed, *kill_delays, hosts=kill_hosts)
     if kills:
         killer.start()
     try:
@@ -170,4 +195,5 @@ def drive(cmd: list[str], *, kills: int, tasks: int, seed: int,
             driver.kill()
     assert driver.returncode == 0, f"driver failed ({driver.returncode}):\n{stderr[-4000:]}"
     result = json.loads(stdout.strip().splitlines()[-1])
+    result["host_kills"] = killer.host_kills  # of killer.kills
     return result, killer.kills

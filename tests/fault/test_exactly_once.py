@@ -3,8 +3,8 @@
 Every kill here is a real SIGKILL of a task process: either from outside at a
 random moment (``RandomKiller``), or by the task itself at a named protocol
 point (fault injection as data, see ``lockgate.runtime.faults``). Every test
-runs on both launchers: on Spark, the killed processes are the Spark Python
-workers that run the tasks.
+runs on both launchers: on Spark, the killed processes are the tasks that the
+Spark Python workers (the job's hosts) fork; one test kills hosts too.
 """
 
 from __future__ import annotations
@@ -54,6 +54,19 @@ def test_random_kills(tmp_path, parallelism, seed, launcher):
                             kill_delays=(0.1, 0.6), launcher=launcher)
     _check(tmp_path, result, n=4 * N, keys=7)
     assert kills == 6, f"only {kills} kills happened"
+    assert result["restarts"] >= kills - 1
+
+
+def test_random_kills_of_tasks_and_their_spark_hosts(tmp_path):
+    """On Spark, half the kills strike the task's host (the Python worker that
+    forked it: its Spark task dies, the stage is replaced), the others the
+    task (the next attempt is a fork on the same hosts)."""
+    result, kills = run_job(tmp_path, n=4 * N, parallelism=2, kills=6, seed=3,
+                            interval=0.2, keys=7, extra=["--rate", "50000"],
+                            kill_delays=(0.1, 0.6), launcher="spark", kill_hosts=0.5)
+    _check(tmp_path, result, n=4 * N, keys=7)
+    assert kills == 6, f"only {kills} kills happened"
+    assert 0 < result["host_kills"] < kills, result["host_kills"]
     assert result["restarts"] >= kills - 1
 
 
