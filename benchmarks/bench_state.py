@@ -3,7 +3,7 @@ RocksDB state backend, at growing key spaces.
 
     python benchmarks/bench_state.py [--keys 1000000 10000000 30000000]
         [--backends heap rocksdb] [--measure 30] [--launcher local]
-        [--fill-through-job]
+        [--fill-through-job] [--savepoint-cache DIR] [--early-flush on|off]
 
 Per backend and key space (2 tasks, a checkpoint every 2 s): the state
 starts full, every key of the key space with a count of 1. By default the
@@ -14,12 +14,18 @@ restores its key groups; the RocksDB backend ingests big blocks as sorted
 SST files), then counts keys drawn uniformly at random. With
 ``--fill-through-job`` the job instead first reads every key once (a
 permutation), as the first runs did (10M keys on RocksDB: 21 minutes on the
-shared machine). The measurement starts when the state is full and records
-flow, and lasts ``--measure`` seconds. Reported:
+shared machine). ``--savepoint-cache DIR`` keeps the prefilled savepoint of
+each key space in ``DIR`` and starts later runs from it (writing it takes
+minutes at 10M keys and more). ``--early-flush`` sets
+``RocksDBStateBackend(early_flush=...)`` (default: the backend's). The
+measurement starts when the state is full and records flow, and lasts
+``--measure`` seconds. Reported:
 
 - records/s while measuring;
 - bytes written per checkpoint (state files, plus the shared files uploaded
-  for that checkpoint: with incremental checkpoints, what changed);
+  for that checkpoint: with incremental checkpoints, what changed), p50 and
+  mean (a checkpoint after a compaction uploads its output too), and the
+  p50 per record counted;
 - checkpoint duration, synchronous part (the longest task's) and total
   (trigger to ``_metadata``), p50 and p99;
 - peak resident memory (VmHWM) per keyed task;
@@ -71,8 +77,9 @@ PARALLELISM = 2
 
 
 def build(keys: int, total: int, backend: str, chk: str, out: str,
-          prefilled: bool) -> Pipeline:
-    state: Any = "heap" if backend == "heap" else RocksDBStateBackend(memory_mb=256)
+          prefilled: bool, early_flush: bool | None = None) -> Pipeline:
+    extra: dict[str, Any] = {} if early_flush is None else {"early_flush": early_flush}
+    state: Any = "heap" if backend == "heap" else RocksDBStateBackend(memory_mb=256, **extra)
     p = Pipeline("bench-state", parallelism=PARALLELISM, state_backend=state,
                  checkpoint=CheckpointConfig(interval=2.0, storage=chk, retained=100_000,
                                              timeout=600.0, unaligned=True),
@@ -223,17 +230,34 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else 0.0
 
 
+def cached_prefill(cache: Path | None, tmp: Path, keys: int) -> tuple[str, float | None]:
+    """The prefilled savepoint of ``keys`` keys and the seconds it took to
+    write (None: reused from ``cache``)."""
+    if cache is not None and (cache / f"keys-{keys}" / "_metadata").exists():
+        return str(cache / f"keys-{keys}"), None
+    t = time.monotonic()
+    path = prefill(tmp / "prefill", keys)
+    took = time.monotonic() - t
+    if cache is None:
+        return path, took
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / f"keys-{keys}"
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.move(path, target)
+    return str(target), took
+
+
 def measure(backend: str, keys: int, seconds: float, launcher: str,
-            through_job: bool) -> dict[str, Any]:
+            through_job: bool, cache: Path | None = None,
+            early_flush: bool | None = None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-bench-state-"))
     total = keys + 200_000_000
-    prefill_s = 0.0
+    prefill_s: float | None = 0.0
     savepoint = None
     if not through_job:
-        t = time.monotonic()
-        savepoint = prefill(tmp / "prefill", keys)
-        prefill_s = time.monotonic() - t
-    p = build(keys, total, backend, str(tmp / "chk"), str(tmp / "out"), not through_job)
+        savepoint, prefill_s = cached_prefill(cache, tmp, keys)
+    p = build(keys, total, backend, str(tmp / "chk"), str(tmp / "out"), not through_job,
+              early_flush)
     filled = keys if through_job else 1
     read = {"n": 0}
     full = threading.Event()
@@ -278,13 +302,17 @@ def measure(backend: str, keys: int, seconds: float, launcher: str,
     written = [sizes[c["checkpoint_id"]] for c in window if c["checkpoint_id"] in sizes]
     keyed_peak = [v for k, v in watch.peak.items() if k.endswith(("-2", "-3"))]
     row = {
-        "backend": backend, "keys": keys, "prefill_s": round(prefill_s, 1),
+        "backend": backend, "keys": keys,
+        "prefill_s": round(prefill_s, 1) if prefill_s is not None else "reused",
+        "early_flush": early_flush,
         ("fill_s" if through_job else "start_s"): round(fill_s, 1),
         "loadavg": [round(load0, 1), round(load1, 1)],
         "records_per_s": round((n1 - n0) / (t1 - t0)) if t1 > t0 else None,
         "checkpoints": len(window),
         "bytes_per_checkpoint_p50": int(pct(written, 0.5)),
+        "bytes_per_checkpoint_mean": int(sum(written) / len(written)) if written else 0,
         "records_per_checkpoint": round((n1 - n0) / max(1, len(window))),
+        "bytes_per_record_p50": round(pct(written, 0.5) * len(window) / max(1, n1 - n0), 1),
         "sync_p50_ms": round(pct(syncs, 0.5) * 1000, 1),
         "sync_p99_ms": round(pct(syncs, 0.99) * 1000, 1),
         "total_p50_s": round(pct(totals, 0.5), 2), "total_p99_s": round(pct(totals, 0.99), 2),
@@ -303,11 +331,15 @@ def main() -> None:
     ap.add_argument("--measure", type=float, default=30.0)
     ap.add_argument("--launcher", default="local")
     ap.add_argument("--fill-through-job", action="store_true")
+    ap.add_argument("--savepoint-cache", type=Path, default=None)
+    ap.add_argument("--early-flush", choices=["on", "off"], default=None)
     args = ap.parse_args()
+    early = None if args.early_flush is None else args.early_flush == "on"
     for keys in args.keys:
         for backend in args.backends:
             print(json.dumps(measure(backend, keys, args.measure, args.launcher,
-                                     args.fill_through_job)), flush=True)
+                                     args.fill_through_job, args.savepoint_cache, early)),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -47,5 +47,6 @@ def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipelin
                 unaligned=aligned and pipeline.checkpoint.unaligned,
                 aligned_timeout=pipeline.checkpoint.aligned_timeout,
                 max_data_frame=max_data_frame(),
+                checkpoint_interval=pipeline.checkpoint.interval,
             ))
     return specs

@@ -18,6 +18,7 @@ them, side outputs included, so every edge stays ordered.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from lockgate.errors import LockgateError, UserFunctionError
@@ -47,6 +48,7 @@ class OperatorChain:
         self.records_in = 0
         self.records_out = 0
         self._timed: list[int] = []
+        self._preparing: list[Any] = []
 
     def start(self, outputs: list[OutputEdgeWriter], skipped: set[str]) -> None:
         self.outputs = [out for out in outputs if out.edge.tag is None]
@@ -57,6 +59,10 @@ class OperatorChain:
         self.skipped = skipped
         self._timed = [i for i, op in enumerate(self.chain)
                        if op.has_processing_timers and op.uid not in skipped]
+        self._preparing = [op.backend for op in self.ops
+                           if hasattr(op.backend, "prepare_snapshot")]
+        for backend in self._preparing:
+            backend.expect_checkpoints(self.spec.checkpoint_interval)
 
     @property
     def has_processing_timers(self) -> bool:
@@ -161,6 +167,21 @@ class OperatorChain:
                 due = op.next_processing_timer()
             if due is not None:
                 wait = min(wait, max(due - now, 0) / 1000)
+        return wait
+
+    @property
+    def prepares_snapshots(self) -> bool:
+        return bool(self._preparing)
+
+    def prepare_snapshots(self) -> float:
+        """Let the state backends get ready for the next checkpoint between
+        records (the RocksDB backend's early flush,
+        :mod:`lockgate.state.rocksdb_flush`); returns the seconds until one
+        wants to be asked again (at most 1)."""
+        now = time.monotonic()
+        wait = 1.0
+        for backend in self._preparing:
+            wait = min(wait, backend.prepare_snapshot(now))
         return wait
 
     def end_input(self) -> None:

@@ -230,12 +230,15 @@ class Task(TaskControl):
         mailbox = self.mailbox
         outputs = self.outputs
         timers = self.chain.has_processing_timers
+        prepare = self.chain.prepares_snapshots
         while not self.done:
             # Once the input ended, no processing-time timer fires any more
             # (FLIP-147, as in Flink: the clock has not reached them, and
             # finish() came first).
             wait = (self.chain.fire_processing_timers() if timers and not self.reached_end
                     else 1.0)
+            if prepare:  # between records: a RocksDB backend's early flush
+                wait = min(wait, self.chain.prepare_snapshots())
             if self.spec.aligned_timeout:
                 wait = self._alignment_tick(wait)
             if self.source is not None and not self.reached_end:

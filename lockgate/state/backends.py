@@ -76,11 +76,15 @@ class RocksDBStateBackend:
             a quarter, index and filter blocks live in the cache.
         incremental: checkpoints upload only the files that are new since the
             previous one (savepoints are always full and canonical).
+        early_flush: flush the memtable in the background shortly before a
+            checkpoint is expected, so that the checkpoint's synchronous part
+            flushes only the last writes (:mod:`lockgate.state.rocksdb_flush`).
     """
 
     local_dir: str | None = None
     memory_mb: int = 256
     incremental: bool = True
+    early_flush: bool = True
     name: ClassVar[str] = "rocksdb"
 
     def __post_init__(self) -> None:

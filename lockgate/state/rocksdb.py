@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
 
@@ -57,6 +58,7 @@ from lockgate.state.backend import (
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
+from lockgate.state.rocksdb_flush import EarlyFlush, start_flush
 from lockgate.state.rocksdb_handles import RocksListState, RocksMapState, RocksValueState
 from lockgate.state.rocksdb_io import (
     copy_range,
@@ -119,6 +121,7 @@ class RocksDBKeyedStateBackend:
         """Local SST file -> its shared copy, for files an earlier checkpoint
         uploaded (or the restored one named) and this database still has."""
         self._lock = threading.Lock()
+        self._early = EarlyFlush()
 
     def batch(self) -> Any:
         return require().WriteBatch(raw_mode=True)
@@ -209,10 +212,31 @@ class RocksDBKeyedStateBackend:
             table.flush()
 
     # -- snapshots ---------------------------------------------------------
+    def expect_checkpoints(self, interval: float | None) -> None:
+        """Checkpoints are triggered every ``interval`` seconds (None: not
+        periodically): the early flush's period until snapshots tell."""
+        self._early.interval = interval
+
+    def prepare_snapshot(self, now: float) -> float:
+        """Called by the task between records (``now``: ``time.monotonic()``):
+        once the next checkpoint is near, write the live objects back and
+        start a background flush of the memtable
+        (:mod:`~lockgate.state.rocksdb_flush`). Returns the seconds until
+        it is due (``inf``: not before the next snapshot)."""
+        early = self._early
+        if now < early.due:
+            return early.due - now
+        early.started()
+        if self.config.early_flush:
+            self.flush()
+            start_flush(self.db)
+        return float("inf")
+
     def snapshot(self) -> RocksDBSnapshot:
         """The synchronous part: live objects written back, a RocksDB
         checkpoint (memtable flushed, SST files hard-linked) in a folder of
         its own."""
+        self._early.snapshot_taken(time.monotonic())
         self.flush()
         self._snapshots += 1
         path = os.path.join(self.folder, f"snapshot-{self._snapshots}")

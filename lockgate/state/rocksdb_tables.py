@@ -152,30 +152,37 @@ class ValueTable(_Table):
     cache of at most :data:`LIVE_LIMIT` keys: ``live`` holds decoded values
     (hot keys cost a dict lookup), ``dirty`` the keys to write at the next
     flush (stored ones, and mutable ones handed out: they may be changed in
-    place). A flush (every snapshot) writes the dirty ones in one batch; a
-    full cache is flushed and emptied."""
+    place), ``encoded`` the RocksDB keys of those read from the database (a
+    flush, which the synchronous part of a checkpoint waits for, need not
+    encode them again). A flush (every snapshot) writes the dirty ones in one
+    batch; a full cache is flushed and emptied."""
 
     def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
         super().__init__(backend, name)
         self.live: dict[Any, Any] = {}
         self.dirty: set[Any] = set()
+        self.encoded: dict[Any, bytes] = {}
 
     def flush(self) -> None:
         if not self.dirty:
             return
         batch = self.backend.batch()
-        dumps, prefix, live = self.dumps, self.prefix, self.live
+        dumps, prefix, live, encoded = self.dumps, self.prefix, self.live, self.encoded
         for key in self.dirty:
-            batch.put(prefix(key), dumps(live[key]))
+            rk = encoded.get(key)
+            batch.put(rk if rk is not None else prefix(key), dumps(live[key]))
         self.backend.db.write(batch)
         self.dirty.clear()
 
-    def _cache(self, key: Any, value: Any, dirty: bool) -> None:
+    def _cache(self, key: Any, value: Any, dirty: bool, rk: bytes | None = None) -> None:
         live = self.live
         if len(live) >= LIVE_LIMIT and key not in live:
             self.flush()
             live.clear()
+            self.encoded.clear()
         live[key] = value
+        if rk is not None:
+            self.encoded[key] = rk
         if dirty:
             self.dirty.add(key)
 
@@ -184,11 +191,12 @@ class ValueTable(_Table):
         value = self.live.get(key, _MISSING)
         if value is not _MISSING:
             return value
-        data = self.db.get(self.prefix(key))
+        rk = self.prefix(key)
+        data = self.db.get(rk)
         if data is None:
             return default
         value = self.loads(data)
-        self._cache(key, value, False)
+        self._cache(key, value, False, rk)
         return value
 
     def write(self, key: Any, value: Any) -> None:
@@ -201,11 +209,12 @@ class ValueTable(_Table):
             if value.__class__ not in ATOMIC and not frozen(value):
                 self.dirty.add(key)
             return value
-        data = self.db.get(self.prefix(key))
+        rk = self.prefix(key)
+        data = self.db.get(rk)
         if data is None:
             return default
         value = self.loads(data)
-        self._cache(key, value, not frozen(value))
+        self._cache(key, value, not frozen(value), rk)
         return value
 
     def __getitem__(self, key: Any) -> Any:
@@ -227,6 +236,7 @@ class ValueTable(_Table):
                 raise KeyError(key)
             return default
         self.live.pop(key, None)
+        self.encoded.pop(key, None)
         self.dirty.discard(key)
         self.db.delete(self.prefix(key))
         return value

@@ -1,0 +1,148 @@
+"""The RocksDB backend's early flush (lockgate/state/rocksdb_flush.py): when
+it is due, that it moves no write across the checkpoint (everything before the
+barrier is in it, nothing after), and that it can be turned off."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
+from lockgate.runtime.keyed_state import restore_keyed, write_keyed
+from lockgate.state.backend import ValueStateDescriptor
+from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.rocksdb_flush import EarlyFlush, lead
+from lockgate.state.serde import StateSerializer
+
+pytest.importorskip("rocksdict")
+
+M = 16
+V = ValueStateDescriptor("v", default=0)
+KEYS = [*range(12_000), *(f"k{i}" for i in range(2_000)), *((i, "t") for i in range(1_000))]
+"""Enough keys that one round of updates fills more than the smallest
+memtable an early flush takes (rocksdb_flush.MIN_MEMTABLE)."""
+
+
+class Out:
+    def __init__(self) -> None:
+        self.buf = io.BytesIO()
+
+    def write(self, data: bytes) -> int:
+        return self.buf.write(data)
+
+    def tell(self) -> int:
+        return self.buf.tell()
+
+
+def rocks(tmp: Path, name: str, early_flush: bool = True):
+    config = RocksDBStateBackend(local_dir=str(tmp / name), memory_mb=32,
+                                 early_flush=early_flush)
+    return create_keyed_backend(config, M, range(M), StateSerializer(),
+                                BackendScope("job", "op", 0, 0, str(tmp / "job")))
+
+
+def bump(b, keys) -> None:
+    v = b.get_state(V)
+    for k in keys:
+        b.current_key = k
+        v.update(v.value() + 1)
+
+
+def level0(b) -> int:
+    return int(b.db.property_int_value("rocksdb.num-files-at-level0") or 0)
+
+
+def wait_for_level0(b, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while level0(b) < n:
+        assert time.monotonic() < deadline, f"no flush: {level0(b)} level-0 files"
+        time.sleep(0.01)
+
+
+def contents(b) -> dict:
+    return dict(b.raw("v").items())
+
+
+def learn_period(b, gap: float = 0.4) -> float:
+    """Two snapshots ``gap`` apart: returns when the early flush is due."""
+    b.snapshot()
+    time.sleep(gap)
+    b.snapshot()
+    now = time.monotonic()
+    wait = b.prepare_snapshot(now)
+    assert 0 < wait < 10 * gap  # the period: the gap and the first snapshot's own time
+    return now + wait
+
+
+def test_the_early_flush_is_due_a_lead_before_the_expected_snapshot():
+    e = EarlyFlush()
+    e.snapshot_taken(10.0)
+    assert e.due == math.inf  # one snapshot and no checkpoint interval: no period yet
+    seeded = EarlyFlush(interval=3.0)
+    seeded.snapshot_taken(10.0)
+    assert seeded.due == pytest.approx(13.0 - lead(3.0))
+    e.snapshot_taken(12.0)
+    assert e.due == pytest.approx(14.0 - lead(2.0))
+    e.snapshot_taken(14.0)
+    e.snapshot_taken(19.0)  # one late checkpoint does not move the median much
+    assert e.due == pytest.approx(19.0 + 2.0 - lead(2.0))
+    e.started()
+    assert e.due == math.inf
+    assert lead(2.0) == pytest.approx(0.3)
+    assert lead(60.0) == 1.0 and lead(0.2) == pytest.approx(0.1)
+
+
+def test_an_early_flush_moves_no_write_across_the_checkpoint(tmp_path):
+    b = rocks(tmp_path, "a")
+    bump(b, KEYS)
+    due = learn_period(b)
+    before = level0(b)
+    bump(b, KEYS)  # every key twice now, in the memtable
+    time.sleep(max(0.0, due - time.monotonic()))
+    assert b.prepare_snapshot(time.monotonic()) == math.inf
+    wait_for_level0(b, before + 1)  # flushed in the background
+    assert b.prepare_snapshot(time.monotonic() + 100) == math.inf  # once per period
+    # after the early flush, before the barrier: updates of keys already
+    # flushed, and deletions
+    bump(b, KEYS[::3])
+    v = b.get_state(V)
+    for k in KEYS[1::7]:
+        b.current_key = k
+        v.clear()
+    expected = contents(b)
+    assert expected[0] == 3 and expected["k1"] == 2 and 1 not in expected
+    out = Out()
+    blocks, state = write_keyed(b.snapshot(), out, 3, savepoint=False)
+    assert state is not None
+    bump(b, KEYS)  # after the barrier: in no checkpoint
+    assert contents(b)[0] == 4
+    b.close()
+
+    restored = rocks(tmp_path, "b")
+    handle = StateHandle("op-0.state", len(out.buf.getvalue()), 0, 0, {}, blocks.states,
+                         None, state)
+    meta = OperatorMetadata(1, OperatorStateMode.SPLIT, [handle])
+    restore_keyed(restored, meta, 0, 1, M, str(tmp_path / "job" / "chk-3"),
+                  lambda h: out.buf.getvalue())
+    restored.get_state(V)
+    assert contents(restored) == expected
+    restored.close()
+
+
+def test_no_early_flush_when_turned_off(tmp_path):
+    b = rocks(tmp_path, "a", early_flush=False)
+    bump(b, KEYS)
+    due = learn_period(b)
+    before = level0(b)
+    bump(b, KEYS)
+    time.sleep(max(0.0, due - time.monotonic()))
+    assert b.prepare_snapshot(time.monotonic()) == math.inf
+    time.sleep(0.3)
+    assert level0(b) == before
+    assert int(b.db.property_int_value("rocksdb.num-entries-active-mem-table") or 0) > 0
+    b.close()
