@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.checks import task_processes
+from tests.fault.checks import spark_host_of, task_processes
 from tests.fixtures import check_exact_sums
 
 APP = """
@@ -109,11 +109,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
                 proc.wait()
 
 
-def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
+def test_job_on_a_standalone_cluster_survives_a_killed_task_and_host(
         cluster: tuple[str, int], tmp_path: Path) -> None:
     url, worker = cluster
     (tmp_path / "app.py").write_text(APP)
-    n = 40_000
+    n = 100_000
     out, chk = tmp_path / "out", tmp_path / "chk"
     driver = subprocess.Popen(
         [sys.executable, "-m", "lockgate.cli", "run", "app.py:pipeline", "--master", url,
@@ -148,7 +148,13 @@ def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
         worker_pids = {pid for pid, (attempt, _) in task_processes(worker).items()
                        if attempt == 0}
         assert worker_pids, "no task process found"
-        os.kill(max(worker_pids), signal.SIGKILL)
+        os.kill(max(worker_pids), signal.SIGKILL)  # a task: the next attempt is a fork
+        for _ in range(2):  # attempt 1 runs and checkpoints
+            assert checkpoints.acquire(timeout=240), "".join(stderr)[-3000:]
+        hosts = {spark_host_of(pid) for pid, (attempt, _) in task_processes(worker).items()
+                 if attempt == 1}
+        assert hosts and None not in hosts, hosts  # attempt 1 ran on the same kind of hosts
+        os.kill(max(h for h in hosts if h is not None), signal.SIGKILL)  # a host: a new stage
         driver.wait(timeout=300)
     finally:
         if driver.poll() is None:
@@ -159,7 +165,7 @@ def test_job_on_a_standalone_cluster_survives_a_killed_python_worker(
     log = "".join(stderr)
     assert driver.returncode == 0, log[-3000:]
     assert f"{n} records in, {n} out" in stdout, stdout
-    assert "1 restarts" in stdout, stdout
+    assert "2 restarts" in stdout, stdout
     # plain local paths on a cluster: the driver warns they must be shared
     assert "plain local path" in log and "file://" in log, log[-3000:]
     check_exact_sums(out, n, 3)
