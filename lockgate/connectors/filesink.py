@@ -142,8 +142,9 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         # Step 1. Folder.
         self._ensure_ready()
         # Step 2. Plan.
+        names = fs.listdir(self.folder)
         plan = plan_file_sink_recovery(
-            fs.listdir(self.folder),
+            names,
             handles,
             self.info.uid,
             self.info.task_index,
@@ -154,13 +155,30 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
         moved_from = recorded[0] if recorded and fs.redact(self.folder) not in recorded else None
         for pending, final in plan.to_commit:
             self._commit_names(pending, final, moved_from)
-        # Step 4. Delete.
-        for name in plan.to_delete:
+        # Step 4. Delete (and the probes of earlier attempts killed while probing).
+        doomed = list(plan.to_delete) + self._stale_probes(names)
+        for name in doomed:
             fs.remove(fs.join(self.folder, name))
-        if plan.to_delete:
+        if doomed:
             fs.sync_dir(self.folder)
         # Step 5. Sequence numbers.
         self._seq = max(self._seq, plan.next_seq)
+
+    def _stale_probes(self, names: list[str]) -> list[str]:
+        """Probe files (:meth:`_ensure_ready`) of this sink's earlier attempts
+        on this task's index, or on an index that is this task's after a
+        rescale down: left when a task was killed between creating and
+        removing its probe."""
+        info = self.info
+        prefix = f".lockgate-probe-{info.uid}-"
+        stale = []
+        for name in names:
+            index, _, attempt = name[len(prefix):].partition("-") if name.startswith(prefix) \
+                else ("", "", "")
+            if (index.isdigit() and attempt.isdigit() and int(attempt) < info.attempt
+                    and int(index) % info.parallelism == info.task_index):
+                stale.append(name)
+        return stale
 
     def begin_transaction(self) -> FileTxn:
         """Open a new in-progress part file (streaming formats) or a buffer."""

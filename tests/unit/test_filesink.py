@@ -280,6 +280,22 @@ def test_crash_simulation_restores_checkpoint_1_only(tmp_path: Path) -> None:
     assert _jsonl_records(tmp_path) == [1, 2, 3, 4]
 
 
+def test_recovery_removes_probes_of_tasks_killed_while_probing(tmp_path: Path) -> None:
+    """A task SIGKILLed between creating and removing its writability probe
+    leaves it behind: the next attempt's task of that index (or the task that
+    takes the index over after a rescale down) removes it, and nothing else."""
+    for name in (".lockgate-probe-out-0-0", ".lockgate-probe-out-0-2",  # task 0's
+                 ".lockgate-probe-out-2-1",  # task 2 of a parallelism-3 attempt: now 0's
+                 ".lockgate-probe-out-1-0",  # task 1's
+                 ".lockgate-probe-out-1-3",  # a peer of the running attempt probing
+                 ".lockgate-probe-other-0-0"):  # another sink's
+        (tmp_path / name).write_bytes(b"")
+    w = _writer(tmp_path, task_index=0, parallelism=2, attempt=3)
+    w.restore([])
+    assert _hidden(tmp_path) == [".lockgate-probe-other-0-0", ".lockgate-probe-out-1-0",
+                                 ".lockgate-probe-out-1-3"]
+
+
 def test_crash_before_notify_commits_on_recovery(tmp_path: Path) -> None:
     w = _writer(tmp_path)
     w.restore([])
