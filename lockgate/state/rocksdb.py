@@ -58,7 +58,7 @@ from lockgate.state.backend import (
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
-from lockgate.state.rocksdb_flush import EarlyFlush, start_flush
+from lockgate.state.rocksdb_flush import POLL, EarlyFlush, flush_running, start_flush
 from lockgate.state.rocksdb_handles import RocksListState, RocksMapState, RocksValueState
 from lockgate.state.rocksdb_io import (
     copy_range,
@@ -224,23 +224,31 @@ class RocksDBKeyedStateBackend:
         (:mod:`~lockgate.state.rocksdb_flush`). Returns the seconds until
         it is due (``inf``: not before the next snapshot)."""
         early = self._early
+        if early.running is not None:  # watched: the next lead depends on it
+            if flush_running(self.db):
+                return POLL
+            early.finished(now)
         if now < early.due:
             return early.due - now
-        early.started()
         if self.config.early_flush:
             self.flush()
-            start_flush(self.db)
+            early.started(now if start_flush(self.db) else None)
+            return POLL
+        early.started(None)
         return float("inf")
 
     def snapshot(self) -> RocksDBSnapshot:
         """The synchronous part: live objects written back, a RocksDB
         checkpoint (memtable flushed, SST files hard-linked) in a folder of
         its own."""
-        self._early.snapshot_taken(time.monotonic())
+        started = time.monotonic()
         self.flush()
         self._snapshots += 1
         path = os.path.join(self.folder, f"snapshot-{self._snapshots}")
         require().Checkpoint(self.db).create_checkpoint(path)
+        early = self._early
+        early.finished(time.monotonic())  # one unfinished at the barrier is, now
+        early.snapshot_taken(started)
         kinds = self.state_kinds()
         filters = snapshot_filters(self._ttl, kinds)
         cls = RocksDBIncrementalSnapshot if self.config.incremental else RocksDBSnapshot

@@ -17,8 +17,13 @@ When a checkpoint is near is learned from the task's own snapshots: the
 next one is expected one period after the last, the period being the
 median of the last few gaps between snapshots (a checkpoint interval, or
 longer when checkpoints take longer) — the job's checkpoint interval until
-two snapshots were taken; the early flush starts a lead before it
-(:func:`lead`). A wrong guess only costs time, never state: an early
+two snapshots were taken. The early flush starts a lead before it
+(:meth:`EarlyFlush.lead`): 15% of the period at first, then one and a half
+times what the last early flushes took (the task watches each one finish
+between records), at least :data:`MIN_LEAD`. On an idle machine a flush
+takes tens of milliseconds and little is left for the barrier; on a loaded
+one the lead grows with the flush, so that the barrier rarely waits for an
+unfinished early flush. A wrong guess only costs time, never state: an early
 flush moves no entry in or out of the database (every write before the
 barrier is in the checkpoint, none after it), it only cuts the memtable into
 two SST files. Those extra level-0 files are why the level-0 compaction
@@ -35,34 +40,44 @@ from collections import deque
 from typing import Any
 
 LEAD_FRACTION = 0.15
-"""The early flush starts this fraction of the period before the expected
-checkpoint (within :data:`MIN_LEAD` and :data:`MAX_LEAD`)."""
-MIN_LEAD = 0.15
+"""Before any early flush was timed, it starts this fraction of the period
+before the expected checkpoint."""
+MIN_LEAD = 0.1
+"""Seconds: the barriers' own jitter (they travel through the job)."""
 MAX_LEAD = 1.0
+FLUSH_MARGIN = 1.5
+"""The lead is this many times the median of the last early flushes' times."""
 MIN_MEMTABLE = 256 << 10
 """A memtable smaller than this is left for the checkpoint (its flush takes
 a millisecond; a tiny SST file would only add to level 0)."""
 PERIODS = 5
-"""How many gaps between snapshots the period is the median of."""
-
-
-def lead(period: float) -> float:
-    """Seconds before the expected checkpoint that the early flush starts:
-    long enough for the background flush to finish, short enough that little
-    is written after it."""
-    return min(max(period * LEAD_FRACTION, MIN_LEAD), MAX_LEAD, period / 2)
+"""How many gaps between snapshots the period is the median of (and early
+flushes the lead is measured on)."""
+POLL = 0.01
+"""Seconds between two looks at a running early flush when the task is idle."""
 
 
 class EarlyFlush:
     """When the next early flush is due (``time.monotonic()`` seconds), from
-    the times of the snapshots taken so far."""
+    the times of the snapshots taken so far, and how long early flushes take."""
 
     def __init__(self, interval: float | None = None) -> None:
         self.due = math.inf
         self.interval = interval
         """The job's checkpoint interval (None: no periodic checkpoints)."""
+        self.running: float | None = None
+        """When the early flush that has not finished yet started."""
         self._last: float | None = None
         self._gaps: deque[float] = deque(maxlen=PERIODS)
+        self._took: deque[float] = deque(maxlen=PERIODS)
+
+    def lead(self, period: float) -> float:
+        """Seconds before the expected checkpoint that the early flush starts:
+        long enough for the background flush to finish, short enough that
+        little is written after it."""
+        want = (FLUSH_MARGIN * statistics.median(self._took) if self._took
+                else period * LEAD_FRACTION)
+        return min(max(want, MIN_LEAD), MAX_LEAD, period / 2)
 
     def snapshot_taken(self, now: float) -> None:
         """A snapshot was taken at ``now``: the next early flush is due a lead
@@ -72,14 +87,27 @@ class EarlyFlush:
             self._gaps.append(now - self._last)
         self._last = now
         period = statistics.median(self._gaps) if self._gaps else self.interval
-        self.due = now + period - lead(period) if period else math.inf
+        self.due = now + period - self.lead(period) if period else math.inf
 
-    def started(self) -> None:
-        """The early flush of this period was done (or skipped): none before
-        the next snapshot."""
+    def started(self, now: float | None) -> None:
+        """The early flush of this period started at ``now`` (None: it was
+        skipped): none other before the next snapshot."""
         self.due = math.inf
+        self.running = now
+
+    def finished(self, now: float) -> None:
+        """The running early flush was seen finished at ``now``."""
+        if self.running is not None:
+            self._took.append(now - self.running)
+            self.running = None
 
 
+def flush_running(db: Any) -> bool:
+    """Whether ``db`` still has an immutable memtable to flush."""
+    try:
+        return bool(db.property_int_value("rocksdb.num-immutable-mem-table"))
+    except Exception:  # noqa: BLE001 - no such property: as if done
+        return False
 def start_flush(db: Any) -> bool:
     """Make ``db``'s memtable immutable and have a background thread flush it,
     without waiting; not when the memtable is small or an earlier flush is

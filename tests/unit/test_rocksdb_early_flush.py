@@ -16,7 +16,7 @@ from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
 from lockgate.runtime.keyed_state import restore_keyed, write_keyed
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
-from lockgate.state.rocksdb_flush import EarlyFlush, lead
+from lockgate.state.rocksdb_flush import MIN_LEAD, POLL, EarlyFlush
 from lockgate.state.serde import StateSerializer
 
 pytest.importorskip("rocksdict")
@@ -85,16 +85,30 @@ def test_the_early_flush_is_due_a_lead_before_the_expected_snapshot():
     assert e.due == math.inf  # one snapshot and no checkpoint interval: no period yet
     seeded = EarlyFlush(interval=3.0)
     seeded.snapshot_taken(10.0)
-    assert seeded.due == pytest.approx(13.0 - lead(3.0))
+    assert seeded.due == pytest.approx(13.0 - 0.45)  # 15% of the interval at first
     e.snapshot_taken(12.0)
-    assert e.due == pytest.approx(14.0 - lead(2.0))
+    assert e.due == pytest.approx(14.0 - 0.3)
     e.snapshot_taken(14.0)
     e.snapshot_taken(19.0)  # one late checkpoint does not move the median much
-    assert e.due == pytest.approx(19.0 + 2.0 - lead(2.0))
-    e.started()
-    assert e.due == math.inf
-    assert lead(2.0) == pytest.approx(0.3)
-    assert lead(60.0) == 1.0 and lead(0.2) == pytest.approx(0.1)
+    assert e.due == pytest.approx(19.0 + 2.0 - 0.3)
+    # then the lead follows what early flushes take: 1.5 times the median
+    e.started(20.7)
+    assert e.due == math.inf and e.running == 20.7
+    e.finished(20.9)
+    assert e.running is None
+    e.snapshot_taken(21.0)
+    assert e.due == pytest.approx(23.0 - 0.3)
+    for took in (0.5, 0.6):  # a loaded machine: longer flushes, a longer lead
+        e.started(0.0)
+        e.finished(took)
+    assert e.lead(2.0) == pytest.approx(0.75)
+    assert e.lead(1.0) == 0.5  # at most half the period
+    fast = EarlyFlush()
+    fast.started(0.0)
+    fast.finished(0.01)
+    assert fast.lead(2.0) == MIN_LEAD  # never shorter than the barriers' jitter
+    fast.started(None)  # skipped: nothing to watch
+    assert fast.running is None
 
 
 def test_an_early_flush_moves_no_write_across_the_checkpoint(tmp_path):
@@ -104,9 +118,10 @@ def test_an_early_flush_moves_no_write_across_the_checkpoint(tmp_path):
     before = level0(b)
     bump(b, KEYS)  # every key twice now, in the memtable
     time.sleep(max(0.0, due - time.monotonic()))
-    assert b.prepare_snapshot(time.monotonic()) == math.inf
+    assert b.prepare_snapshot(time.monotonic()) == POLL  # started: watched until done
     wait_for_level0(b, before + 1)  # flushed in the background
-    assert b.prepare_snapshot(time.monotonic() + 100) == math.inf  # once per period
+    assert b.prepare_snapshot(time.monotonic()) == math.inf  # seen done; once per period
+    assert b._early.running is None and b._early._took
     # after the early flush, before the barrier: updates of keys already
     # flushed, and deletions
     bump(b, KEYS[::3])
