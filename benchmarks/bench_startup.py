@@ -99,6 +99,7 @@ def child(launcher: str, parallelism: int, kills: int) -> None:
         master = client.master
         print(json.dumps({"kind": "cold", "launcher": launcher, "process": started,
                           "imported": imported, "run": run, "first": first,
+                          "load": os.getloadavg()[0],
                           "timeline": timeline(master, 0)}), flush=True)
         for k in range(kills):
             attempt = master.attempt
@@ -164,6 +165,11 @@ def report(results: list[dict[str, Any]], launcher: str) -> None:
             before = [r["run"] - r["process"] for r in rows]
             print(f"    (before that: interpreter to Pipeline.start, imports "
                   f"{statistics.median(before):.3f} s)")
+            loads = [r["load"] for r in rows if "load" in r]
+            if loads:
+                print(f"    (1-minute load average at each first record: "
+                      f"{', '.join(f'{x:.1f}' for x in loads)}; each run: "
+                      f"{', '.join(f'{t:.2f}' for t in totals)} s)")
         for name in order:
             print(f"    {name:<14} +{statistics.median(steps[name]) * 1000:7.1f} ms "
                   f"(median of {len(steps[name])})")

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from lockgate.cluster import spark_warm
+from lockgate.cluster import spark_gateway, spark_warm
 from lockgate.cluster.java import ensure_java
 from lockgate.errors import ConfigurationError
 
@@ -120,7 +120,15 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
     quiet_spark_logs(java)
     for key, value in settings.items():
         conf.set(key, value)
-    sc = SparkContext.getOrCreate(conf)
+    if master is None or not master.startswith("local"):
+        sc = SparkContext.getOrCreate(conf)
+    else:  # the JVM from the command learned from the first session (no launcher JVM)
+        learned = spark_gateway.cache_file(java)
+        before = dict(os.environ)
+        gateway = spark_gateway.launch(dict(conf.getAll()), learned)
+        sc = SparkContext(conf=conf, gateway=gateway)
+        if gateway is None:
+            spark_gateway.learn(SparkContext._gateway, dict(conf.getAll()), learned, before)
     sc.setLogLevel(spark_log_level())
     return sc
 

@@ -1,0 +1,56 @@
+"""The driver JVM without Spark's launcher JVM (lockgate/cluster/spark_gateway.py):
+the first local session learns the command spark-submit runs, the next ones
+run it directly; a learned command that does not start is forgotten and
+spark-submit starts the session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SESSION = """
+import json, os, sys
+from pyspark import SparkContext
+from lockgate.cluster import spark_session
+
+sc = spark_session.spark_context(None, "local[2]", 2, "gateway-test")
+total = sc.parallelize(range(10), 2).map(lambda x: x * 2).sum()
+print(json.dumps({"command": SparkContext._gateway.proc.args, "total": total,
+                  "hashseed": sc.environment.get("PYTHONHASHSEED")}))
+"""
+
+
+def _session(tmp_path: Path) -> dict[str, object]:
+    script = tmp_path / "session.py"
+    script.write_text(SESSION)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), LOCKGATE_SPARK_CDS="0")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["total"] == 90
+    return result
+
+
+def test_the_second_session_starts_its_jvm_directly(tmp_path: Path) -> None:
+    first = _session(tmp_path)
+    assert str(first["command"][0]).endswith("spark-submit")  # type: ignore[index]
+    learned = list((tmp_path / "cache" / "lockgate" / "spark-launch").glob("*.json"))
+    assert len(learned) == 1
+    kept = json.loads(learned[0].read_text())
+    assert kept["prefix"][-1] == "org.apache.spark.deploy.SparkSubmit"
+    assert kept["added"]["PYTHONHASHSEED"] == "0"  # what spark-submit exports
+    second = _session(tmp_path)
+    command = [str(c) for c in second["command"]]  # type: ignore[attr-defined]
+    assert command[:len(kept["prefix"])] == kept["prefix"]  # java itself, no launcher
+    assert command[-1] == "pyspark-shell" and "spark.app.name=gateway-test" in command
+    # a learned command that no longer starts (Java moved): spark-submit, and learned anew
+    kept["prefix"][0] = str(tmp_path / "gone" / "java")
+    learned[0].write_text(json.dumps(kept))
+    third = _session(tmp_path)
+    assert str(third["command"][0]).endswith("spark-submit")  # type: ignore[index]
+    assert json.loads(learned[0].read_text())["prefix"][0] != str(tmp_path / "gone" / "java")
