@@ -233,12 +233,13 @@ def _checkpoints(args: argparse.Namespace) -> int:
     if not history:
         print(f"job {job.job_id} has taken no checkpoint yet", file=sys.stderr)
         return 0
-    rows = [["ID", "KIND", "STATUS", "DURATION", "SIZE", "ALIGNMENT", "ACK TIMES (task: ms)",
-             "REASON"]]
+    rows = [["ID", "KIND", "STATUS", "DURATION", "SIZE", "IN FLIGHT", "ALIGNMENT",
+             "ACK TIMES (task: ms)", "REASON"]]
     for h in history:
         acks = " ".join(f"{t}:{v * 1000:.0f}" for t, v in h["ack_times"].items())
         rows.append([str(h["id"]), h["kind"], h["status"], format_duration(h["duration"]),
                      format_size(h["size"]) if h["status"] == "completed" else "-",
+                     format_size(h["in_flight"]) if h.get("in_flight") else "-",
                      format_duration(h["alignment"]), acks or "-", h["failure"] or "-"])
     print(format_table(rows))
     counts = answer["counts"]

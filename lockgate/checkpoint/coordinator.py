@@ -74,10 +74,10 @@ class CheckpointRecord:
     async_duration: float | None = None
     """Seconds of the longest asynchronous part (writing a task's files)."""
     completed_time: float | None = None
+    """Wall-clock time it completed (``time.time()``)."""
     in_flight: int = 0
     """Bytes of in-flight data (channel state) of an unaligned checkpoint,
     included in ``size``."""
-    """Wall-clock time it completed (``time.time()``)."""
 
     def completed(self, p: PendingCheckpoint, now: float) -> None:
         self.status = CheckpointStatus.COMPLETED

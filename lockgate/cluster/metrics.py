@@ -181,7 +181,8 @@ def history_entry(r: CheckpointRecord) -> dict[str, Any]:
         "trigger_time": r.trigger_time, "completed_time": r.completed_time,
         "duration": r.duration, "end_to_end": r.duration,
         "sync_duration": r.sync_duration, "async_duration": r.async_duration,
-        "size": r.size, "bytes": r.size, "alignment": r.alignment, "failure": r.failure,
+        "size": r.size, "bytes": r.size, "in_flight": r.in_flight,
+        "alignment": r.alignment, "failure": r.failure,
         "ack_times": {str(t): v for t, v in sorted(r.ack_times.items())},
         "alignments": {str(t): v for t, v in sorted(r.alignments.items())},
     }

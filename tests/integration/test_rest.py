@@ -161,6 +161,9 @@ def test_cli_controls_a_running_job_and_resumes_it_exactly(tmp_path: Path) -> No
         assert all(len(h["ack_times"]) == tasks and len(h["alignments"]) == tasks
                    for h in done)
         assert all(h["alignment"] == max(h["alignments"].values()) for h in done)
+        # aligned checkpoints store no in-flight data (unaligned ones: tests/unit/test_metrics.py)
+        assert "IN FLIGHT" in table.splitlines()[0]
+        assert all(h["in_flight"] == 0 for h in done)
 
         # a savepoint while the job goes on, described without running code
         savepoint = _ok(_cli(tmp_path, "savepoint", job, "--dir", "sp")).strip()

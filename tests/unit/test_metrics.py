@@ -173,3 +173,14 @@ def test_spark_names_the_job_and_links_its_dashboard_without_the_token() -> None
     assert "secret" not in text
     assert dashboard_of("job-2", "n", None) is None
     assert "dashboard" not in spark_description("job-2", 0)
+
+
+def test_history_shows_the_in_flight_bytes_of_an_unaligned_checkpoint() -> None:
+    from lockgate.checkpoint.coordinator import CheckpointRecord, CheckpointStatus
+    from lockgate.cluster.metrics import history_entry
+
+    record = CheckpointRecord(7, "periodic", CheckpointStatus.COMPLETED, 1.0, duration=0.2,
+                              size=5000, in_flight=1200)
+    entry = history_entry(record)
+    assert entry["in_flight"] == 1200 and entry["bytes"] == 5000
+    assert json.loads(json.dumps(entry)) == entry  # the REST API's JSON

@@ -244,13 +244,14 @@ async function jobPage(job) {
     </div>
     <h2>Checkpoints <span class="muted">(${num(k.completed)} completed, ${num(k.failed)} failed, ${num(k.in_progress)} in progress)</span></h2>
     <table id="checkpoints"><thead><tr><th class="n">id</th><th>trigger</th><th>status</th><th>triggered</th>
-      <th class="n">end to end</th><th class="n">synchronous</th><th class="n">asynchronous</th><th class="n">alignment</th><th class="n">size</th><th>failure / decline reason</th></tr></thead>
+      <th class="n">end to end</th><th class="n">synchronous</th><th class="n">asynchronous</th><th class="n">alignment</th><th class="n">size</th><th class="n">in flight</th><th>failure / decline reason</th></tr></thead>
       <tbody>${c.history.slice().reverse().slice(0, 50).map((h) => `<tr class="checkpoint" data-id="${h.id}">
         <td class="n">${h.id}</td><td>${esc(h.trigger || h.kind)}</td><td class="status-${esc(h.status)}">${esc(h.status)}</td>
         <td>${when(h.trigger_time)}</td><td class="n">${dur(h.end_to_end)}</td><td class="n">${dur(h.sync_duration)}</td>
         <td class="n">${dur(h.async_duration)}</td><td class="n">${dur(h.alignment)}</td>
-        <td class="n">${h.status === "completed" ? bytes(h.bytes) : "–"}</td><td class="reason">${esc(h.failure || "")}</td></tr>`).join("")
-        || '<tr><td colspan="10" class="muted">no checkpoint yet</td></tr>'}</tbody></table>
+        <td class="n">${h.status === "completed" ? bytes(h.bytes) : "–"}</td>
+        <td class="n">${h.in_flight ? bytes(h.in_flight) : "–"}</td><td class="reason">${esc(h.failure || "")}</td></tr>`).join("")
+        || '<tr><td colspan="11" class="muted">no checkpoint yet</td></tr>'}</tbody></table>
     <h2>Restarts</h2>
     <table id="restarts"><thead><tr><th>time</th><th class="n">attempt</th><th>failing operator (task)</th><th>cause</th></tr></thead>
       <tbody>${m.restarts.slice().reverse().map((r) => `<tr><td>${when(r.time)}</td><td class="n">${r.attempt}</td>
