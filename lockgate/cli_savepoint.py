@@ -31,22 +31,30 @@ def describe_savepoint(path: str) -> dict[str, Any]:
         subtasks: list[dict[str, Any]] = []
         states: dict[str, str] = {}
         groups: set[int] = set()
+        incremental = False
         for index, h in enumerate(op.subtasks):
             if not h:
-                subtasks.append({"index": index, "file": None, "size": 0,
-                                 "key_groups": [], "operator_state_bytes": 0})
+                subtasks.append({"index": index, "file": None, "size": 0, "key_groups": [],
+                                 "incremental": False, "shared_bytes": 0,
+                                 "operator_state_bytes": 0})
                 continue
-            kgs = sorted(h.key_groups)
+            inc = h.incremental
+            # an incremental (RocksDB) handle names the range its task owned,
+            # not which groups hold keys (that would mean opening its files)
+            kgs = list(range(*inc.key_groups)) if inc is not None else sorted(h.key_groups)
             groups.update(kgs)
+            incremental = incremental or inc is not None
             states.update(h.states)
             subtasks.append({"index": index, "file": h.file, "size": h.size,
-                             "key_groups": kgs,
+                             "key_groups": kgs, "incremental": inc is not None,
+                             "shared_bytes": sum(f.size for f in inc.shared.values())
+                             if inc is not None else 0,
                              "operator_state_bytes": h.op_state[1] if h.op_state else 0})
         operators.append({
             "uid": uid, "parallelism": op.parallelism,
             "finished": op.finished,
             "operator_state_mode": op.operator_state_mode.value,
-            "keyed_states": states, "key_groups": len(groups),
+            "keyed_states": states, "key_groups": len(groups), "incremental": incremental,
             "operator_state_bytes": sum(s["operator_state_bytes"] for s in subtasks),
             "size": sum(s["size"] for s in subtasks), "subtasks": subtasks,
         })
@@ -102,7 +110,8 @@ def print_savepoint(path: str, as_json: bool) -> int:
             what.append(f"operator state ({o['operator_state_mode']})")
         rows.append([o["uid"] + (" (finished)" if o["finished"] else ""),
                      str(o["parallelism"]), ", ".join(what) or "none",
-                     f"{o['key_groups']} non-empty" if o["keyed_states"] else "-",
+                     (f"{o['key_groups']} owned (incremental)" if o["incremental"]
+                      else f"{o['key_groups']} non-empty") if o["keyed_states"] else "-",
                      format_size(o["size"])])
     print(format_table(rows))
     print()

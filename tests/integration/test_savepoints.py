@@ -257,3 +257,27 @@ def test_corrupt_savepoint_is_refused_and_committed_output_kept(tmp_path: Path,
         p.run(launcher="local", from_savepoint=str(sp))
     assert str(named) in str(info.value) and words in str(info.value), info.value
     assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == output
+
+
+def test_inspect_of_an_incremental_checkpoint_names_the_owned_key_groups(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An incremental (RocksDB) checkpoint holds its tasks' files, not key-group
+    blocks: inspect shows the key-group range each task owned, marked as such,
+    and the bytes of the shared files it references."""
+    from lockgate.cli_savepoint import describe_savepoint, print_savepoint
+
+    p = Pipeline("inc", parallelism=2, state_backend="rocksdb",
+                 checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp_path / "chk")))
+    (p.source(SequenceSource(1, 20_000, rate=40_000), uid="numbers")
+        .key_by(lambda x: x % 50)
+        .reduce(lambda a, b: a + b, uid="sums")
+        .sink(FileSink(str(tmp_path / "out"), format="jsonl"), uid="out"))
+    result = p.run(launcher="local")
+    assert result.latest_checkpoint is not None
+    info = describe_savepoint(result.latest_checkpoint)
+    sums = {o["uid"]: o for o in info["operators"]}["sums"]
+    assert sums["incremental"] and sums["key_groups"] == info["max_parallelism"]
+    assert all(s["incremental"] and s["key_groups"] for s in sums["subtasks"])
+    assert sum(s["shared_bytes"] for s in sums["subtasks"]) > 0
+    print_savepoint(result.latest_checkpoint, as_json=False)
+    assert f"{info['max_parallelism']} owned (incremental)" in capsys.readouterr().out
