@@ -8,7 +8,10 @@ Per key count: one value state is bulk-loaded (sorted entries written into
 SST files with ``SstFileWriter`` and ingested: seconds, where filling it
 through the job takes minutes), then ``--checkpoints`` times: ``--updates``
 running-count updates of uniformly random keys through the state's handle
-(W2's per-checkpoint work), then a snapshot — its synchronous part timed in
+(W2's per-checkpoint work; every 1,024 updates the backend is asked, as a
+task asks between batches, whether to start its early flush:
+``prepare_snapshot``, when the backend has one), then a snapshot — its
+synchronous part timed in
 two pieces (the write-back of the value cache; the RocksDB checkpoint:
 memtable flush and hard links) — and its asynchronous part (the incremental
 upload into a local checkpoint folder). Reported as JSON: fill time, update
@@ -86,9 +89,12 @@ def run(keys: int, updates: int, checkpoints: int, memory_mb: int) -> dict[str, 
     syncs, writebacks, natives, asyncs, sizes, rates = [], [], [], [], [], []
     for i in range(checkpoints):
         t = time.monotonic()
-        for _ in range(updates):
+        prepare = getattr(b, "prepare_snapshot", None)
+        for u in range(updates):
             b.current_key = rng.randrange(keys)
             state.update(state.value() + 1)
+            if prepare is not None and u % 1024 == 0:
+                prepare(time.monotonic())
         rates.append(updates / (time.monotonic() - t))
         t0 = time.monotonic()
         b.flush()

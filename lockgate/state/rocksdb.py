@@ -214,8 +214,9 @@ class RocksDBKeyedStateBackend:
     # -- snapshots ---------------------------------------------------------
     def expect_checkpoints(self, interval: float | None) -> None:
         """Checkpoints are triggered every ``interval`` seconds (None: not
-        periodically): the early flush's period until snapshots tell."""
-        self._early.interval = interval
+        periodically): the early flush's period until snapshots tell, the
+        first one counted from now (the task starts running)."""
+        self._early.expect(interval, time.monotonic())
 
     def prepare_snapshot(self, now: float) -> float:
         """Called by the task between records (``now``: ``time.monotonic()``):

@@ -18,12 +18,12 @@ next one is expected one period after the last, the period being the
 median of the last few gaps between snapshots (a checkpoint interval, or
 longer when checkpoints take longer) — the job's checkpoint interval until
 two snapshots were taken. The early flush starts a lead before it
-(:meth:`EarlyFlush.lead`): 15% of the period at first, then one and a half
-times what the last early flushes took (the task watches each one finish
-between records), at least :data:`MIN_LEAD`. On an idle machine a flush
-takes tens of milliseconds and little is left for the barrier; on a loaded
-one the lead grows with the flush, so that the barrier rarely waits for an
-unfinished early flush. A wrong guess only costs time, never state: an early
+(:meth:`EarlyFlush.lead`): 15% of the period (the barriers' arrival
+varies by a few hundred milliseconds), or one and a half times what the last
+early flushes took if that is longer (the task watches each one finish
+between records): on a loaded machine, where flushes take longer, the lead
+grows with them, so that the barrier rarely waits for an unfinished early
+flush. A wrong guess only costs time, never state: an early
 flush moves no entry in or out of the database (every write before the
 barrier is in the checkpoint, none after it), it only cuts the memtable into
 two SST files. Those extra level-0 files are why the level-0 compaction
@@ -40,10 +40,12 @@ from collections import deque
 from typing import Any
 
 LEAD_FRACTION = 0.15
-"""Before any early flush was timed, it starts this fraction of the period
-before the expected checkpoint."""
+"""The early flush starts at least this fraction of the period before the
+expected checkpoint: barriers reach a task a few hundred milliseconds
+earlier or later from one checkpoint to the next (they travel behind the
+records in socket buffers), and one that comes before the early flush finds
+the whole memtable to flush."""
 MIN_LEAD = 0.1
-"""Seconds: the barriers' own jitter (they travel through the job)."""
 MAX_LEAD = 1.0
 FLUSH_MARGIN = 1.5
 """The lead is this many times the median of the last early flushes' times."""
@@ -71,12 +73,21 @@ class EarlyFlush:
         self._gaps: deque[float] = deque(maxlen=PERIODS)
         self._took: deque[float] = deque(maxlen=PERIODS)
 
+    def expect(self, interval: float | None, now: float) -> None:
+        """Checkpoints come every ``interval`` seconds, the first about one
+        interval after ``now`` (a task starting: the first checkpoint of
+        an attempt flushes what the task wrote since it started)."""
+        self.interval = interval
+        if interval and self._last is None:
+            self.due = now + interval - self.lead(interval)
+
     def lead(self, period: float) -> float:
         """Seconds before the expected checkpoint that the early flush starts:
         long enough for the background flush to finish, short enough that
         little is written after it."""
-        want = (FLUSH_MARGIN * statistics.median(self._took) if self._took
-                else period * LEAD_FRACTION)
+        want = period * LEAD_FRACTION
+        if self._took:
+            want = max(want, FLUSH_MARGIN * statistics.median(self._took))
         return min(max(want, MIN_LEAD), MAX_LEAD, period / 2)
 
     def snapshot_taken(self, now: float) -> None:

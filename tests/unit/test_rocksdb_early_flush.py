@@ -83,9 +83,11 @@ def test_the_early_flush_is_due_a_lead_before_the_expected_snapshot():
     e = EarlyFlush()
     e.snapshot_taken(10.0)
     assert e.due == math.inf  # one snapshot and no checkpoint interval: no period yet
-    seeded = EarlyFlush(interval=3.0)
+    seeded = EarlyFlush()
+    seeded.expect(3.0, 5.0)  # the task starts: the first checkpoint about 3 s later
+    assert seeded.due == pytest.approx(8.0 - 0.45)  # 15% of the interval
     seeded.snapshot_taken(10.0)
-    assert seeded.due == pytest.approx(13.0 - 0.45)  # 15% of the interval at first
+    assert seeded.due == pytest.approx(13.0 - 0.45)
     e.snapshot_taken(12.0)
     assert e.due == pytest.approx(14.0 - 0.3)
     e.snapshot_taken(14.0)
@@ -106,7 +108,8 @@ def test_the_early_flush_is_due_a_lead_before_the_expected_snapshot():
     fast = EarlyFlush()
     fast.started(0.0)
     fast.finished(0.01)
-    assert fast.lead(2.0) == MIN_LEAD  # never shorter than the barriers' jitter
+    assert fast.lead(2.0) == pytest.approx(0.3)  # fast flushes: 15% of the period
+    assert fast.lead(0.4) == MIN_LEAD
     fast.started(None)  # skipped: nothing to watch
     assert fast.running is None
 
