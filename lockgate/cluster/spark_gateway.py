@@ -142,10 +142,27 @@ def learn(gateway: Any, settings: dict[str, str], path: Path | None,
     return True
 
 
-def launch(settings: dict[str, str], path: Path | None, timeout: float = 120.0) -> Any:
-    """Start the driver JVM from the command learned in ``path`` and
-    connect PySpark to it; the gateway, or None when there is no learned
-    command (or it did not start: then it is forgotten)."""
+class Started:
+    """A driver JVM started from a learned command, not connected yet."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], folder: str, path: Path) -> None:
+        self.proc = proc
+        self.folder = folder
+        self.info = os.path.join(folder, "info")
+        self.path = path
+
+    def abandon(self) -> None:
+        """The session is not wanted after all (the job was refused)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        _remove(self.folder)
+
+
+def spawn(settings: dict[str, str], path: Path | None) -> Started | None:
+    """Start the driver JVM from the command learned in ``path`` (without
+    waiting for it); None when there is none (or it does not run: then it
+    is forgotten)."""
     options = submit_options()
     if options is None or path is None or not enabled():
         return None
@@ -161,44 +178,58 @@ def launch(settings: dict[str, str], path: Path | None, timeout: float = 120.0) 
         command += ["--conf", f"{key}={value}"]
     command.append("pyspark-shell")
     folder = tempfile.mkdtemp(prefix="lockgate-gateway-")
-    info = os.path.join(folder, "info")
     env = {k: v for k, v in os.environ.items() if k not in removed}
     env.update(added)
     env["SPARK_CONNECT_MODE"] = "0"
-    env["_PYSPARK_DRIVER_CONN_INFO_PATH"] = info
+    env["_PYSPARK_DRIVER_CONN_INFO_PATH"] = os.path.join(folder, "info")
     try:
-        try:
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, env=env,
-                                    preexec_fn=_ignore_sigint)  # as PySpark: Ctrl-C is Python's
-        except OSError as e:
-            log.info("the learned JVM command does not run (%s); starting it through "
-                     "spark-submit", e)
-            path.unlink(missing_ok=True)
-            return None
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, env=env,
+                                preexec_fn=_ignore_sigint)  # as PySpark: Ctrl-C is Python's
+    except OSError as e:
+        log.info("the learned JVM command does not run (%s); starting it through "
+                 "spark-submit", e)
+        path.unlink(missing_ok=True)
+        _remove(folder)
+        return None
+    return Started(proc, folder, path)
+
+
+def connect(started: Started, timeout: float = 120.0) -> Any:
+    """Wait for the JVM of :func:`spawn` and connect PySpark to it; the
+    gateway, or None when it did not come up (the command is forgotten)."""
+    proc = started.proc
+    try:
         deadline = time.monotonic() + timeout
-        while proc.poll() is None and not os.path.isfile(info) \
+        while proc.poll() is None and not os.path.isfile(started.info) \
                 and time.monotonic() < deadline:
             time.sleep(0.01)
-        if not os.path.isfile(info):
+        if not os.path.isfile(started.info):
             log.info("the JVM from the learned command did not start (exit %s); "
                      "starting it through spark-submit", proc.poll())
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            path.unlink(missing_ok=True)
+            started.abandon()
+            started.path.unlink(missing_ok=True)
             return None
         try:
-            return _connect(proc, info)
+            return _connect(proc, started.info)
         except BaseException:
-            proc.kill()
-            proc.wait()
+            started.abandon()
             raise
     finally:
-        for leftover in (info, folder):
-            try:
-                os.rmdir(leftover) if leftover == folder else os.unlink(leftover)
-            except OSError:
-                pass
+        _remove(started.folder)
+
+
+def launch(settings: dict[str, str], path: Path | None, timeout: float = 120.0) -> Any:
+    """:func:`spawn` and :func:`connect`: the gateway, or None."""
+    started = spawn(settings, path)
+    return connect(started, timeout) if started is not None else None
+
+
+def _remove(folder: str) -> None:
+    for leftover in (os.path.join(folder, "info"), folder):
+        try:
+            os.rmdir(leftover) if leftover == folder else os.unlink(leftover)
+        except OSError:
+            pass
 
 
 def _ignore_sigint() -> None:

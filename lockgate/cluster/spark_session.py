@@ -66,7 +66,7 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
     builder loads Spark SQL eagerly (about 1.8 s of a cold start). A
     DataFrame user gets a session on the same context with
     ``SparkSession.builder.getOrCreate()`` (or ``SparkSession(sc)``)."""
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkContext
 
     if spark is not None:
         if isinstance(spark, SparkContext):
@@ -100,16 +100,47 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
                  master or default_master(num_tasks))
         _stop(sc)
         stopped_own = True
+    if master is None and "PYSPARK_GATEWAY_PORT" in os.environ and not stopped_own:
+        # under spark-submit (its JVM started this process): its --master
+        conf, java = _session_conf(None, name)
+        sc = SparkContext.getOrCreate(conf)
+        sc.setLogLevel(spark_log_level())
+        return sc
+    master = master or default_master(num_tasks)
+    early = _early.pop(master, None) if not stopped_own else None
+    cancel_prestart()  # another master's (none: prestart and this agree)
+    if early is not None and early.name == name:
+        conf, java, learned, started = early.conf, early.java, early.learned, early.started
+    else:
+        if early is not None:
+            early.cancel()
+        conf, java = _session_conf(master, name)
+        learned = spark_gateway.cache_file(java) if is_local_master(master) else None
+        started = spark_gateway.spawn(dict(conf.getAll()), learned)
+    if not is_local_master(master):
+        sc = SparkContext.getOrCreate(conf)
+    else:  # the JVM from the command learned from the first session (no launcher JVM)
+        before = dict(os.environ)
+        gateway = spark_gateway.connect(started) if started is not None else None
+        sc = SparkContext(conf=conf, gateway=gateway)
+        if gateway is None:
+            spark_gateway.learn(SparkContext._gateway, dict(conf.getAll()), learned, before)
+    sc.setLogLevel(spark_log_level())
+    return sc
+
+
+def _session_conf(master: str | None, name: str) -> tuple[Any, str]:
+    """The SparkConf of a session Lockgate starts, and the ``java`` it runs;
+    a local one's warm Spark daemon is started."""
+    from pyspark import SparkConf
+
     # The workers must run this interpreter, or they cannot import Lockgate.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     conf = SparkConf().setAppName(name)
     settings = {**SESSION_CONF, OWNED: "true"}
-    if master is None and "PYSPARK_GATEWAY_PORT" in os.environ and not stopped_own:
-        pass  # under spark-submit (its JVM started this process): its --master
-    else:
-        master = master or default_master(num_tasks)
+    if master is not None:
         conf.setMaster(master)
-        if master.startswith("local"):
+        if is_local_master(master):
             # Spark's daemon runs on this machine: its imports overlap the JVM's start
             settings.update(spark_warm.start())
             if "SPARK_LOCAL_IP" not in os.environ:
@@ -120,17 +151,53 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
     quiet_spark_logs(java)
     for key, value in settings.items():
         conf.set(key, value)
-    if master is None or not master.startswith("local"):
-        sc = SparkContext.getOrCreate(conf)
-    else:  # the JVM from the command learned from the first session (no launcher JVM)
-        learned = spark_gateway.cache_file(java)
-        before = dict(os.environ)
-        gateway = spark_gateway.launch(dict(conf.getAll()), learned)
-        sc = SparkContext(conf=conf, gateway=gateway)
-        if gateway is None:
-            spark_gateway.learn(SparkContext._gateway, dict(conf.getAll()), learned, before)
-    sc.setLogLevel(spark_log_level())
-    return sc
+    return conf, java
+
+
+class _Early:
+    """A local session started ahead of the job's checks (:func:`prestart`)."""
+
+    def __init__(self, name: str, conf: Any, java: str, learned: Any, started: Any) -> None:
+        self.name, self.conf, self.java, self.learned, self.started = \
+            name, conf, java, learned, started
+
+    def cancel(self) -> None:
+        if self.started is not None:
+            self.started.abandon()
+        spark_warm.stop(dict(self.conf.getAll()))
+
+
+_early: dict[str, _Early] = {}
+"""The session :func:`prestart` began, by master (one at most)."""
+
+
+def prestart(spark: Any, master: str | None, num_tasks: int, name: str) -> None:
+    """Begin the local session a job will start (its warm daemon, and its
+    JVM from a learned command) before the job's checks, so that they
+    overlap the JVM's start; :func:`spark_context` goes on with it, and
+    :func:`cancel_prestart` ends it if the job is refused. Nothing when the
+    job would not start a session (one passed or running, spark-submit, a
+    cluster master)."""
+    from pyspark import SparkContext
+
+    if spark is not None or SparkContext._active_spark_context is not None \
+            or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    master = master or default_master(num_tasks)
+    if not is_local_master(master):
+        return
+    cancel_prestart()
+    conf, java = _session_conf(master, name)
+    learned = spark_gateway.cache_file(java)
+    _early[master] = _Early(name, conf, java, learned,
+                            spark_gateway.spawn(dict(conf.getAll()), learned))
+
+
+def cancel_prestart() -> None:
+    """End a session :func:`prestart` began and nobody took."""
+    for early in list(_early.values()):
+        early.cancel()
+    _early.clear()
 
 
 def _stop(sc: Any) -> None:
@@ -194,7 +261,11 @@ def default_master(num_tasks: int) -> str:
 
 def is_local(sc: Any) -> bool:
     """Every executor runs on this machine (``local[...]``, ``local-cluster[...]``)."""
-    return str(sc.master).startswith("local")
+    return is_local_master(str(sc.master))
+
+
+def is_local_master(master: str) -> bool:
+    return master.startswith("local")
 
 
 def task_slots(sc: Any) -> int:

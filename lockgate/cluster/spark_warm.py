@@ -94,6 +94,18 @@ _started: list[subprocess.Popen[bytes]] = []
 """The warm processes of this driver (their stdin pipes stay open while it runs)."""
 
 
+def stop(settings: dict[str, str]) -> None:
+    """End the warm process of a session's ``settings`` that will not start
+    (the job was refused): its stdin closes, and it ends unless Spark took it."""
+    path = settings.get(f"spark.executorEnv.{ENV}")
+    for proc in list(_started):
+        if path is not None and proc.args[-1] == path and proc.stdin is not None:  # type: ignore[index]
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+
 def _reap(proc: subprocess.Popen[bytes], folder: str) -> None:
     proc.wait()
     shutil.rmtree(folder, ignore_errors=True)

@@ -1,11 +1,14 @@
 """A job from its definition to a job master ready to run (in the driver).
 
-Everything that can be refused is refused here, before Spark starts or a job
-folder is made: the pipeline's connectors, functions that cannot be sent to
-the tasks, a non-replayable source under exactly-once, and the checkpoint or
-savepoint the job starts from (read, verified, matched to the job by uid and
-sink location). Then the end-to-end guarantee the job's parts allow is
-known, and the Spark context (for the ``spark`` launcher) is ready.
+Everything that can be refused is refused here, before Spark is used or a
+job folder is made: the pipeline's connectors, functions that cannot be sent
+to the tasks, a non-replayable source under exactly-once, and the checkpoint
+or savepoint the job starts from (read, verified, matched to the job by uid
+and sink location). Then the end-to-end guarantee the job's parts allow is
+known, and the Spark context (for the ``spark`` launcher) is ready. A local
+session Lockgate starts begins during those checks (its JVM and warm Spark
+daemon start while they run: :func:`~lockgate.cluster.spark_session.prestart`)
+and is ended if the job is refused.
 """
 
 from __future__ import annotations
@@ -60,6 +63,27 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
         from lockgate.cluster.forks import prestart
 
         prestart()
+    elif options.launcher == "spark":  # a new local session's JVM starts during the checks
+        from lockgate.cluster import spark_session
+        from lockgate.cluster.naming import app_name
+
+        cancel_prestart = spark_session.cancel_prestart
+        try:
+            spark_session.prestart(options.spark, options.master, graph.num_tasks,
+                                   app_name(pipeline.name))
+        except Exception as e:  # noqa: BLE001 - said again, in order, by prepare_spark
+            log.debug("no early Spark session: %s", e)
+            cancel_prestart()
+        try:
+            return _prepare(pipeline, options, graph, steps)
+        except BaseException:
+            cancel_prestart()  # refused: the session it began is not wanted
+            raise
+    return _prepare(pipeline, options, graph, steps)
+
+
+def _prepare(pipeline: Pipeline, options: RunOptions, graph: JobGraph,
+             steps: Steps) -> JobMaster:
     sources = [op for op in graph.operators() if op.kind == OperatorKind.SOURCE]
     sinks = [op for op in graph.operators() if op.kind == OperatorKind.SINK]
     mode = pipeline.checkpoint.mode

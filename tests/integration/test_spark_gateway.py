@@ -54,3 +54,49 @@ def test_the_second_session_starts_its_jvm_directly(tmp_path: Path) -> None:
     third = _session(tmp_path)
     assert str(third["command"][0]).endswith("spark-submit")  # type: ignore[index]
     assert json.loads(learned[0].read_text())["prefix"][0] != str(tmp_path / "gone" / "java")
+
+
+REFUSED = """
+import json, os, sys, threading
+from lockgate import Pipeline
+from lockgate.errors import PipelineDefinitionError
+from lockgate.connectors import CollectSink, SequenceSource
+
+from lockgate.cluster import spark_gateway
+
+spawned = []  # the JVMs started from the learned command (watched, not replaced)
+spawn = spark_gateway.spawn
+spark_gateway.spawn = lambda *a, **k: spawned.append(spawn(*a, **k)) or spawned[-1]
+
+lock = threading.Lock()
+p = Pipeline("refused", parallelism=1)
+p.source(SequenceSource(1, 10), uid="numbers").map(lambda x: (lock, x)[1], uid="m").sink(
+    CollectSink(), uid="out")
+try:
+    p.run(launcher="spark", master="local[2]")
+except PipelineDefinitionError as e:
+    print("refused:", str(e)[:80], file=sys.stderr)
+else:
+    sys.exit("not refused")
+from lockgate.cluster import spark_warm
+from pyspark import SparkContext
+assert SparkContext._active_spark_context is None
+for p in list(spark_warm._started):
+    p.wait(60)  # the warm daemon ends once told
+assert len(spawned) == 1 and spawned[0] is not None, spawned  # it started early
+assert spawned[0].proc.returncode is not None  # and was ended
+children = os.popen(f"ps -o pid=,args= --ppid {os.getpid()}").read().split("\\n")
+print(json.dumps([c for c in children if c.strip() and "ps -o" not in c]))
+"""
+
+
+def test_a_refused_job_leaves_no_jvm_behind(tmp_path: Path) -> None:
+    _session(tmp_path)  # a learned command: the refused job's JVM starts early
+    (tmp_path / "refused.py").write_text(REFUSED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), LOCKGATE_SPARK_CDS="0")
+    out = subprocess.run([sys.executable, str(tmp_path / "refused.py")], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused: the function of operator 'm' cannot be sent" in out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []  # no java, no warm daemon
