@@ -49,6 +49,7 @@ from lockgate.protocol import (
     TaskEnded,
 )
 from lockgate.runtime import handshake, wire
+from lockgate.runtime.forkserver import end_child
 from lockgate.runtime.spec import TaskSpec, process_name
 from lockgate.runtime.steps import Steps, mark
 
@@ -166,11 +167,7 @@ def _run_child(payload: bytes, host: int, link: wire.Link) -> None:
     except BaseException:  # noqa: BLE001 - reported, then the child ends
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        end_child(code)
 
 
 # ------------------------------------------------------------ the task child

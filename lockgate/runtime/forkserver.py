@@ -31,7 +31,7 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 1 << 30
@@ -74,11 +74,17 @@ def _child(request: tuple[Any, ...], closing: list[int]) -> None:
     except BaseException:  # noqa: BLE001 - reported, then the child ends
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        end_child(code)
+
+
+def end_child(code: int) -> NoReturn:
+    """End a forked child with ``code``: its output flushed, and none of the
+    parent's cleanup run (``atexit``, finalizers: they are the parent's)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def serve(replies: int) -> None:
