@@ -13,7 +13,8 @@ At most ``capacity`` entries are queued (in flight or done but not emitted,
 as in Flink): ``process`` blocks for room, emitting what is done meanwhile.
 Results that complete between batches leave through the processing-time
 hook the task's loop already has (``next_processing_timer``: due at once
-when a result is ready, in a millisecond while requests are in flight).
+when a result is ready); the request that makes one ready wakes the task's
+loop from its wait for input (``wake``), so nothing polls.
 ``process_watermark`` waits for every queued request, so a watermark never
 overtakes the result of a record before it (unordered mode too: Flink's rule);
 ``end_input`` waits for every request too.
@@ -42,8 +43,8 @@ from lockgate.state.values import private_copy
 __all__ = ["AsyncOperator"]
 
 _POLL_MS = 1
-"""While requests are in flight and none is done, the task's loop looks again
-after this many milliseconds (its mailbox wait)."""
+"""Outside a task (no ``wake``): while requests are in flight and none is
+done, look again after this many milliseconds."""
 
 _HOOK_TIMEOUT = 60.0
 """Seconds the user's ``open`` and ``close`` coroutines may take."""
@@ -135,6 +136,8 @@ class AsyncOperator(StreamOperator):
     def next_processing_timer(self) -> float | None:
         if self._ready or self._failure is not None:
             return 0
+        if self.wake is not None:  # a result that becomes ready wakes the task
+            return None
         return processing_time() + _POLL_MS if self._queued else None
 
     def process_processing_time(self, now: int) -> list[Any]:
@@ -213,6 +216,9 @@ class AsyncOperator(StreamOperator):
             elif self._queue and self._queue[0] is entry:
                 self._ready = 1
             self._changed.notify_all()
+            wake = self.wake if self._ready or self._failure is not None else None
+        if wake is not None:  # the task's loop may be waiting for input: emit now
+            wake()
 
     def _take_done(self) -> list[_Entry]:
         """Under the lock: the entries to emit now, removed from the queue."""

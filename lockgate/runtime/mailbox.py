@@ -48,6 +48,7 @@ class Mailbox:
         self._capacity = capacity
         self._next = 0
         self._closed = False
+        self._woken = False
         self.blocked: set[int] = set()
         self._priority: deque[tuple[int, Overtaking]] = deque()
         self.overtaking: Callable[[Barrier], bool] | None = None
@@ -94,6 +95,9 @@ class Mailbox:
                         if len(q) == self._capacity - 1:
                             self._not_full.notify_all()
                         return ch, element
+                if timeout != 0 and self._woken:
+                    self._woken = False
+                    return None
                 if not self._not_empty.wait(timeout):
                     return None
 
@@ -133,6 +137,13 @@ class Mailbox:
         reader puts (call before the reader starts)."""
         with self._lock:
             self._queues[channel].extend(elements)
+            self._not_empty.notify()
+
+    def wake(self) -> None:
+        """End the current or next waiting ``take`` (any thread) with ``None``,
+        as if its timeout had passed: the task looks at its timers again."""
+        with self._lock:
+            self._woken = True
             self._not_empty.notify()
 
     def take_control(self) -> ControlMessage | None:

@@ -60,8 +60,12 @@ class StreamOperator:
     has_processing_timers = False
     state_backend: StateBackend | None = None
     """The job's keyed state backend (None: heap); the task sets it, and
-    ``job_dir``, before ``open``."""
+    ``job_dir`` and ``wake``, before ``open``."""
     job_dir = ""
+    wake: Callable[[], None] | None = None
+    """Wakes the task's loop from its wait for input (any thread): an operator
+    whose timer became due because of another thread (an async result) calls
+    it; None outside a task."""
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
         self.spec = spec

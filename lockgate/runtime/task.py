@@ -199,6 +199,7 @@ class Task(TaskControl):
                             spec.max_parallelism, spec.attempt)
             op = OPERATORS[op_spec.kind](op_spec, info)
             op.state_backend, op.job_dir = spec.state_backend, spec.job_dir
+            op.wake = self.mailbox.wake
             op.open(self.serializer)
             self.ops.append(op)
         self.chain = OperatorChain(spec, self.ops, self.faults)

@@ -164,3 +164,24 @@ def test_a_buffer_older_than_its_age_limit_is_sent_with_the_next_add() -> None:
     time.sleep(MAX_BUFFER_AGE + 0.02)
     out.add([2])
     assert wire.decode_element(*end.recv()) == Batch([1, 2])
+
+
+def test_wake_ends_a_waiting_take_and_is_not_lost_between_takes() -> None:
+    box = Mailbox(1)
+    # a wake before the wait: the next waiting take returns at once ...
+    box.wake()
+    assert box.take(0) is None  # ... a non-waiting take leaves it for the wait
+    started = time.monotonic()
+    assert box.take(5.0) is None
+    assert time.monotonic() - started < 1.0
+    # a wake during the wait (another thread: an async result) ends it
+    timer = threading.Timer(0.05, box.wake)
+    timer.start()
+    started = time.monotonic()
+    assert box.take(5.0) is None
+    assert time.monotonic() - started < 2.0
+    timer.join()
+    # consumed: the next wait lasts its timeout
+    started = time.monotonic()
+    assert box.take(0.2) is None
+    assert time.monotonic() - started >= 0.19
