@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from lockgate.checkpoint.incremental import shared_checkpoint_id
 from tests.fault.checks import HERE, drive, run_job, task_pids
 from tests.fault.test_rescale import start, wait_for_exit
 from tests.fault.test_windows import KEYS, check
@@ -70,6 +71,32 @@ def test_random_kills_on_rocksdb(tmp_path, launcher, rocksdb):
     assert result["status"] == "finished" and result["records_out"] == 4 * N, result
     assert done == kills and result["restarts"] >= kills - 1, result["failures"]
     check_incremental_and_retention(tmp_path / "chk")
+
+
+def test_random_kills_across_early_flushes(tmp_path, rocksdb):
+    """Many keys and a checkpoint every 0.5 s: the memtable between two
+    checkpoints is large enough for the early flush (state/rocksdb_flush.py)
+    to cut it in two SST files, so kills land before, between and after
+    early flushes and barriers; the output stays exact."""
+    keys, n = 100_000, 6 * N
+    result, done = run_job(tmp_path, n=n, parallelism=2, kills=3, seed=11,
+                           interval=0.5, keys=keys, extra=["--rate", "60000"],
+                           kill_delays=(0.4, 1.5))
+    check_exact_sums(tmp_path / "out", n, keys)
+    assert result["status"] == "finished" and result["records_out"] == n, result
+    assert done == 3, result["failures"]
+    check_incremental_and_retention(tmp_path / "chk")
+    # an early flush and the barrier's flush each left a file uploaded for
+    # the same checkpoint: two or more for most retained checkpoints of each
+    # task (without early flushes, only one whose compaction output came too)
+    (job_dir,) = (tmp_path / "chk").iterdir()
+    uploaded: dict[tuple[int | None, str], set[str]] = {}
+    for meta in retained_metadata(job_dir):
+        for h in meta["operators"]["sums"]["subtasks"]:
+            for name, _ in h["incremental"]["shared"].values():
+                task = name.split("-c")[0]
+                uploaded.setdefault((shared_checkpoint_id(name), task), set()).add(name)
+    assert sum(len(names) >= 2 for names in uploaded.values()) >= 4, uploaded
 
 
 def test_many_checkpoints_keep_exactly_the_retained_files(tmp_path, rocksdb):
