@@ -8,8 +8,11 @@ local folder of its own; key layout and handles in
 
 **Snapshots.** The synchronous part writes the raw views' live objects back
 and takes a RocksDB checkpoint (the memtable flushed, every SST file hard
-linked into a folder: milliseconds, whatever the state's size). The snapshot
-thread then writes either
+linked into a folder: milliseconds, whatever the state's size). Shortly
+before a checkpoint is expected, the task has the backend flush the
+memtable in the background (:meth:`RocksDBKeyedStateBackend.prepare_snapshot`,
+:mod:`~lockgate.state.rocksdb_flush`), so that the checkpoint's own flush
+covers only the last writes. The snapshot thread then writes either
 
 - *incrementally* (a checkpoint, ``incremental=True``): every SST file not
   uploaded before goes to ``<job>/shared/``, the others are referenced; the
