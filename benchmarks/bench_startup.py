@@ -154,7 +154,11 @@ def report(results: list[dict[str, Any]], launcher: str) -> None:
         for r in rows:
             for name, seconds in phases(r["timeline"], r[start], r["first"]):
                 if name == start:
-                    continue
+                    if kind != "cold":
+                        continue
+                    # Pipeline.start until the driver's first step: importing
+                    # the driver's modules (lockgate.cluster)
+                    name = "(imports)"
                 steps[name].append(seconds)
                 if name not in order:
                     order.append(name)

@@ -341,6 +341,7 @@ def _warmup(tmp: str, options: str) -> int:
     from lockgate.cluster import spark_session
 
     os.environ[SWITCH] = "0"
+    os.environ["LOCKGATE_SPARK_LAUNCHER"] = "1"  # a one-off command: not worth learning
     os.environ["LOCKGATE_SPARK_JAVA_OPTIONS"] = f"{options} -XX:ArchiveClassesAtExit={tmp}"
     sc = spark_session.spark_context(None, "local[2]", 2, "lockgate-cds-warmup")
     sc.parallelize([0, 1], 2).barrier().mapPartitions(_probe).collect()

@@ -43,6 +43,8 @@ log = logging.getLogger("lockgate.driver")
 SWITCH = "LOCKGATE_SPARK_LAUNCHER"
 """``1``: always start the JVM through ``spark-submit``."""
 SUBMIT = "org.apache.spark.deploy.SparkSubmit"
+KEEP = 16
+"""Learned commands kept (the newest)."""
 _ENV_PREFIXES = ("SPARK_", "PYSPARK_", "HADOOP_", "YARN_", "JAVA_", "_JAVA", "_SPARK",
                  "CLASSPATH", "JDK_")
 _VOLATILE = ("_PYSPARK_DRIVER_CONN_INFO_PATH", "PYSPARK_SUBMIT_ARGS", "PYSPARK_GATEWAY_PORT",
@@ -137,6 +139,9 @@ def learn(gateway: Any, settings: dict[str, str], path: Path | None,
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps({"prefix": prefix, "added": added, "removed": removed}))
         os.replace(tmp, path)
+        learned = sorted(path.parent.glob("*.json"), key=lambda f: f.stat().st_mtime)
+        for old in learned[:-KEEP]:  # other Javas, checkouts, options
+            old.unlink(missing_ok=True)
     except OSError:
         return False
     return True
