@@ -121,6 +121,22 @@ def serve(path: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(8)
+    try:
+        if not _wait_for_shim(listener):
+            return 0
+    finally:  # nobody else can connect from now on, and nothing is left in /tmp
+        listener.close()
+        _cleanup(path)
+    from pyspark.daemon import manager
+
+    manager()  # exits the process
+    return 0
+
+
+def _wait_for_shim(listener: socket.socket) -> bool:
+    """Preload, then wait for the shim; whether its streams were taken (not
+    when the driver ended first, the preload failed, or the shim was
+    refused: it then runs the daemon itself)."""
     from lockgate.cluster.spark_daemon import preload
 
     try:
@@ -128,23 +144,15 @@ def serve(path: str) -> int:
     except Exception as e:  # noqa: BLE001 - the shim falls back to its own preload
         print(f"lockgate: warm Spark daemon preload failed: {type(e).__name__}: {e}",
               file=sys.stderr)
-        return 1
+        return False
     while True:
         ready, _, _ = select.select([listener, sys.stdin], [], [])
         if sys.stdin in ready and not os.read(0, 1):
-            return 0  # the driver ended before Spark asked for its daemon
+            return False  # the driver ended before Spark asked for its daemon
         if listener in ready:
             conn, _ = listener.accept()
             with conn:
-                taken = _take(conn)
-            listener.close()
-            _cleanup(path)
-            if not taken:
-                return 0  # refused: that shim runs the daemon itself
-            from pyspark.daemon import manager
-
-            manager()  # exits the process
-            return 0
+                return _take(conn)
 
 
 def _take(conn: socket.socket) -> bool:

@@ -22,6 +22,7 @@ def _ppid(pid: int) -> int:
 
 
 def _start_warm(path: Path, seed: str = "0") -> subprocess.Popen[bytes]:
+    path.parent.mkdir(exist_ok=True)  # private to it, as the driver's: removed with it
     env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONUNBUFFERED": "YES"}
     warm = subprocess.Popen([sys.executable, "-m", "lockgate.cluster.spark_warm", str(path)],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
@@ -56,7 +57,7 @@ def _fork_a_worker(shim: subprocess.Popen[bytes]) -> int:
 
 
 def test_the_warm_process_becomes_the_daemon(tmp_path: Path) -> None:
-    path = tmp_path / "daemon"
+    path = tmp_path / "warm" / "daemon"
     warm = _start_warm(path)
     shim = _start_shim(path)
     try:
@@ -71,12 +72,13 @@ def test_the_warm_process_becomes_the_daemon(tmp_path: Path) -> None:
 
 
 def test_the_shim_runs_the_daemon_itself_when_refused(tmp_path: Path) -> None:
-    path = tmp_path / "daemon"
+    path = tmp_path / "warm" / "daemon"
     warm = _start_warm(path, seed="0")
     shim = _start_shim(path, seed="1")  # hashes unlike the warm process: refused
     try:
         assert _fork_a_worker(shim) == shim.pid
         assert warm.wait(60) == 0  # it had one chance
+        assert not path.exists()
     finally:
         assert shim.stdin is not None
         shim.stdin.close()
@@ -84,12 +86,14 @@ def test_the_shim_runs_the_daemon_itself_when_refused(tmp_path: Path) -> None:
 
 
 def test_a_warm_process_ends_with_its_driver(tmp_path: Path) -> None:
-    warm = _start_warm(tmp_path / "daemon")
+    path = tmp_path / "warm" / "daemon"
+    warm = _start_warm(path)
     assert warm.stdin is not None
     warm.stdin.close()  # the driver ended before Spark asked for a daemon
     assert warm.wait(60) == 0
+    assert not path.parent.exists()  # its socket and folder are gone with it
     # and a shim then finds nobody and runs the daemon itself
-    shim = _start_shim(tmp_path / "daemon")
+    shim = _start_shim(path)
     try:
         assert _fork_a_worker(shim) == shim.pid
     finally:
