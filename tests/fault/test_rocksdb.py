@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from lockgate.checkpoint.incremental import shared_checkpoint_id
 from tests.fault.checks import HERE, drive, run_job, task_pids
 from tests.fault.test_rescale import start, wait_for_exit
 from tests.fault.test_windows import KEYS, check
@@ -86,17 +85,10 @@ def test_random_kills_across_early_flushes(tmp_path, rocksdb):
     assert result["status"] == "finished" and result["records_out"] == n, result
     assert done == 3, result["failures"]
     check_incremental_and_retention(tmp_path / "chk")
-    # an early flush and the barrier's flush each left a file uploaded for
-    # the same checkpoint: two or more for most retained checkpoints of each
-    # task (without early flushes, only one whose compaction output came too)
-    (job_dir,) = (tmp_path / "chk").iterdir()
-    uploaded: dict[tuple[int | None, str], set[str]] = {}
-    for meta in retained_metadata(job_dir):
-        for h in meta["operators"]["sums"]["subtasks"]:
-            for name, _ in h["incremental"]["shared"].values():
-                task = name.split("-c")[0]
-                uploaded.setdefault((shared_checkpoint_id(name), task), set()).add(name)
-    assert sum(len(names) >= 2 for names in uploaded.values()) >= 4, uploaded
+    # That early flushes happen, and split a checkpoint's writes without losing
+    # or adding any, is tests/unit/test_rocksdb_early_flush.py's: counting the
+    # files of the retained checkpoints here depended on where the barriers
+    # fell against the early flushes (and compaction output adds files too).
 
 
 def test_many_checkpoints_keep_exactly_the_retained_files(tmp_path, rocksdb):
