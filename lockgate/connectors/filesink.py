@@ -26,6 +26,7 @@ shared by two running jobs that use the same sink uid.
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
@@ -51,6 +52,25 @@ from lockgate.fs_explain import explain
 __all__ = ["FileSink", "FileSinkWriter", "FileTxn", "ensure_writable_dir"]
 
 
+def _probe_local(folder: str, probe_name: str) -> None:
+    """Prove the local ``folder`` writable: an unnamed file (``O_TMPFILE``),
+    which nothing has to remove (a task killed in the middle leaves nothing),
+    else, where the filesystem has none, a file named ``probe_name``, written
+    and removed."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if flag:
+        try:
+            os.close(os.open(folder, flag | os.O_WRONLY, 0o600))
+            return
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+    probe = os.path.join(folder, probe_name)
+    with open(probe, "wb") as f:
+        f.write(b"")
+    os.remove(probe)
+
+
 def ensure_writable_dir(folder: str, probe_name: str) -> None:
     """Create ``folder`` if needed and prove it is writable (a probe file is
     created and removed; ``os.access`` lies for root). An object store has no
@@ -65,11 +85,8 @@ def ensure_writable_dir(folder: str, probe_name: str) -> None:
                 f"file sink folder {folder!r} cannot be created ({e}); {fix}") from e
         if not os.path.isdir(local):
             raise ConfigurationError(f"file sink folder {folder!r} is not a directory; {fix}")
-        probe = os.path.join(local, probe_name)
         try:
-            with open(probe, "wb") as f:
-                f.write(b"")
-            os.remove(probe)
+            _probe_local(local, probe_name)
         except OSError as e:
             raise ConfigurationError(
                 f"file sink folder {folder!r} is not writable ({e}); {fix}") from e
