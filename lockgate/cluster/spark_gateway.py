@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lockgate.cluster.java import cache_dir as lockgate_cache_dir
+from lockgate.cluster.java import file_stamp
+
 log = logging.getLogger("lockgate.driver")
 
 SWITCH = "LOCKGATE_SPARK_LAUNCHER"
@@ -72,21 +75,13 @@ def cache_file(java: str) -> Path | None:
     digest = hashlib.sha256()
     java = os.path.realpath(java)
     jars = spark_home / "jars"
-    parts: list[Any] = [java, _stat(Path(java)), pyspark.__version__, str(spark_home),
-                        java_options, _stat(conf_dir / "spark-defaults.conf"), _stat(jars),
+    parts: list[Any] = [java, file_stamp(Path(java)), pyspark.__version__, str(spark_home),
+                        java_options, file_stamp(conf_dir / "spark-defaults.conf"),
+                        file_stamp(jars),
                         sorted((k, v) for k, v in os.environ.items()
                                if k.startswith(_ENV_PREFIXES) and k not in _VOLATILE)]
     digest.update(repr(parts).encode())
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lockgate" / "spark-launch" / f"{digest.hexdigest()[:20]}.json"
-
-
-def _stat(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns)
+    return lockgate_cache_dir() / "spark-launch" / f"{digest.hexdigest()[:20]}.json"
 
 
 def submit_options() -> str | None:
