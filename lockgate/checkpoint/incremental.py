@@ -7,7 +7,11 @@ files, immutable and shared between checkpoints, uploaded once into
 ``<job>/shared/`` and referenced by every later checkpoint that still holds
 them; and a few small private files (``CURRENT``, ``MANIFEST-*``,
 ``OPTIONS-*``), stored inside the task's state file of that checkpoint.
-:class:`IncrementalState` lists both; it is read back from ``_metadata`` as
+With a changelog (the default), those files are a *materialization* taken
+now and then, and each checkpoint adds the *changelog*: one shared SST file
+per checkpoint since the materialization with the entries written since the
+previous one, applied in order on restore (:mod:`lockgate.state.rocksdb_changelog`).
+:class:`IncrementalState` lists them all; it is read back from ``_metadata`` as
 untrusted input: every name is a plain name in its folder, every size and
 offset a count.
 
@@ -65,26 +69,33 @@ class IncrementalState:
     ``key_groups``: the ``[start, stop)`` range the writing task owned (the
     files hold nothing else that counts); ``private``: local file name ->
     ``(offset, length)`` of its bytes inside the state file; ``shared``:
-    local file name -> the shared file that holds it."""
+    local file name -> the shared file that holds it; ``changelog``: the
+    changes since those files were taken, oldest first (shared SST files,
+    applied in order over them)."""
 
     backend: str
     key_groups: tuple[int, int]
     private: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     shared: Mapping[str, SharedFile] = field(default_factory=dict)
+    changelog: tuple[SharedFile, ...] = ()
 
     @property
     def size(self) -> int:
-        """Bytes of the state's files, shared ones included."""
+        """Bytes of the state's files, shared ones and the changelog included."""
         return (sum(n for _, n in self.private.values())
-                + sum(f.size for f in self.shared.values()))
+                + sum(f.size for f in self.shared.values())
+                + sum(f.size for f in self.changelog))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "backend": self.backend,
             "key_groups": list(self.key_groups),
             "private": {n: [o, ln] for n, (o, ln) in self.private.items()},
             "shared": {n: [f.name, f.size] for n, f in self.shared.items()},
         }
+        if self.changelog:
+            out["changelog"] = [[f.name, f.size] for f in self.changelog]
+        return out
 
     @classmethod
     def from_json(cls, data: object, what: str,
@@ -111,21 +122,32 @@ class IncrementalState:
             local = _local(name, what)
             if not local.endswith(".sst"):
                 raise CheckpointCorruptError(f"{what}: shared file {local!r} is no SST file")
-            if not (isinstance(ref, list) and len(ref) == 2):
-                raise CheckpointCorruptError(f"{what}: shared file {local!r} is {ref!r:.60}: "
-                                             "it is corrupt")
-            target = plain_name(ref[0], f"{what}: shared file of {local!r}")
-            if shared_checkpoint_id(target) is None:
-                raise CheckpointCorruptError(
-                    f"{what}: {target!r:.80} is not the name of a shared file")
-            size = ref[1]
-            if type(size) is not int or size < 0:
-                raise CheckpointCorruptError(f"{what}: shared file {target!r} has size "
-                                             f"{size!r:.40}: it is corrupt")
-            shared[local] = SharedFile(target, size)
+            shared[local] = _shared_ref(ref, f"{what}: shared file {local!r}")
         if private.keys() & shared.keys():
             raise CheckpointCorruptError(f"{what}: a file is both private and shared")
-        return cls("rocksdb", (span[0], span[1]), private, shared)
+        log_raw = data.get("changelog", [])
+        if not isinstance(log_raw, list) or len(log_raw) > MAX_CHANGELOG:
+            raise CheckpointCorruptError(f"{what}: changelog is not a list of at most "
+                                         f"{MAX_CHANGELOG} files: it is corrupt")
+        changelog = tuple(_shared_ref(ref, f"{what}: changelog file {i}")
+                          for i, ref in enumerate(log_raw))
+        return cls("rocksdb", (span[0], span[1]), private, shared, changelog)
+
+
+MAX_CHANGELOG = 10_000
+"""More changelog files than this in one handle: a crafted one."""
+
+
+def _shared_ref(ref: object, what: str) -> SharedFile:
+    if not (isinstance(ref, list) and len(ref) == 2):
+        raise CheckpointCorruptError(f"{what} is {ref!r:.60}: it is corrupt")
+    target = plain_name(ref[0], what)
+    if shared_checkpoint_id(target) is None:
+        raise CheckpointCorruptError(f"{what}: {target!r:.80} is not the name of a shared file")
+    size = ref[1]
+    if type(size) is not int or size < 0:
+        raise CheckpointCorruptError(f"{what}: {target!r} has size {size!r:.40}: it is corrupt")
+    return SharedFile(target, size)
 
 
 def _local(name: object, what: str) -> str:
@@ -144,8 +166,9 @@ def _pair(value: object, what: str) -> tuple[int, int]:
 
 
 def referenced_shared(states: Iterable[IncrementalState | None]) -> set[str]:
-    """Names of the shared files ``states`` reference."""
-    return {f.name for s in states if s is not None for f in s.shared.values()}
+    """Names of the shared files ``states`` reference (changelogs included)."""
+    return {f.name for s in states if s is not None
+            for f in (*s.shared.values(), *s.changelog)}
 
 
 def unreferenced(names: Iterable[str], referenced: set[str], latest: int) -> list[str]:

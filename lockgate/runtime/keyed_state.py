@@ -70,13 +70,20 @@ def incremental_blocks(state: IncrementalState, data: bytes, restore_dir: str, w
                        backend: KeyedStateBackend) -> list[bytes]:
     """The canonical blocks of the key groups of ``wanted`` in incremental
     ``state`` (a RocksDB checkpoint restored into a heap backend)."""
-    from lockgate.state.rocksdb_io import export_blocks, materialize, open_db
+    from lockgate.state.rocksdb_io import apply_changelog, export_blocks, materialize, open_db
 
     folder = tempfile.mkdtemp(prefix="lockgate-restore-")
     try:
         path = os.path.join(folder, "db")
         materialize(state, data, restore_dir, path)
-        db = open_db(path, RocksDBStateBackend(local_dir=folder, memory_mb=64), read_only=True)
+        config = RocksDBStateBackend(local_dir=folder, memory_mb=64)
+        if state.changelog:
+            db = open_db(path, config)
+            try:
+                apply_changelog(db, state, restore_dir, folder)
+            finally:
+                db.close()
+        db = open_db(path, config, read_only=True)
         try:
             lo = max(state.key_groups[0], wanted.start)
             hi = min(state.key_groups[1], wanted.stop)

@@ -78,19 +78,43 @@ class RocksDBStateBackend:
             previous one (savepoints are always full and canonical).
         early_flush: flush the memtable in the background shortly before a
             checkpoint is expected, so that the checkpoint's synchronous part
-            flushes only the last writes (:mod:`lockgate.state.rocksdb_flush`).
+            flushes only the last writes (:mod:`lockgate.state.rocksdb_flush`;
+            without a changelog).
+        changelog: an incremental checkpoint uploads the entries written
+            since the previous one (one sorted SST file), and RocksDB's own
+            files only at a *materialization* now and then, taken between
+            records; the synchronous part takes no RocksDB checkpoint
+            (:mod:`lockgate.state.rocksdb_changelog`). False: every
+            checkpoint is a RocksDB checkpoint whose new SST files (flushes
+            and compactions) are uploaded.
+        materialize_ratio: with a changelog, materialize once the changelog
+            since the last materialization holds this many times its size
+            (lower: fewer files to apply on restore, more bytes uploaded).
+        max_changelog: with a changelog, materialize at the latest after this
+            many checkpoints.
     """
 
     local_dir: str | None = None
     memory_mb: int = 256
     incremental: bool = True
     early_flush: bool = True
+    changelog: bool = True
+    materialize_ratio: float = 1.0
+    max_changelog: int = 100
     name: ClassVar[str] = "rocksdb"
 
     def __post_init__(self) -> None:
         if type(self.memory_mb) is not int or self.memory_mb < 16:
             raise PipelineDefinitionError(
                 f"RocksDBStateBackend(memory_mb={self.memory_mb!r}): give at least 16 (MiB)")
+        if not (isinstance(self.materialize_ratio, int | float) and self.materialize_ratio > 0):
+            raise PipelineDefinitionError(
+                f"RocksDBStateBackend(materialize_ratio={self.materialize_ratio!r}): "
+                "give a number above 0 (1.0: the changelog as big as the state)")
+        if type(self.max_changelog) is not int or not 1 <= self.max_changelog <= 1000:
+            raise PipelineDefinitionError(
+                f"RocksDBStateBackend(max_changelog={self.max_changelog!r}): "
+                "give a count of checkpoints from 1 to 1000")
         if self.local_dir is not None:
             object.__setattr__(self, "local_dir", os.path.abspath(self.local_dir))
 

@@ -6,10 +6,13 @@ local folder of its own; key layout and handles in
 ``RocksDBStateBackend.memory_mb`` (block cache and write buffers,
 :func:`~lockgate.state.rocksdb_io.options`); state beyond it lives on disk.
 
-**Snapshots.** The synchronous part writes the raw views' live objects back
-and takes a RocksDB checkpoint (the memtable flushed, every SST file hard
-linked into a folder: milliseconds, whatever the state's size). Shortly
-before a checkpoint is expected, the task has the backend flush the
+**Snapshots.** With a changelog (the default), a checkpoint uploads the
+entries written since the previous one and RocksDB's files only now and
+then: :mod:`lockgate.state.rocksdb_changelog`. Without one, the synchronous
+part writes the raw views' live objects back and takes a RocksDB checkpoint
+(the memtable flushed, every SST file hard linked into a folder:
+milliseconds, whatever the state's size). Shortly before a checkpoint is
+expected, the task has the backend flush the
 memtable in the background (:meth:`RocksDBKeyedStateBackend.prepare_snapshot`,
 :mod:`~lockgate.state.rocksdb_flush`), so that the checkpoint's own flush
 covers only the last writes. The snapshot thread then writes either
@@ -45,11 +48,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 from lockgate import fs
-from lockgate.checkpoint.incremental import IncrementalState, SharedFile, shared_file_name
+from lockgate.checkpoint.incremental import IncrementalState, SharedFile
 from lockgate.errors import LockgateError
 from lockgate.state.backend import (
     Descriptor,
-    KeyedBlocks,
     ListState,
     ListStateDescriptor,
     MapState,
@@ -60,12 +62,13 @@ from lockgate.state.backend import (
     registered_kind,
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.rocksdb_changelog import Chain, LoggedBatch, LoggedDB
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
 from lockgate.state.rocksdb_flush import POLL, EarlyFlush, flush_running, start_flush
 from lockgate.state.rocksdb_handles import RocksListState, RocksMapState, RocksValueState
 from lockgate.state.rocksdb_io import (
+    apply_changelog,
     copy_range,
-    export_blocks,
     materialize,
     open_db,
     options,
@@ -73,7 +76,12 @@ from lockgate.state.rocksdb_io import (
     require,
     state_names,
     task_folder,
-    upload,
+)
+from lockgate.state.rocksdb_snapshots import (
+    READER,
+    RocksDBChangelogSnapshot,
+    RocksDBIncrementalSnapshot,
+    RocksDBSnapshot,
 )
 from lockgate.state.rocksdb_tables import (
     KIND_PREFIX,
@@ -93,9 +101,9 @@ from lockgate.state.ttl_config import (
 )
 
 if TYPE_CHECKING:
-    from _typeshed import SupportsWrite
+    pass
 
-__all__ = ["RocksDBKeyedStateBackend", "RocksDBSnapshot", "RocksDBIncrementalSnapshot"]
+__all__ = ["RocksDBKeyedStateBackend"]
 
 
 class RocksDBKeyedStateBackend:
@@ -113,7 +121,13 @@ class RocksDBKeyedStateBackend:
         self.codec = KeyCodec(max_parallelism)
         self.folder = task_folder(config, scope)
         self.db_path = os.path.join(self.folder, "db")
-        self.db = open_db(self.db_path, config)
+        self.logged = config.incremental and config.changelog
+        """Checkpoints are a changelog (:mod:`~lockgate.state.rocksdb_changelog`)."""
+        self.raw_db: Any = None
+        self.db: Any = None
+        """What the tables read and write: the database, or with a changelog
+        the :class:`LoggedDB` over it."""
+        self._open(open_db(self.db_path, config))
         self._kinds: dict[str, str] = {}
         self._restored_kinds: dict[str, str] = {}
         self._ttl: dict[str, StateTtlConfig] = {}
@@ -125,9 +139,25 @@ class RocksDBKeyedStateBackend:
         uploaded (or the restored one named) and this database still has."""
         self._lock = threading.Lock()
         self._early = EarlyFlush()
+        self.chain = Chain()
+        """The changelog as uploaded (the snapshot thread's)."""
+        self._seq = 0
+        self._cut: str | None = None
+        """A materialization taken between records, for the next snapshot."""
+        self._cutting: float | None = None
+        """When the background flush before a materialization started."""
+        self._epoch = 0
+        """Materializations taken (the chain's epoch once the last is uploaded)."""
+
+    def _open(self, db: Any) -> None:
+        self.raw_db = db
+        self.db = LoggedDB(db) if self.logged else db
+        for table in self._tables.values() if hasattr(self, "_tables") else ():
+            table.db = self.db
 
     def batch(self) -> Any:
-        return require().WriteBatch(raw_mode=True)
+        batch = require().WriteBatch(raw_mode=True)
+        return LoggedBatch(batch) if self.logged else batch
 
     # -- states ------------------------------------------------------------
     @overload
@@ -227,6 +257,8 @@ class RocksDBKeyedStateBackend:
         start a background flush of the memtable
         (:mod:`~lockgate.state.rocksdb_flush`). Returns the seconds until
         it is due (``inf``: not before the next snapshot)."""
+        if self.logged:
+            return self._prepare_materialization(now)
         early = self._early
         if early.running is not None:  # watched: the next lead depends on it
             if flush_running(self.db):
@@ -241,20 +273,64 @@ class RocksDBKeyedStateBackend:
         early.started(None)
         return float("inf")
 
-    def snapshot(self) -> RocksDBSnapshot:
-        """The synchronous part: live objects written back, a RocksDB
-        checkpoint (memtable flushed, SST files hard-linked) in a folder of
-        its own."""
-        started = time.monotonic()
+    def _prepare_materialization(self, now: float) -> float:
+        """With a changelog: materialize between records once it is due (a
+        background flush first, watched; then the RocksDB checkpoint, which
+        flushes only what came since, and the log cut at that moment)."""
+        if self._cutting is not None:
+            if flush_running(self.raw_db):
+                return POLL
+            self._cutting = None
+            self._materialize()
+            return 1.0
+        chain = self.chain
+        if (self._cut is None and not chain.broken and chain.epoch >= self._epoch
+                and chain.due(self.config.materialize_ratio, self.config.max_changelog)):
+            self.flush()
+            if start_flush(self.raw_db):
+                self._cutting = now
+                return POLL
+            self._materialize()
+        return 1.0
+
+    def _materialize(self) -> None:
+        """A RocksDB checkpoint of everything written so far, the log cut
+        here: the next snapshot uploads it and starts a new changelog."""
         self.flush()
+        if self._cut is not None:
+            shutil.rmtree(self._cut, ignore_errors=True)
+        self._cut = self._checkpoint()
+        self.db.take()
+        self.db.unlogged = False
+        self._epoch += 1
+
+    def _checkpoint(self) -> str:
         self._snapshots += 1
         path = os.path.join(self.folder, f"snapshot-{self._snapshots}")
-        require().Checkpoint(self.db).create_checkpoint(path)
+        require().Checkpoint(self.raw_db).create_checkpoint(path)
+        return path
+
+    def snapshot(self) -> RocksDBSnapshot | RocksDBChangelogSnapshot:
+        """The synchronous part: live objects written back, then with a
+        changelog the log taken (a RocksDB checkpoint only when the chain
+        needs a materialization at once), else a RocksDB checkpoint (memtable
+        flushed, SST files hard-linked) in a folder of its own."""
+        started = time.monotonic()
+        self.flush()
+        kinds = self.state_kinds()
+        filters = snapshot_filters(self._ttl, kinds)
+        if self.logged:
+            if self._cut is None and (self._epoch == 0 or self.chain.broken
+                                      or self.db.unlogged):
+                self._materialize()  # no chain to extend: one at once
+            self._seq += 1
+            cut, self._cut = self._cut, None
+            return RocksDBChangelogSnapshot(self, self._seq, cut, self._epoch, self.db.take(),
+                                            self.raw_db.snapshot(), kinds, filters)
+        path = self._checkpoint()
         early = self._early
         early.finished(time.monotonic())  # one unfinished at the barrier is, now
         early.snapshot_taken(started)
-        kinds = self.state_kinds()
-        filters = snapshot_filters(self._ttl, kinds)
         cls = RocksDBIncrementalSnapshot if self.config.incremental else RocksDBSnapshot
         return cls(self, path, kinds, filters)
 
@@ -272,7 +348,7 @@ class RocksDBKeyedStateBackend:
                 f"{self.key_group_range.start}..{self.key_group_range.stop - 1}: "
                 "the checkpoint is corrupt or misassigned")
         dumps, parts = self.serializer.dumps, self.codec.parts
-        batch = self.batch()
+        batch = require().WriteBatch(raw_mode=True)  # restored: in the first materialization
         rows: list[tuple[bytes, bytes]] = []
         put = rows.append
         for name, entries in content.items():
@@ -293,7 +369,7 @@ class RocksDBKeyedStateBackend:
         else:
             for k, v in rows:
                 batch.put(k, v)
-        self.db.write(batch)
+        self.raw_db.write(batch)
 
     def _ingest(self, rows: list[tuple[bytes, bytes]]) -> None:
         """Write ``rows`` as one sorted SST file and ingest it (a big block of
@@ -306,7 +382,7 @@ class RocksDBKeyedStateBackend:
             for k, v in sorted(dict(rows).items()):
                 writer[k] = v
             writer.finish()
-            self.db.ingest_external_file([path])
+            self.raw_db.ingest_external_file([path])
         finally:
             try:
                 os.remove(path)
@@ -327,36 +403,43 @@ class RocksDBKeyedStateBackend:
             return
         parts.sort(key=lambda p: -overlap(p[0]))
         (base, base_data), others = parts[0], parts[1:]
-        self.db.close()
+        self.raw_db.close()
         shutil.rmtree(self.db_path, ignore_errors=True)
         materialize(base, base_data, restore_dir, self.db_path)
-        self.db = open_db(self.db_path, self.config)
+        self._open(open_db(self.db_path, self.config))
+        db = self.raw_db  # restored: in the first materialization, not in a changelog
+        apply_changelog(db, base, restore_dir, self.folder)
         exact = base.key_groups == (wanted.start, wanted.stop) and not others
         if not exact:
-            self.db.delete_range(kg_bytes(0), kg_bytes(wanted.start))
-            self.db.delete_range(kg_bytes(wanted.stop) if wanted.stop < 0xFFFF else META, META)
+            db.delete_range(kg_bytes(0), kg_bytes(wanted.start))
+            db.delete_range(kg_bytes(wanted.stop) if wanted.stop < 0xFFFF else META, META)
         for i, (state, data) in enumerate(others):
             tmp = os.path.join(self.folder, f"restore-{i}")
             materialize(state, data, restore_dir, tmp)
-            source = open_db(tmp, _READER, read_only=True)
+            if state.changelog:
+                target = open_db(tmp, READER)
+                try:
+                    apply_changelog(target, state, restore_dir, self.folder)
+                finally:
+                    target.close()
+            source = open_db(tmp, READER, read_only=True)
             try:
-                copy_range(source, self.db, max(state.key_groups[0], wanted.start),
-                           min(state.key_groups[1], wanted.stop), self.batch)
+                copy_range(source, db, max(state.key_groups[0], wanted.start),
+                           min(state.key_groups[1], wanted.stop),
+                           lambda: require().WriteBatch(raw_mode=True))
             finally:
                 source.close()
                 shutil.rmtree(tmp, ignore_errors=True)
-        for table in self._tables.values():
-            table.db = self.db
-        self._check_kinds({name: kind for name, kind in state_names(self.db).values()})
+        self._check_kinds({name: kind for name, kind in state_names(db).values()})
         for name, kind in self._kinds.items():
-            self.db.put(KIND_PREFIX + name.encode(), kind.encode())
+            db.put(KIND_PREFIX + name.encode(), kind.encode())
         if exact and _same_folder(fs.parent(restore_dir), self.scope.job_dir):
             # a failover in the same job: the restored files are uploaded already
             self.uploaded = dict(base.shared)
 
     def close(self) -> None:
         try:
-            self.db.close()
+            self.raw_db.close()
         except Exception:  # noqa: BLE001 - closed already
             pass
         remove_task_folder(self.folder)
@@ -370,70 +453,5 @@ INGEST_MIN_ENTRIES = 50_000
 """A canonical block with at least this many entries is restored by SST
 ingestion, a smaller one by a write batch."""
 
-_READER = RocksDBStateBackend(memory_mb=16)
-"""Options of a database opened read-only to be read once (a snapshot being
-written canonically, a rescale's source): a small cache."""
-
-
 def _same_folder(a: str, b: str) -> bool:
     return fs.absolute(a).rstrip("/") == fs.absolute(b).rstrip("/")
-
-
-class RocksDBSnapshot:
-    """A RocksDB checkpoint folder, written canonically by the snapshot thread."""
-
-    def __init__(self, backend: RocksDBKeyedStateBackend, path: str, kinds: dict[str, str],
-                 filters: dict[str, SnapshotFilter]) -> None:
-        self.backend = backend
-        self.path = path
-        self.kinds = kinds
-        self.filters = filters
-
-    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
-        """One block per non-empty key group, ascending (the heap backend's
-        format); offsets relative to the first byte written here."""
-        try:
-            db = open_db(self.path, _READER, read_only=True)
-            offsets: dict[int, tuple[int, int]] = {}
-            pos = 0
-            try:
-                for kg, blob in export_blocks(db, self.backend.key_group_range,
-                                              self.backend.serializer, self.filters):
-                    out.write(blob)
-                    offsets[kg] = (pos, len(blob))
-                    pos += len(blob)
-            finally:
-                db.close()
-            return KeyedBlocks(offsets, dict(self.kinds))
-        finally:
-            shutil.rmtree(self.path, ignore_errors=True)
-
-
-class RocksDBIncrementalSnapshot(RocksDBSnapshot):
-    """A snapshot a checkpoint writes incrementally (a savepoint canonically)."""
-
-    def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState:
-        """Upload the SST files no earlier checkpoint uploaded, reference the
-        others, write the private files into ``out`` (the state file)."""
-        b = self.backend
-        try:
-            private: dict[str, tuple[int, int]] = {}
-            shared: dict[str, SharedFile] = {}
-            for name in sorted(os.listdir(self.path)):
-                local = os.path.join(self.path, name)
-                if name.endswith(".sst"):
-                    ref = b.uploaded.get(name)
-                    if ref is None:
-                        ref = upload(local, b.scope.job_dir, shared_file_name(
-                            b.scope.uid, b.scope.task_index, checkpoint_id, os.urandom(8).hex()))
-                    shared[name] = ref
-                else:
-                    with open(local, "rb") as f:
-                        data = f.read()
-                    private[name] = (out.tell(), len(data))
-                    out.write(data)
-            b.uploaded = dict(shared)  # files leave a database for good
-            r = b.key_group_range
-            return IncrementalState("rocksdb", (r.start, r.stop), private, shared)
-        finally:
-            shutil.rmtree(self.path, ignore_errors=True)

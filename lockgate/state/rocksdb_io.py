@@ -195,7 +195,8 @@ def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: st
     """Make ``dest`` a RocksDB folder with the files of ``state``: the private
     ones from the state file's bytes ``data``, the shared ones hard-linked
     from the checkpoint's job folder (a local filesystem) or downloaded;
-    every size checked."""
+    every size checked. A changelog is not applied here
+    (:func:`apply_changelog`, once the database is open)."""
     os.makedirs(dest, exist_ok=True)
     for name, (offset, length) in state.private.items():
         if offset + length > len(data):
@@ -203,32 +204,61 @@ def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: st
                 f"private file {name} lies beyond the state file's end: it is corrupt")
         with open(os.path.join(dest, name), "wb") as f:
             f.write(data[offset:offset + length])
+    for name, ref in state.shared.items():
+        _fetch(ref, restore_dir, os.path.join(dest, name), link=True)
+
+
+def apply_changelog(db: Any, state: IncrementalState, restore_dir: str, folder: str) -> None:
+    """Ingest the changelog files of ``state`` into ``db`` (open, holding the
+    materialization), oldest first: each one's entries shadow what is older,
+    its tombstones delete. Each is a private copy (ingestion may write into
+    the file it takes), moved in."""
+    if not state.changelog:
+        return
+    opts = require().IngestExternalFileOptions()
+    opts.set_move_files(True)
+    for i, ref in enumerate(state.changelog):
+        local = os.path.join(folder, f"changelog-{i}.sst")
+        _fetch(ref, restore_dir, local, link=False)
+        try:
+            db.ingest_external_file([local], opts)
+        finally:
+            try:
+                os.remove(local)
+            except OSError:
+                pass
+
+
+def _fetch(ref: SharedFile, restore_dir: str, target: str, link: bool) -> None:
+    """The shared file ``ref`` of the checkpoint at ``restore_dir`` as
+    ``target``: hard-linked (``link``) or copied from a local filesystem,
+    downloaded otherwise; its size checked."""
     shared = fs.join(fs.parent(restore_dir), SHARED_DIR)
     local_shared = fs.local_path(shared)
-    for name, ref in state.shared.items():
-        target = os.path.join(dest, name)
-        source = fs.join(shared, ref.name)
-        try:
-            if local_shared is not None:
-                try:
-                    os.link(os.path.join(local_shared, ref.name), target)
-                except OSError as e:
-                    if isinstance(e, FileNotFoundError):
-                        raise
-                    shutil.copyfile(os.path.join(local_shared, ref.name), target)
-            else:
-                fs_transfer.copy(source, target)
-        except FileNotFoundError:
-            raise CheckpointCorruptError(
-                f"shared file {fs.redact(source)} of the checkpoint {fs.redact(restore_dir)} "
-                "is missing: the checkpoint is damaged (a retained checkpoint needs its "
-                "job folder's shared/ files; to move a job elsewhere, take a savepoint)"
-            ) from None
-        size = os.path.getsize(target)
-        if size != ref.size:
-            raise CheckpointCorruptError(
-                f"shared file {fs.redact(source)} has {size} bytes, the checkpoint recorded "
-                f"{ref.size}: it is truncated or damaged")
+    source = fs.join(shared, ref.name)
+    try:
+        if local_shared is not None:
+            try:
+                if not link:
+                    raise OSError("copy")
+                os.link(os.path.join(local_shared, ref.name), target)
+            except OSError as e:
+                if isinstance(e, FileNotFoundError):
+                    raise
+                shutil.copyfile(os.path.join(local_shared, ref.name), target)
+        else:
+            fs_transfer.copy(source, target)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(
+            f"shared file {fs.redact(source)} of the checkpoint {fs.redact(restore_dir)} "
+            "is missing: the checkpoint is damaged (a retained checkpoint needs its "
+            "job folder's shared/ files; to move a job elsewhere, take a savepoint)"
+        ) from None
+    size = os.path.getsize(target)
+    if size != ref.size:
+        raise CheckpointCorruptError(
+            f"shared file {fs.redact(source)} has {size} bytes, the checkpoint recorded "
+            f"{ref.size}: it is truncated or damaged")
 
 
 def state_names(db: Any) -> dict[bytes, tuple[str, str]]:

@@ -55,6 +55,7 @@ def check_incremental_and_retention(storage: Path) -> None:
         for h in meta["operators"]["sums"]["subtasks"]:
             assert h is not None and "incremental" in h, h
             referenced |= {name for name, _ in h["incremental"]["shared"].values()}
+            referenced |= {name for name, _ in h["incremental"].get("changelog", [])}
     assert referenced
     assert set(os.listdir(job_dir / "shared")) == referenced
 

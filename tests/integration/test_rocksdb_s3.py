@@ -40,6 +40,7 @@ def test_incremental_checkpoints_on_s3(s3, monkeypatch, tmp_path):  # noqa: F811
         for _, h in meta.state_files():
             if h.incremental is not None:
                 referenced |= {f.name for f in h.incremental.shared.values()}
+                referenced |= {f.name for f in h.incremental.changelog}
     assert referenced
     shared = {k.rsplit("/", 1)[1] for k in s3.keys(bucket)
               if k.startswith("chk/first/shared/") and not k.endswith("/")}

@@ -302,6 +302,10 @@ def test_shared_files_go_only_when_no_retained_checkpoint_names_them(tmp_path, m
     {"shared": {"MANIFEST": ["op-0-c1-0123456789abcdef.sst", 1]}},
     {"key_groups": [0, 999]},
     {"backend": "leveldb"},
+    {"changelog": [["../op-0-c1-0123456789abcdef.sst", 1]]},
+    {"changelog": [["op-0-c1-0123456789abcdef.sst", -1]]},
+    {"changelog": {"a": 1}},
+    {"changelog": [["op-0-c1-0123456789abcdef.sst", 1]] * 10_001},
 ])
 def test_crafted_incremental_handles_are_refused(bad):
     good = {"backend": "rocksdb", "key_groups": [0, 16], "private": {"CURRENT": [0, 16]},

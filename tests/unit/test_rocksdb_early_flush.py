@@ -41,7 +41,7 @@ class Out:
 
 def rocks(tmp: Path, name: str, early_flush: bool = True):
     config = RocksDBStateBackend(local_dir=str(tmp / name), memory_mb=32,
-                                 early_flush=early_flush)
+                                 early_flush=early_flush, changelog=False)
     return create_keyed_backend(config, M, range(M), StateSerializer(),
                                 BackendScope("job", "op", 0, 0, str(tmp / "job")))
 

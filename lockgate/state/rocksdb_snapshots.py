@@ -1,0 +1,120 @@
+"""The RocksDB backend's snapshots, as the snapshot thread writes them:
+a RocksDB checkpoint folder (without a changelog), written canonically or
+incrementally; a changelog snapshot (:mod:`lockgate.state.rocksdb_changelog`),
+written as the chain's next link or, for a savepoint, canonically from a
+RocksDB snapshot (a consistent view)."""
+
+from __future__ import annotations
+
+import shutil
+from typing import TYPE_CHECKING, Any
+
+from lockgate.checkpoint.incremental import IncrementalState
+from lockgate.state.backend import KeyedBlocks
+from lockgate.state.backends import RocksDBStateBackend
+from lockgate.state.rocksdb_changelog import advance, handle, upload_folder
+from lockgate.state.rocksdb_io import export_blocks, open_db
+from lockgate.state.ttl_config import SnapshotFilter
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+    from lockgate.state.rocksdb import RocksDBKeyedStateBackend
+
+__all__ = ["RocksDBSnapshot", "RocksDBIncrementalSnapshot", "RocksDBChangelogSnapshot",
+           "READER"]
+
+READER = RocksDBStateBackend(memory_mb=16)
+"""Options of a database opened read-only to be read once (a snapshot being
+written canonically, a rescale's source): a small cache."""
+
+
+class RocksDBSnapshot:
+    """A RocksDB checkpoint folder, written canonically by the snapshot thread."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, path: str, kinds: dict[str, str],
+                 filters: dict[str, SnapshotFilter]) -> None:
+        self.backend = backend
+        self.path = path
+        self.kinds = kinds
+        self.filters = filters
+
+    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
+        """One block per non-empty key group, ascending (the heap backend's
+        format); offsets relative to the first byte written here."""
+        try:
+            db = open_db(self.path, READER, read_only=True)
+            offsets: dict[int, tuple[int, int]] = {}
+            pos = 0
+            try:
+                for kg, blob in export_blocks(db, self.backend.key_group_range,
+                                              self.backend.serializer, self.filters):
+                    out.write(blob)
+                    offsets[kg] = (pos, len(blob))
+                    pos += len(blob)
+            finally:
+                db.close()
+            return KeyedBlocks(offsets, dict(self.kinds))
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+class RocksDBIncrementalSnapshot(RocksDBSnapshot):
+    """A snapshot a checkpoint writes incrementally (a savepoint canonically)."""
+
+    def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState:
+        """Upload the SST files no earlier checkpoint uploaded, reference the
+        others, write the private files into ``out`` (the state file)."""
+        b = self.backend
+        try:
+            shared, files = upload_folder(b, self.path, checkpoint_id)
+            private: dict[str, tuple[int, int]] = {}
+            for name, data in files.items():
+                private[name] = (out.tell(), len(data))
+                out.write(data)
+            r = b.key_group_range
+            return IncrementalState("rocksdb", (r.start, r.stop), private, shared)
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+class RocksDBChangelogSnapshot:
+    """A snapshot with a changelog: its log (and the materialization taken
+    since the last snapshot, if any), and a RocksDB snapshot (a consistent
+    view, no files) for a savepoint's canonical write."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, seq: int, cut: str | None,
+                 epoch: int, log: dict[bytes, bytes | None], view: Any,
+                 kinds: dict[str, str], filters: dict[str, SnapshotFilter]) -> None:
+        self.backend = backend
+        self.seq = seq
+        self.cut = cut
+        self.epoch = epoch
+        self.log = log
+        self.view: Any = view
+        self.kinds = kinds
+        self.filters = filters
+
+    def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState:
+        """Upload the changes (and the materialization), reference the rest."""
+        self.view = None  # a checkpoint does not read it: let RocksDB drop it
+        b = self.backend
+        advance(b, b.chain, (self.seq, self.cut, self.epoch, self.log), checkpoint_id)
+        return handle(b, b.chain, out)
+
+    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
+        """Canonically (a savepoint), from the view; the chain goes on
+        (the next checkpoint needs this snapshot's changes)."""
+        b = self.backend
+        try:
+            offsets: dict[int, tuple[int, int]] = {}
+            pos = 0
+            for kg, blob in export_blocks(self.view, b.key_group_range, b.serializer,
+                                          self.filters):
+                out.write(blob)
+                offsets[kg] = (pos, len(blob))
+                pos += len(blob)
+        finally:
+            self.view = None
+            b.chain.carried.append((self.seq, self.cut, self.epoch, self.log))
+        return KeyedBlocks(offsets, dict(self.kinds))

@@ -1,0 +1,212 @@
+"""The RocksDB backend's changelog (``RocksDBStateBackend(changelog=True)``)
+without processes: a long chain of checkpoints with materializations between
+records, each checkpoint restored (same parallelism, rescaled, onto the heap)
+and compared with a model of the state at that checkpoint; what a checkpoint
+uploads; a snapshot whose writing failed, a savepoint between checkpoints."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.checkpoint.metadata import OperatorMetadata
+from lockgate.errors import LockgateError
+from lockgate.runtime.keyed_state import restore_keyed
+from lockgate.state import rocksdb_changelog
+from lockgate.state.backend import HeapKeyedStateBackend
+from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.keygroups import key_group_for_key, key_group_range
+from lockgate.state.serde import StateSerializer
+from tests.unit.test_rocksdb_backend import (
+    MP,
+    Out,
+    V,
+    blocks_of,
+    restore_blocks,
+    restore_incremental,
+    write_incremental,
+)
+
+pytest.importorskip("rocksdict")
+
+M = 16
+
+
+def rocks(tmp: Path, kg: range = range(M), task: int = 0, attempt: int = 0, *,
+          job: Path, **options):
+    config = RocksDBStateBackend(local_dir=str(tmp / "local"), memory_mb=32, **options)
+    return create_keyed_backend(config, M, kg, StateSerializer(), BackendScope(
+        "job", "op", task, attempt, str(job)))
+
+
+def mutate(b, model: dict, rng: random.Random, n: int) -> None:
+    """``n`` random writes through the state handles, mirrored in ``model``
+    (``{"v": {key: int}, "m": {key: {mk: value}}}``)."""
+    v, m = b.get_state(V), b.get_state(MP)
+    for _ in range(n):
+        key = rng.randrange(300)
+        b.current_key = key
+        op = rng.random()
+        if op < 0.5:
+            v.update(v.value() + 1)
+            model["v"][key] = model["v"].get(key, 0) + 1
+        elif op < 0.6:
+            v.clear()
+            model["v"].pop(key, None)
+        elif op < 0.9:
+            mk = rng.randrange(5)
+            m.put(mk, [key, mk, rng.random()])
+            model["m"].setdefault(key, {})[mk] = m.get(mk)
+        else:
+            mk = rng.randrange(5)
+            m.remove(mk)
+            entries = model["m"].get(key, {})
+            entries.pop(mk, None)
+            if not entries:
+                model["m"].pop(key, None)
+
+
+def contents(b) -> dict:
+    return {"v": dict(b.raw("v").items()), "m": dict(b.raw("m").items())}
+
+
+def copy(model: dict) -> dict:
+    return {"v": dict(model["v"]), "m": {k: dict(e) for k, e in model["m"].items()}}
+
+
+def restored(tmp: Path, job: Path, handle, p: int, heap: bool = False) -> dict:
+    """The state of one checkpoint (one task's handle) restored at parallelism
+    ``p``, all tasks merged."""
+    chk = job / "chk-1"
+    chk.mkdir(parents=True, exist_ok=True)
+    merged: dict = {"v": {}, "m": {}}
+    for i in range(p):
+        kg = key_group_range(i, p, M)
+        if heap:
+            b = HeapKeyedStateBackend(M, kg, StateSerializer())
+            meta = OperatorMetadata(1, OperatorStateMode.SPLIT, [handle[0]])
+            restore_keyed(b, meta, i, p, M, str(chk), lambda h: handle[1])
+        else:
+            b = rocks(tmp / f"r{p}-{i}-{time.monotonic_ns()}", kg, i, 1, job=job)
+            restore_incremental(b, [handle], chk, i, p)
+        b.get_state(V), b.get_state(MP)
+        for name, table in contents(b).items():
+            assert all(key_group_for_key(k, M) in kg for k in table)
+            merged[name].update(table)
+        if not heap:
+            b.close()
+    return merged
+
+
+def due_materialization(b) -> None:
+    """Ask the backend between records until a due materialization was taken."""
+    for _ in range(1000):
+        if b.prepare_snapshot(time.monotonic()) == 1.0 and b._cut is not None:
+            return
+        time.sleep(0.002)
+    raise AssertionError("no materialization was taken")
+
+
+def test_every_checkpoint_of_a_long_chain_restores_exactly(tmp_path):
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job, max_changelog=3)
+    rng = random.Random(7)
+    model: dict = {"v": {}, "m": {}}
+    handles, models = [], []
+    for n in range(1, 13):
+        mutate(b, model, rng, 400)
+        if n > 1 and b.chain.due(b.config.materialize_ratio, b.config.max_changelog):
+            due_materialization(b)  # between records, not in a snapshot
+            mutate(b, model, rng, 50)  # after the cut: in the next changelog file
+        cut_before = b._cut is not None
+        handle = write_incremental(b, n)
+        inc = handle[0].incremental
+        # the first materializes in its synchronous part (no changes after
+        # it); one between records starts a new changelog; else one file more
+        assert len(inc.changelog) == (0 if n == 1 else 1 if cut_before else
+                                      len(handles[-1][0].incremental.changelog) + 1)
+        if n > 1 and not cut_before:  # only the changes were uploaded
+            assert inc.shared == handles[-1][0].incremental.shared
+        handles.append(handle)
+        models.append(copy(model))
+        assert contents(b) == model
+    assert sum(1 for h, _ in handles if len(h.incremental.changelog) == 1) >= 3
+    b.close()
+    for handle, expected in zip(handles, models, strict=True):
+        assert restored(tmp_path, job, handle, 1) == expected
+    for p in (2, 3):  # rescaled, from the longest chains
+        assert restored(tmp_path, job, handles[-1], p) == models[-1]
+    assert restored(tmp_path, job, handles[-2], 2, heap=True) == models[-2]
+
+
+def test_a_checkpoint_between_materializations_uploads_only_the_changes(tmp_path):
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    v = b.get_state(V)
+    for k in range(20_000):
+        b.current_key = k
+        v.update(k)
+    first, _ = write_incremental(b, 1)
+    before = set((job / "shared").iterdir())
+    for k in range(100):
+        b.current_key = k
+        v.update(-k)
+    second, _ = write_incremental(b, 2)
+    new = set((job / "shared").iterdir()) - before
+    assert [p.name for p in new] == [second.incremental.changelog[-1].name]
+    assert second.incremental.changelog[-1].size < first.incremental.size / 20
+    assert not list((tmp_path / "local").rglob("snapshot-*"))  # no RocksDB checkpoint left
+    b.close()
+
+
+def test_a_failed_snapshot_breaks_the_chain_and_the_next_materializes(tmp_path, monkeypatch):
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    rng = random.Random(3)
+    model: dict = {"v": {}, "m": {}}
+    mutate(b, model, rng, 300)
+    write_incremental(b, 1)
+    mutate(b, model, rng, 300)
+    failing = b.snapshot()
+    mutate(b, model, rng, 300)
+    taken_before_the_failure = b.snapshot()  # the task does not wait for the writer
+    real = rocksdb_changelog.upload
+
+    def broken_upload(*args):
+        raise OSError("storage unreachable")
+
+    monkeypatch.setattr(rocksdb_changelog, "upload", broken_upload)
+    with pytest.raises(OSError):
+        failing.write_incremental(Out(), 2)
+    monkeypatch.setattr(rocksdb_changelog, "upload", real)
+    with pytest.raises(LockgateError, match="declined"):
+        taken_before_the_failure.write_incremental(Out(), 3)
+    mutate(b, model, rng, 300)
+    handle = write_incremental(b, 4)  # materialized in its synchronous part
+    assert handle[0].incremental.changelog == ()
+    b.close()
+    assert restored(tmp_path, job, handle, 1) == model
+
+
+def test_a_savepoint_between_checkpoints_keeps_the_changelog_whole(tmp_path):
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    rng = random.Random(11)
+    model: dict = {"v": {}, "m": {}}
+    mutate(b, model, rng, 300)
+    write_incremental(b, 1)
+    mutate(b, model, rng, 300)
+    data, groups, states = blocks_of(b)  # a savepoint: canonical
+    at_savepoint = copy(model)
+    mutate(b, model, rng, 300)
+    handle = write_incremental(b, 3)
+    b.close()
+    assert restored(tmp_path, job, handle, 1) == model
+    h = HeapKeyedStateBackend(M, range(M), StateSerializer())
+    restore_blocks(h, data, groups, states)
+    h.get_state(V), h.get_state(MP)
+    assert contents(h) == at_savepoint
