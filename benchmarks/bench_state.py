@@ -4,6 +4,7 @@ RocksDB state backend, at growing key spaces.
     python benchmarks/bench_state.py [--keys 1000000 10000000 30000000]
         [--backends heap rocksdb] [--measure 30] [--launcher local]
         [--fill-through-job] [--savepoint-cache DIR] [--early-flush on|off]
+        [--changelog on|off]
 
 Per backend and key space (2 tasks, a checkpoint every 2 s): the state
 starts full, every key of the key space with a count of 1. By default the
@@ -17,15 +18,25 @@ permutation), as the first runs did (10M keys on RocksDB: 21 minutes on the
 shared machine). ``--savepoint-cache DIR`` keeps the prefilled savepoint of
 each key space in ``DIR`` and starts later runs from it (writing it takes
 minutes at 10M keys and more). ``--early-flush`` sets
-``RocksDBStateBackend(early_flush=...)`` (default: the backend's). The
-measurement starts when the state is full and records flow, and lasts
-``--measure`` seconds. Reported:
+``RocksDBStateBackend(early_flush=...)``, ``--changelog``
+``RocksDBStateBackend(changelog=...)`` (default: the backend's). The
+measurement starts when the state is full, records flow and the first
+checkpoint completed (it uploads the whole state restored from the
+savepoint: nothing of it was uploaded before), and lasts ``--measure``
+seconds. Reported:
 
 - records/s while measuring;
 - bytes written per checkpoint (state files, plus the shared files uploaded
   for that checkpoint: with incremental checkpoints, what changed), p50 and
-  mean (a checkpoint after a compaction uploads its output too), and the
-  p50 per record counted;
+  mean (without a changelog, a checkpoint after a compaction uploads its
+  output too; with one, a checkpoint after a materialization uploads its new
+  files), and the p50 per record counted;
+- the changed data per checkpoint, estimated: the distinct keys that
+  ``records_per_checkpoint`` uniformly random updates of ``keys`` keys touch,
+  ``keys * (1 - exp(-updates / keys))``, times the bytes of one entry as
+  RocksDB stores it (key and value, before compression; measured on sample
+  keys); and the mean bytes per checkpoint over it (``mean_over_changed``;
+  target: within 2x);
 - checkpoint duration, synchronous part (the longest task's) and total
   (trigger to ``_metadata``), p50 and p99;
 - peak resident memory (VmHWM) per keyed task;
@@ -46,6 +57,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -77,8 +89,8 @@ PARALLELISM = 2
 
 
 def build(keys: int, total: int, backend: str, chk: str, out: str,
-          prefilled: bool, early_flush: bool | None = None) -> Pipeline:
-    extra: dict[str, Any] = {} if early_flush is None else {"early_flush": early_flush}
+          prefilled: bool, extra: dict[str, Any] | None = None) -> Pipeline:
+    extra = extra or {}
     state: Any = "heap" if backend == "heap" else RocksDBStateBackend(memory_mb=256, **extra)
     p = Pipeline("bench-state", parallelism=PARALLELISM, state_backend=state,
                  checkpoint=CheckpointConfig(interval=2.0, storage=chk, retained=100_000,
@@ -247,9 +259,21 @@ def cached_prefill(cache: Path | None, tmp: Path, keys: int) -> tuple[str, float
     return str(target), took
 
 
+def entry_bytes(keys: int, count: int) -> float:
+    """The mean bytes of one entry (RocksDB key and value) of the count
+    state, before compression, over sample keys of ``range(keys)``."""
+    from lockgate.state.rocksdb_tables import KeyCodec, state_id
+
+    codec, dumps = KeyCodec(DEFAULT_MAX_PARALLELISM), StateSerializer().dumps
+    sid = state_id("count")
+    sample = range(0, keys, max(1, keys // 1000))
+    sizes = [sum(map(len, codec.parts(k))) + len(sid) + len(dumps(count)) for k in sample]
+    return sum(sizes) / len(sizes)
+
+
 def measure(backend: str, keys: int, seconds: float, launcher: str,
             through_job: bool, cache: Path | None = None,
-            early_flush: bool | None = None) -> dict[str, Any]:
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-bench-state-"))
     total = keys + 200_000_000
     prefill_s: float | None = 0.0
@@ -257,7 +281,7 @@ def measure(backend: str, keys: int, seconds: float, launcher: str,
     if not through_job:
         savepoint, prefill_s = cached_prefill(cache, tmp, keys)
     p = build(keys, total, backend, str(tmp / "chk"), str(tmp / "out"), not through_job,
-              early_flush)
+              extra)
     filled = keys if through_job else 1
     read = {"n": 0}
     full = threading.Event()
@@ -276,6 +300,9 @@ def measure(backend: str, keys: int, seconds: float, launcher: str,
     try:
         full.wait(3600)
         fill_s = time.monotonic() - started
+        first = marks[-1][2]
+        while marks[-1][2] <= first and time.monotonic() - started < 3600:
+            time.sleep(0.05)  # the first checkpoint: the whole state uploaded
         load0 = os.getloadavg()[0]
         t0, n0, id0 = marks[-1]
         time.sleep(seconds)
@@ -301,16 +328,22 @@ def measure(backend: str, keys: int, seconds: float, launcher: str,
     sizes = checkpoint_bytes(job_dir)
     written = [sizes[c["checkpoint_id"]] for c in window if c["checkpoint_id"] in sizes]
     keyed_peak = [v for k, v in watch.peak.items() if k.endswith(("-2", "-3"))]
+    updates = (n1 - n0) / max(1, len(window))
+    mean = sum(written) / len(written) if written else 0.0
+    changed = keys * (1 - math.exp(-updates / keys)) * entry_bytes(
+        keys, max(2, int((n1 + keys) / keys)))
     row = {
         "backend": backend, "keys": keys,
         "prefill_s": round(prefill_s, 1) if prefill_s is not None else "reused",
-        "early_flush": early_flush,
+        **(extra or {}),
         ("fill_s" if through_job else "start_s"): round(fill_s, 1),
         "loadavg": [round(load0, 1), round(load1, 1)],
         "records_per_s": round((n1 - n0) / (t1 - t0)) if t1 > t0 else None,
         "checkpoints": len(window),
         "bytes_per_checkpoint_p50": int(pct(written, 0.5)),
-        "bytes_per_checkpoint_mean": int(sum(written) / len(written)) if written else 0,
+        "bytes_per_checkpoint_mean": int(mean),
+        "changed_bytes_per_checkpoint": int(changed),
+        "mean_over_changed": round(mean / changed, 2) if changed else None,
         "records_per_checkpoint": round((n1 - n0) / max(1, len(window))),
         "bytes_per_record_p50": round(pct(written, 0.5) * len(window) / max(1, n1 - n0), 1),
         "sync_p50_ms": round(pct(syncs, 0.5) * 1000, 1),
@@ -333,12 +366,15 @@ def main() -> None:
     ap.add_argument("--fill-through-job", action="store_true")
     ap.add_argument("--savepoint-cache", type=Path, default=None)
     ap.add_argument("--early-flush", choices=["on", "off"], default=None)
+    ap.add_argument("--changelog", choices=["on", "off"], default=None)
     args = ap.parse_args()
-    early = None if args.early_flush is None else args.early_flush == "on"
+    extra = {name: value == "on" for name, value in
+             (("early_flush", args.early_flush), ("changelog", args.changelog))
+             if value is not None}
     for keys in args.keys:
         for backend in args.backends:
             print(json.dumps(measure(backend, keys, args.measure, args.launcher,
-                                     args.fill_through_job, args.savepoint_cache, early)),
+                                     args.fill_through_job, args.savepoint_cache, extra)),
                   flush=True)
 
 

@@ -62,7 +62,7 @@ from lockgate.state.backend import (
     registered_kind,
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
-from lockgate.state.rocksdb_changelog import Chain, LoggedBatch, LoggedDB
+from lockgate.state.rocksdb_changelog import Chain, LoggedBatch, LoggedDB, log_limit
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
 from lockgate.state.rocksdb_flush import POLL, EarlyFlush, flush_running, start_flush
 from lockgate.state.rocksdb_handles import RocksListState, RocksMapState, RocksValueState
@@ -148,6 +148,7 @@ class RocksDBKeyedStateBackend:
         """When the background flush before a materialization started."""
         self._epoch = 0
         """Materializations taken (the chain's epoch once the last is uploaded)."""
+        self._log_limit = log_limit(config)
 
     def _open(self, db: Any) -> None:
         self.raw_db = db
@@ -284,7 +285,8 @@ class RocksDBKeyedStateBackend:
             self._materialize()
             return 1.0
         chain = self.chain
-        if (self._cut is None and not chain.broken and chain.epoch >= self._epoch
+        if len(self.db.log) > self._log_limit or (
+                self._cut is None and not chain.broken and chain.epoch >= self._epoch
                 and chain.due(self.config.materialize_ratio, self.config.max_changelog)):
             self.flush()
             if start_flush(self.raw_db):

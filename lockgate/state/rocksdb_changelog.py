@@ -31,6 +31,9 @@ with changelog checkpointing split the two, and so does this module:
   ingested in order (a newer entry shadows an older one, a tombstone deletes)
   into the database, before any range is cut out for a rescale
   (:func:`~lockgate.state.rocksdb_io.apply_changelog`).
+* The log lives in the task's memory: once it holds more entries than a
+  quarter of ``memory_mb`` pays for (:func:`log_limit`), the backend
+  materializes between records, which empties it.
 
 The chain is only as good as its weakest link: a snapshot whose writing
 failed breaks it (:attr:`Chain.broken`), later snapshots of the same chain
@@ -52,11 +55,23 @@ from lockgate.errors import LockgateError
 from lockgate.state.rocksdb_io import options, require, upload
 
 if TYPE_CHECKING:
-
+    from lockgate.state.backends import RocksDBStateBackend
     from lockgate.state.rocksdb import RocksDBKeyedStateBackend
 
-__all__ = ["LoggedDB", "LoggedBatch", "Chain", "Materialized", "Step", "advance", "handle",
-           "write_segment", "upload_folder"]
+__all__ = ["LoggedDB", "LoggedBatch", "log_limit", "Chain", "Materialized", "Step", "advance",
+           "handle", "write_segment", "upload_folder"]
+
+
+LOG_ENTRY_BYTES = 160
+"""About what one entry of the log costs in memory (a dict slot, a key and
+a value as bytes objects)."""
+
+
+def log_limit(config: RocksDBStateBackend) -> int:
+    """Entries the log may hold: a quarter of the memory budget. Beyond, the
+    backend materializes between records (a materialization empties the
+    log) instead of waiting for the next checkpoint."""
+    return (config.memory_mb << 20) // 4 // LOG_ENTRY_BYTES
 
 
 class LoggedBatch:

@@ -38,7 +38,7 @@ M = 16
 
 def rocks(tmp: Path, kg: range = range(M), task: int = 0, attempt: int = 0, *,
           job: Path, **options):
-    config = RocksDBStateBackend(local_dir=str(tmp / "local"), memory_mb=32, **options)
+    config = RocksDBStateBackend(local_dir=str(tmp / "local"), **{"memory_mb": 32, **options})
     return create_keyed_backend(config, M, kg, StateSerializer(), BackendScope(
         "job", "op", task, attempt, str(job)))
 
@@ -210,3 +210,23 @@ def test_a_savepoint_between_checkpoints_keeps_the_changelog_whole(tmp_path):
     restore_blocks(h, data, groups, states)
     h.get_state(V), h.get_state(MP)
     assert contents(h) == at_savepoint
+
+
+def test_a_log_beyond_its_memory_share_is_emptied_by_a_materialization(tmp_path):
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job, memory_mb=16)
+    write_incremental(b, 1)
+    limit = rocksdb_changelog.log_limit(b.config)
+    v = b.get_state(V)
+    for k in range(limit + 5_000):
+        b.current_key = k
+        v.update(k)
+    b.flush()
+    assert len(b.db.log) > limit
+    due_materialization(b)
+    assert len(b.db.log) == 0
+    handle = write_incremental(b, 2)
+    assert handle[0].incremental.changelog == ()  # all in the materialization
+    b.close()
+    state = restored(tmp_path, job, handle, 1)
+    assert state["v"] == {k: k for k in range(limit + 5_000)}
