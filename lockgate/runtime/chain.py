@@ -63,6 +63,7 @@ class OperatorChain:
                            if hasattr(op.backend, "prepare_snapshot")]
         for backend in self._preparing:
             backend.expect_checkpoints(self.spec.checkpoint_interval)
+            backend.fault = self.faults.hit  # the changelog's protocol points
 
     @property
     def has_processing_timers(self) -> bool:

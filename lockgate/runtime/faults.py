@@ -26,6 +26,11 @@ a task the driver can no longer reach, resumed later by a test). Points:
   checkpoint's channel state file (in-flight data), not yet acknowledged
 - ``replay``: after a restore, before a recovered in-flight element is sent
   (output channel state) or processed (input channel state)
+- ``materialize``: a RocksDB backend with a changelog took a materialization
+  between records (a RocksDB checkpoint; its log emptied), which the next
+  checkpoint is to upload
+- ``changelog``: the snapshot writer uploaded a changelog file (and the
+  materialization before it, if any); the checkpoint is not acknowledged
 
 ``snapshot`` and ``final_snapshot`` are reached on the task's snapshot writer
 thread, before the ack is sent: the kill never races the acknowledgement.
@@ -39,7 +44,7 @@ from collections import Counter
 from typing import Any
 
 POINTS = ("batch", "alignment", "snapshot", "acked", "commit", "end_of_data", "final_snapshot",
-          "finish", "unaligned_barrier", "channel_state", "replay")
+          "finish", "unaligned_barrier", "channel_state", "replay", "materialize", "changelog")
 
 
 class FaultInjector:

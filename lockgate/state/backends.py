@@ -99,8 +99,8 @@ class RocksDBStateBackend:
     incremental: bool = True
     early_flush: bool = True
     changelog: bool = True
-    materialize_ratio: float = 1.0
-    max_changelog: int = 100
+    materialize_ratio: float = 0.5
+    max_changelog: int = 300
     name: ClassVar[str] = "rocksdb"
 
     def __post_init__(self) -> None:

@@ -44,7 +44,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 from lockgate import fs
@@ -149,6 +149,10 @@ class RocksDBKeyedStateBackend:
         self._epoch = 0
         """Materializations taken (the chain's epoch once the last is uploaded)."""
         self._log_limit = log_limit(config)
+        self.fault: Callable[[str], None] = _no_fault
+        """Fault injection at the changelog's points (``materialize``: a
+        materialization taken, the log emptied; ``changelog``: a changelog
+        file uploaded, its checkpoint not acknowledged)."""
 
     def _open(self, db: Any) -> None:
         self.raw_db = db
@@ -305,6 +309,7 @@ class RocksDBKeyedStateBackend:
         self.db.take()
         self.db.unlogged = False
         self._epoch += 1
+        self.fault("materialize")
 
     def _checkpoint(self) -> str:
         self._snapshots += 1
@@ -454,6 +459,10 @@ class RocksDBKeyedStateBackend:
 INGEST_MIN_ENTRIES = 50_000
 """A canonical block with at least this many entries is restored by SST
 ingestion, a smaller one by a write batch."""
+
+def _no_fault(point: str) -> None:
+    pass
+
 
 def _same_folder(a: str, b: str) -> bool:
     return fs.absolute(a).rstrip("/") == fs.absolute(b).rstrip("/")

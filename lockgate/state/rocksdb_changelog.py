@@ -265,6 +265,7 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
                 os.remove(path)
             chain.files.append(ref)
             chain.bytes += ref.size
+            backend.fault("changelog")
         chain.seq = step[0]
     except BaseException:
         chain.broken = True

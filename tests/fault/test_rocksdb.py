@@ -226,3 +226,27 @@ def test_joins_broadcast_and_windows_on_rocksdb_under_random_kills(tmp_path, roc
     (meta, *_) = reversed(retained_metadata(job_dir))
     for uid in ("enrich", "share"):
         assert any(h and "incremental" in h for h in meta["operators"][uid]["subtasks"]), uid
+
+
+def test_kills_at_the_changelogs_protocol_points(tmp_path, launcher, rocksdb):
+    """SIGKILLs where the RocksDB changelog is most fragile: just after a
+    materialization between records (its files not uploaded yet), and just
+    after a changelog file was uploaded (its checkpoint not acknowledged);
+    the next attempts restore chains of changelog files. Exact output, and
+    exactly the retained files in shared/."""
+    p, keyed = 2, 2
+    faults = [
+        {"point": "materialize", "task": keyed, "attempt": 0, "count": 2},
+        {"point": "changelog", "task": keyed + 1, "attempt": 1, "count": 2},
+        {"point": "changelog", "task": keyed, "attempt": 2, "count": 4},
+        {"point": "materialize", "task": keyed + 1, "attempt": 3, "count": 1},
+    ]
+    result, _ = run_job(tmp_path, n=3 * N, parallelism=p, faults=faults, interval=0.1,
+                        keys=2_000, extra=["--rate", "30000"], launcher=launcher)
+    check_exact_sums(tmp_path / "out", 3 * N, 2_000)
+    assert result["restarts"] == len(faults), result["failures"]
+    check_incremental_and_retention(tmp_path / "chk")
+    changelogs = [len(h["incremental"].get("changelog", []))
+                  for meta in retained_metadata(next((tmp_path / "chk").iterdir()))
+                  for h in meta["operators"]["sums"]["subtasks"]]
+    assert max(changelogs) >= 1, changelogs
