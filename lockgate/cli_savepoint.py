@@ -36,7 +36,7 @@ def describe_savepoint(path: str) -> dict[str, Any]:
             if not h:
                 subtasks.append({"index": index, "file": None, "size": 0, "key_groups": [],
                                  "incremental": False, "shared_bytes": 0,
-                                 "operator_state_bytes": 0})
+                                 "changelog_files": 0, "operator_state_bytes": 0})
                 continue
             inc = h.incremental
             # an incremental (RocksDB) handle names the range its task owned,
@@ -47,8 +47,10 @@ def describe_savepoint(path: str) -> dict[str, Any]:
             states.update(h.states)
             subtasks.append({"index": index, "file": h.file, "size": h.size,
                              "key_groups": kgs, "incremental": inc is not None,
-                             "shared_bytes": sum(f.size for f in inc.shared.values())
+                             "shared_bytes": sum(f.size for f in (*inc.shared.values(),
+                                                                  *inc.changelog))
                              if inc is not None else 0,
+                             "changelog_files": len(inc.changelog) if inc is not None else 0,
                              "operator_state_bytes": h.op_state[1] if h.op_state else 0})
         operators.append({
             "uid": uid, "parallelism": op.parallelism,
