@@ -253,18 +253,35 @@ class Pipeline:
                 every 10 s elsewhere, unless ``LOCKGATE_PROGRESS=0``;
                 ``False`` none.
         """
-        from lockgate.cluster.options import RunOptions
-        from lockgate.cluster.submission import run_pipeline
-
-        args = {k: v for k, v in locals().items() if k not in ("self", "RunOptions",
-                                                                "run_pipeline")}
-        return run_pipeline(self, RunOptions(**args))
+        args = {k: v for k, v in locals().items() if k != "self"}
+        result: JobResult = self._submit(args, wait=True)
+        return result
 
     def start(self, **kwargs: Any) -> JobClient:
         """Start the job in a background thread and return a :class:`JobClient`
         (``savepoint()``, ``stop(drain=...)``, ``cancel()``, ``result()``).
         Takes the arguments of :meth:`run`."""
-        from lockgate.cluster.options import RunOptions
-        from lockgate.cluster.submission import start_pipeline
+        client: JobClient = self._submit(kwargs, wait=False)
+        return client
 
-        return start_pipeline(self, RunOptions(**kwargs))
+    def _submit(self, args: dict[str, Any], wait: bool) -> Any:
+        """:meth:`run` (``wait``) or :meth:`start`. A local Spark session the
+        job will start begins first (its JVM starts while the driver imports
+        the job master's modules), and ends if the job is refused."""
+        if args.get("launcher", "spark") != "spark":
+            return self._submit_now(args, wait)
+        from lockgate.cluster import spark_session
+
+        spark_session.prestart_job(self, args.get("spark"), args.get("master"))
+        try:
+            return self._submit_now(args, wait)
+        except BaseException:
+            spark_session.cancel_prestart()  # (none is left once the job started)
+            raise
+
+    def _submit_now(self, args: dict[str, Any], wait: bool) -> Any:
+        from lockgate.cluster.options import RunOptions
+        from lockgate.cluster.submission import run_pipeline, start_pipeline
+
+        options = RunOptions(**args)
+        return run_pipeline(self, options) if wait else start_pipeline(self, options)

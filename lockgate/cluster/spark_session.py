@@ -102,21 +102,23 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
         stopped_own = True
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ and not stopped_own:
         # under spark-submit (its JVM started this process): its --master
-        conf, java = _session_conf(None, name)
-        sc = SparkContext.getOrCreate(conf)
+        settings, java = _session_settings(None, name)
+        sc = SparkContext.getOrCreate(_spark_conf(settings))
         sc.setLogLevel(spark_log_level())
         return sc
     master = master or default_master(num_tasks)
     early = _early.pop(master, None) if not stopped_own else None
     cancel_prestart()  # another master's (none: prestart and this agree)
     if early is not None and early.name == name:
-        conf, java, learned, started = early.conf, early.java, early.learned, early.started
+        settings, java, learned, started = \
+            early.settings, early.java, early.learned, early.started
     else:
         if early is not None:
             early.cancel()
-        conf, java = _session_conf(master, name)
+        settings, java = _session_settings(master, name)
         learned = spark_gateway.cache_file(java) if is_local_master(master) else None
-        started = spark_gateway.spawn(dict(conf.getAll()), learned)
+        started = spark_gateway.spawn(settings, learned)
+    conf = _spark_conf(settings)
     if not is_local_master(master):
         sc = SparkContext.getOrCreate(conf)
     else:  # the JVM from the command learned from the first session (no launcher JVM)
@@ -129,17 +131,16 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
     return sc
 
 
-def _session_conf(master: str | None, name: str) -> tuple[Any, str]:
-    """The SparkConf of a session Lockgate starts, and the ``java`` it runs;
-    a local one's warm Spark daemon is started."""
-    from pyspark import SparkConf
-
+def _session_settings(master: str | None, name: str) -> tuple[dict[str, str], str]:
+    """The settings of a session Lockgate starts (its SparkConf's, in order),
+    and the ``java`` it runs; a local one's warm Spark daemon is started.
+    PySpark is not imported here: a local session's JVM starts first."""
     # The workers must run this interpreter, or they cannot import Lockgate.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    conf = SparkConf().setAppName(name)
+    conf = {"spark.app.name": name}
     settings = {**SESSION_CONF, OWNED: "true"}
     if master is not None:
-        conf.setMaster(master)
+        conf["spark.master"] = master
         if is_local_master(master):
             # Spark's daemon runs on this machine: its imports overlap the JVM's start
             settings.update(spark_warm.start())
@@ -149,22 +150,32 @@ def _session_conf(master: str | None, name: str) -> tuple[Any, str]:
                 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     java = ensure_java()
     quiet_spark_logs(java)
+    conf.update(settings)
+    return conf, java
+
+
+def _spark_conf(settings: dict[str, str]) -> Any:
+    """The SparkConf of :func:`_session_settings`."""
+    from pyspark import SparkConf
+
+    conf = SparkConf()
     for key, value in settings.items():
         conf.set(key, value)
-    return conf, java
+    return conf
 
 
 class _Early:
     """A local session started ahead of the job's checks (:func:`prestart`)."""
 
-    def __init__(self, name: str, conf: Any, java: str, learned: Any, started: Any) -> None:
-        self.name, self.conf, self.java, self.learned, self.started = \
-            name, conf, java, learned, started
+    def __init__(self, name: str, settings: dict[str, str], java: str, learned: Any,
+                 started: Any) -> None:
+        self.name, self.settings, self.java, self.learned, self.started = \
+            name, settings, java, learned, started
 
     def cancel(self) -> None:
         if self.started is not None:
             self.started.abandon()
-        spark_warm.stop(dict(self.conf.getAll()))
+        spark_warm.stop(self.settings)
 
 
 _early: dict[str, _Early] = {}
@@ -177,20 +188,48 @@ def prestart(spark: Any, master: str | None, num_tasks: int, name: str) -> None:
     overlap the JVM's start; :func:`spark_context` goes on with it, and
     :func:`cancel_prestart` ends it if the job is refused. Nothing when the
     job would not start a session (one passed or running, spark-submit, a
-    cluster master)."""
-    from pyspark import SparkContext
-
-    if spark is not None or SparkContext._active_spark_context is not None \
-            or "PYSPARK_GATEWAY_PORT" in os.environ:
+    cluster master), or when this one began already (:func:`prestart_job`).
+    PySpark is imported after the JVM started (its import is a tenth of a
+    second or more of a cold start)."""
+    if spark is not None or _running_jvm() or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
     master = master or default_master(num_tasks)
     if not is_local_master(master):
         return
+    if master in _early and _early[master].name == name:
+        return  # begun by prestart_job
     cancel_prestart()
-    conf, java = _session_conf(master, name)
+    settings, java = _session_settings(master, name)
     learned = spark_gateway.cache_file(java)
-    _early[master] = _Early(name, conf, java, learned,
-                            spark_gateway.spawn(dict(conf.getAll()), learned))
+    _early[master] = _Early(name, settings, java, learned,
+                            spark_gateway.spawn(settings, learned))
+
+
+def prestart_job(pipeline: Any, spark: Any, master: str | None) -> None:
+    """``Pipeline.run``/``start`` on the ``spark`` launcher: :func:`prestart`
+    before the driver imports the job master's modules (a tenth of a second
+    or more). Never raises: a job that cannot start is refused in order
+    later (and :func:`cancel_prestart` ends this)."""
+    if spark is not None:
+        return
+    try:
+        from lockgate.cluster.naming import app_name
+        from lockgate.graph.jobgraph import build_job_graph
+
+        prestart(spark, master, build_job_graph(pipeline).num_tasks, app_name(pipeline.name))
+    except Exception as e:  # noqa: BLE001 - said again, in order, by the job's checks
+        log.debug("no early Spark session: %s", e)
+        cancel_prestart()
+
+
+def _running_jvm() -> bool:
+    """Whether this process has PySpark's JVM (a context runs, or ran):
+    none before PySpark is imported, which this does not do."""
+    module = sys.modules.get("pyspark")
+    if module is None:
+        return False
+    context = module.SparkContext
+    return context._active_spark_context is not None or context._gateway is not None
 
 
 def cancel_prestart() -> None:

@@ -100,3 +100,44 @@ def test_a_refused_job_leaves_no_jvm_behind(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "refused: the function of operator 'm' cannot be sent" in out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []  # no java, no warm daemon
+
+
+EARLY = """
+import json, sys
+from lockgate import Pipeline
+from lockgate.connectors import CollectSink, SequenceSource
+from lockgate.cluster import spark_gateway
+
+seen = []  # what the driver had imported when the JVM was started
+spawn = spark_gateway.spawn
+
+def watched(*a, **k):
+    seen.append({m: m in sys.modules for m in ("pyspark", "lockgate.cluster.jobmaster",
+                                               "lockgate.cluster.submission")})
+    return spawn(*a, **k)
+
+spark_gateway.spawn = watched
+sink = CollectSink()
+p = Pipeline("early", parallelism=1)
+p.source(SequenceSource(1, 20), uid="numbers").map(lambda x: x * 3, uid="m").sink(sink, uid="out")
+p.run(launcher="spark", master="local[2]")
+print(json.dumps({"seen": seen, "total": sum(sink.results())}))
+"""
+
+
+def test_the_jvm_starts_before_the_driver_imports_pyspark_and_the_job_master(
+        tmp_path: Path) -> None:
+    _session(tmp_path)  # a learned command: the job's JVM starts from it
+    (tmp_path / "early.py").write_text(EARLY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), LOCKGATE_SPARK_CDS="0",
+               LOCKGATE_PROGRESS="0")
+    out = subprocess.run([sys.executable, str(tmp_path / "early.py")], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["total"] == 3 * sum(range(1, 21))
+    # one JVM, started before PySpark (a tenth of a second or more of imports)
+    # and the job master's modules were imported: they load while it starts
+    assert result["seen"] == [{"pyspark": False, "lockgate.cluster.jobmaster": False,
+                               "lockgate.cluster.submission": False}]
