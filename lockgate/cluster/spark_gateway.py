@@ -34,6 +34,7 @@ import shlex
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ log = logging.getLogger("lockgate.driver")
 
 SWITCH = "LOCKGATE_SPARK_LAUNCHER"
 """``1``: always start the JVM through ``spark-submit``."""
+WARM_UP_SWITCH = "LOCKGATE_SPARK_WARMUP"
+"""``0`` turns off :func:`warm_up`."""
 SUBMIT = "org.apache.spark.deploy.SparkSubmit"
 KEEP = 16
 """Learned commands kept (the newest)."""
@@ -255,3 +258,48 @@ def _connect(proc: subprocess.Popen[bytes], info: str) -> Any:
                 os.environ[k] = v
     gateway.proc = proc
     return gateway
+
+
+class WarmUp(threading.Thread):
+    """JVM work of the session's first Spark job that needs no SparkContext,
+    done on a second py4j connection while the context starts (its start
+    leaves part of the machine's second core idle): the JSON mapper of
+    Spark's RDD operation scopes (Jackson and its Scala module, about 0.1 s
+    of the first job on the 2-core machine), and the LZ4 codec and xxHash
+    (native libraries) of the task's broadcast."""
+
+    def __init__(self, gateway: Any) -> None:
+        super().__init__(daemon=True, name="spark-warm-up")
+        self.gateway = gateway
+        self.error: str | None = None
+        self.seconds: float | None = None
+        """How long it took (None: not done)."""
+
+    def run(self) -> None:
+        start = time.monotonic()
+        try:
+            jvm = self.gateway.jvm
+            scope = jvm.org.apache.spark.rdd.RDDOperationScope.fromJson(
+                '{"id":"0","name":"lockgate-warm-up"}')
+            scope.toJson()
+            jvm.net.jpountz.lz4.LZ4Factory.fastestInstance()
+            jvm.net.jpountz.xxhash.XXHashFactory.fastestInstance()
+        except Exception as e:  # noqa: BLE001 - only a head start: the job does it anyway
+            self.error = f"{type(e).__name__}: {e}"[:500]
+            log.debug("the Spark warm-up failed: %s", self.error)
+        self.seconds = time.monotonic() - start
+
+
+last_warm_up: WarmUp | None = None
+"""The last :func:`warm_up` started (tests look at it)."""
+
+
+def warm_up(gateway: Any) -> WarmUp | None:
+    """Start :class:`WarmUp` on ``gateway`` (a JVM whose context is about to
+    start), unless ``LOCKGATE_SPARK_WARMUP=0``."""
+    global last_warm_up
+    if os.environ.get(WARM_UP_SWITCH, "1").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    thread = last_warm_up = WarmUp(gateway)
+    thread.start()
+    return thread

@@ -124,6 +124,8 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
     else:  # the JVM from the command learned from the first session (no launcher JVM)
         before = dict(os.environ)
         gateway = spark_gateway.connect(started) if started is not None else None
+        if gateway is not None:
+            spark_gateway.warm_up(gateway)  # beside the context's start
         sc = SparkContext(conf=conf, gateway=gateway)
         if gateway is None:
             spark_gateway.learn(SparkContext._gateway, dict(conf.getAll()), learned, before)

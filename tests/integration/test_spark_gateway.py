@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SESSION = """
 import json, os, sys
@@ -121,23 +122,33 @@ sink = CollectSink()
 p = Pipeline("early", parallelism=1)
 p.source(SequenceSource(1, 20), uid="numbers").map(lambda x: x * 3, uid="m").sink(sink, uid="out")
 p.run(launcher="spark", master="local[2]")
-print(json.dumps({"seen": seen, "total": sum(sink.results())}))
+warm = spark_gateway.last_warm_up
+print(json.dumps({"seen": seen, "total": sum(sink.results()),
+                  "warm_up": warm and {"error": warm.error, "seconds": warm.seconds}}))
 """
+
+
+def _early(tmp_path: Path, **env_vars: str) -> dict[str, Any]:
+    (tmp_path / "early.py").write_text(EARLY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), LOCKGATE_SPARK_CDS="0",
+               LOCKGATE_PROGRESS="0", **env_vars)
+    out = subprocess.run([sys.executable, str(tmp_path / "early.py")], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["total"] == 3 * sum(range(1, 21))
+    return result
 
 
 def test_the_jvm_starts_before_the_driver_imports_pyspark_and_the_job_master(
         tmp_path: Path) -> None:
     _session(tmp_path)  # a learned command: the job's JVM starts from it
-    (tmp_path / "early.py").write_text(EARLY)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
-    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), LOCKGATE_SPARK_CDS="0",
-               LOCKGATE_PROGRESS="0")
-    out = subprocess.run([sys.executable, str(tmp_path / "early.py")], capture_output=True,
-                         text=True, timeout=300, env=env, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["total"] == 3 * sum(range(1, 21))
+    result = _early(tmp_path)
     # one JVM, started before PySpark (a tenth of a second or more of imports)
     # and the job master's modules were imported: they load while it starts
     assert result["seen"] == [{"pyspark": False, "lockgate.cluster.jobmaster": False,
                                "lockgate.cluster.submission": False}]
+    # the first job's context-free JVM work ran beside the context's start
+    assert result["warm_up"]["error"] is None and result["warm_up"]["seconds"] > 0
+    assert _early(tmp_path, LOCKGATE_SPARK_WARMUP="0")["warm_up"] is None
