@@ -69,6 +69,10 @@ def _run(args: argparse.Namespace) -> int:
               f"{p.records_read:,} records read, {p.records_written:,} written, "
               f"{p.restarts} restarts", file=sys.stderr, flush=True)
 
+    from lockgate.cluster import spark_session
+
+    if args.launcher == "spark":  # its JVM starts while the job master's modules load
+        spark_session.prestart_job(pipeline, None, args.master)
     from lockgate.cluster.options import RunOptions
     from lockgate.cluster.submission import prepare_job
 
