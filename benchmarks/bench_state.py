@@ -317,6 +317,8 @@ def measure(backend: str, keys: int, seconds: float, launcher: str,
         while len(marks) <= before and time.monotonic() - killed < 600:
             time.sleep(0.05)
         to_checkpoint = time.monotonic() - killed
+        startup = getattr(getattr(client, "master", None), "startup", None)
+        recovery_steps = startup.current.describe() if startup and startup.current else None
         result = client.cancel()
     finally:
         watch.stop.set()
@@ -352,6 +354,7 @@ def measure(backend: str, keys: int, seconds: float, launcher: str,
         "peak_rss_mib": round(max(keyed_peak, default=0.0)),
         "recovery_s": round(result.recovery_times[0], 2) if result.recovery_times else None,
         "kill_to_next_checkpoint_s": round(to_checkpoint, 2),
+        "recovery_steps": recovery_steps,
     }
     shutil.rmtree(tmp, ignore_errors=True)
     return row
