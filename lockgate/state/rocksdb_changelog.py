@@ -236,22 +236,26 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
     savepoints carried since the last: the newest materialization among
     them uploaded (it holds everything before it), then the logs after it,
     merged into one changelog file. A failure breaks the chain."""
-    steps, chain.carried = [*chain.carried, step], []
-    cuts = [i for i, (_, cut, _, _) in enumerate(steps) if cut is not None]
+    taken, chain.carried = [*chain.carried, step], []
+    cuts = [i for i, (_, cut, _, _) in enumerate(taken) if cut is not None]
+    steps = taken[cuts[-1]:] if cuts else taken
     try:
+        # every snapshot since the materialization (or the chain's last) is
+        # here: one that never reached the writer leaves a gap
+        gap = any(b[0] != a[0] + 1 for a, b in zip(steps, steps[1:], strict=False))
+        if gap or not cuts and (chain.base is None or chain.broken
+                                or chain.seq != steps[0][0] - 1):
+            raise LockgateError(
+                "the changelog lacks an earlier snapshot that failed to be written: this "
+                "checkpoint cannot be complete and is declined; the next one materializes "
+                "the state")
         if cuts:
-            _, cut, epoch, _ = steps[cuts[-1]]
+            _, cut, epoch, _ = steps[0]
             assert cut is not None
             shared, private = upload_folder(backend, cut, checkpoint_id)
             chain.base = Materialized(shared, private)
             chain.files, chain.bytes, chain.broken = [], 0, False
             chain.epoch = epoch
-            steps = steps[cuts[-1]:]
-        elif chain.base is None or chain.broken or chain.seq != steps[0][0] - 1:
-            raise LockgateError(
-                "the changelog lacks an earlier snapshot that failed to be written: this "
-                "checkpoint cannot be complete and is declined; the next one materializes "
-                "the state")
         log: dict[bytes, bytes | None] = {}
         for _, _, _, part in steps:
             log.update(part)
@@ -271,7 +275,7 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
         chain.broken = True
         raise
     finally:
-        for _, cut, _, _ in steps:
+        for _, cut, _, _ in taken:  # superseded materializations too
             if cut is not None:
                 shutil.rmtree(cut, ignore_errors=True)
 

@@ -230,3 +230,46 @@ def test_a_log_beyond_its_memory_share_is_emptied_by_a_materialization(tmp_path)
     b.close()
     state = restored(tmp_path, job, handle, 1)
     assert state["v"] == {k: k for k in range(limit + 5_000)}
+
+
+def test_a_snapshot_lost_after_a_savepoint_declines_the_next_checkpoint(tmp_path):
+    """A savepoint's changes wait for the next checkpoint (carried); a
+    snapshot after it that never reached the writer (its checkpoint failed
+    before this operator's state was written) leaves a gap the checkpoint
+    after it must not paper over."""
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    rng = random.Random(5)
+    model: dict = {"v": {}, "m": {}}
+    mutate(b, model, rng, 300)
+    write_incremental(b, 1)
+    mutate(b, model, rng, 300)
+    blocks_of(b)  # savepoint 2: carried
+    mutate(b, model, rng, 300)
+    b.snapshot()  # checkpoint 3: failed before its keyed state was written
+    mutate(b, model, rng, 300)
+    with pytest.raises(LockgateError, match="declined"):
+        write_incremental(b, 4)
+    mutate(b, model, rng, 300)
+    handle = write_incremental(b, 5)  # materialized in its synchronous part
+    assert handle[0].incremental.changelog == ()
+    b.close()
+    assert restored(tmp_path, job, handle, 1) == model
+
+
+def test_materializations_carried_by_savepoints_leave_no_folder_behind(tmp_path):
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    rng = random.Random(9)
+    model: dict = {"v": {}, "m": {}}
+    mutate(b, model, rng, 300)
+    write_incremental(b, 1)
+    for _ in (2, 3):  # savepoints, each with a materialization taken before it
+        mutate(b, model, rng, 300)
+        b._materialize()
+        blocks_of(b)
+    mutate(b, model, rng, 300)
+    handle = write_incremental(b, 4)
+    assert not list((tmp_path / "local").rglob("snapshot-*"))  # no RocksDB checkpoint left
+    b.close()
+    assert restored(tmp_path, job, handle, 1) == model
