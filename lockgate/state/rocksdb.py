@@ -327,9 +327,9 @@ class RocksDBKeyedStateBackend:
         kinds = self.state_kinds()
         filters = snapshot_filters(self._ttl, kinds)
         if self.logged:
-            if self._cut is None and (self._epoch == 0 or self.chain.broken
-                                      or self.db.unlogged):
-                self._materialize()  # no chain to extend: one at once
+            if self.db.unlogged or self._cut is None and (self._epoch == 0
+                                                          or self.chain.broken):
+                self._materialize()  # no chain to extend (or a waiting cut is stale): at once
             self._seq += 1
             cut, self._cut = self._cut, None
             return RocksDBChangelogSnapshot(self, self._seq, cut, self._epoch, self.db.take(),

@@ -43,12 +43,12 @@ def rocks(tmp: Path, kg: range = range(M), task: int = 0, attempt: int = 0, *,
         "job", "op", task, attempt, str(job)))
 
 
-def mutate(b, model: dict, rng: random.Random, n: int) -> None:
-    """``n`` random writes through the state handles, mirrored in ``model``
-    (``{"v": {key: int}, "m": {key: {mk: value}}}``)."""
+def mutate(b, model: dict, rng: random.Random, n: int, keys: list | None = None) -> None:
+    """``n`` random writes through the state handles (of ``keys``, else of
+    0..299), mirrored in ``model`` (``{"v": {key: int}, "m": {key: {mk: value}}}``)."""
     v, m = b.get_state(V), b.get_state(MP)
     for _ in range(n):
-        key = rng.randrange(300)
+        key = rng.choice(keys) if keys else rng.randrange(300)
         b.current_key = key
         op = rng.random()
         if op < 0.5:
@@ -273,3 +273,52 @@ def test_materializations_carried_by_savepoints_leave_no_folder_behind(tmp_path)
     assert not list((tmp_path / "local").rglob("snapshot-*"))  # no RocksDB checkpoint left
     b.close()
     assert restored(tmp_path, job, handle, 1) == model
+
+
+def test_changelogs_of_several_tasks_restore_rescaled(tmp_path):
+    """Two tasks' chains restored by one task (the other handle is copied in
+    after its changelog is applied) and onto the heap."""
+    job = tmp_path / "job"
+    model: dict = {"v": {}, "m": {}}
+    handles = []
+    for i in range(2):
+        kg = key_group_range(i, 2, M)
+        b = rocks(tmp_path / f"w{i}", kg, i, job=job)
+        rng = random.Random(20 + i)
+        keys = [k for k in range(300) if key_group_for_key(k, M) in kg]
+        for n in (1, 2, 3):
+            mutate(b, model, rng, 300, keys)
+            handle = write_incremental(b, n)
+        assert len(handle[0].incremental.changelog) == 2
+        b.close()
+        handles.append(handle)
+    chk = job / "chk-1"
+    chk.mkdir(parents=True, exist_ok=True)
+    for heap in (False, True):
+        if heap:
+            b = HeapKeyedStateBackend(M, range(M), StateSerializer())
+        else:
+            b = rocks(tmp_path / "r", range(M), 0, 1, job=job)
+        restore_incremental(b, handles, chk, 0, 1)
+        b.get_state(V), b.get_state(MP)
+        assert contents(b) == model
+        if not heap:
+            b.close()
+
+
+def test_a_range_deleted_after_a_materialization_is_in_the_next_checkpoint(tmp_path):
+    """The log cannot say a deleted range: the next snapshot materializes,
+    even when a materialization taken before the deletion waits for it."""
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    rng = random.Random(4)
+    model: dict = {"v": {}, "m": {}}
+    mutate(b, model, rng, 300)
+    write_incremental(b, 1)
+    mutate(b, model, rng, 300)
+    b._materialize()  # between records
+    b.flush()
+    b.db.delete_range(b"", b"\xff" * 8)  # every key group's entries
+    handle = write_incremental(b, 2)
+    b.close()
+    assert restored(tmp_path, job, handle, 1) == {"v": {}, "m": {}}
