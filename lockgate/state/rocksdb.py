@@ -288,9 +288,10 @@ class RocksDBKeyedStateBackend:
             self._cutting = None
             self._materialize()
             return 1.0
-        chain = self.chain
-        if len(self.db.log) > self._log_limit or (
-                self._cut is None and not chain.broken and chain.epoch >= self._epoch
+        chain, logged = self.chain, len(self.db.log)
+        if logged > self._log_limit or self._cut is None and (
+                logged + chain.carried_entries > self._log_limit  # savepoints'
+                or not chain.broken and chain.epoch >= self._epoch
                 and chain.due(self.config.materialize_ratio, self.config.max_changelog)):
             self.flush()
             if start_flush(self.raw_db):

@@ -31,9 +31,11 @@ with changelog checkpointing split the two, and so does this module:
   ingested in order (a newer entry shadows an older one, a tombstone deletes)
   into the database, before any range is cut out for a rescale
   (:func:`~lockgate.state.rocksdb_io.apply_changelog`).
-* The log lives in the task's memory: once it holds more entries than a
-  quarter of ``memory_mb`` pays for (:func:`log_limit`), the backend
-  materializes between records, which empties it.
+* The log lives in the task's memory: once it (with the logs savepoints
+  carry for the next checkpoint, :attr:`Chain.carried`) holds more entries
+  than a quarter of ``memory_mb`` pays for (:func:`log_limit`), the backend
+  materializes between records, which empties it (and the next snapshot's
+  materialization supersedes what was carried).
 
 The chain is only as good as its weakest link: a snapshot whose writing
 failed breaks it (:attr:`Chain.broken`), later snapshots of the same chain
@@ -175,6 +177,20 @@ class Chain:
     with the next checkpoint's (a file uploaded for a savepoint could be
     deleted as referenced by no retained checkpoint before the next one
     completes)."""
+    carried_entries: int = 0
+    """Entries of :attr:`carried`'s logs (they count in the log's memory
+    share: savepoints without checkpoints would pile them up)."""
+
+    def carry(self, step: Step) -> None:
+        """Keep a savepoint's snapshot for the next checkpoint; one with a
+        materialization supersedes those before it."""
+        if step[1] is not None:
+            for _, cut, _, _ in self.carried:
+                if cut is not None:
+                    shutil.rmtree(cut, ignore_errors=True)
+            self.carried, self.carried_entries = [], 0
+        self.carried.append(step)
+        self.carried_entries += len(step[3])
 
     def due(self, ratio: float, most: int) -> bool:
         """Whether the next materialization is due."""
@@ -236,7 +252,7 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
     savepoints carried since the last: the newest materialization among
     them uploaded (it holds everything before it), then the logs after it,
     merged into one changelog file. A failure breaks the chain."""
-    taken, chain.carried = [*chain.carried, step], []
+    taken, chain.carried, chain.carried_entries = [*chain.carried, step], [], 0
     cuts = [i for i, (_, cut, _, _) in enumerate(taken) if cut is not None]
     steps = taken[cuts[-1]:] if cuts else taken
     try:

@@ -116,5 +116,5 @@ class RocksDBChangelogSnapshot:
                 pos += len(blob)
         finally:
             self.view = None
-            b.chain.carried.append((self.seq, self.cut, self.epoch, self.log))
+            b.chain.carry((self.seq, self.cut, self.epoch, self.log))
         return KeyedBlocks(offsets, dict(self.kinds))

@@ -322,3 +322,34 @@ def test_a_range_deleted_after_a_materialization_is_in_the_next_checkpoint(tmp_p
     handle = write_incremental(b, 2)
     b.close()
     assert restored(tmp_path, job, handle, 1) == {"v": {}, "m": {}}
+
+
+def test_savepoints_without_checkpoints_carry_a_bounded_log(tmp_path):
+    """Savepoints only (no checkpoints: ``interval=None``): what they carry
+    for a next checkpoint stays within the log's memory share (a
+    materialization between records supersedes it), and that checkpoint
+    restores exactly."""
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job, memory_mb=16)
+    limit = rocksdb_changelog.log_limit(b.config)
+    v = b.get_state(V)
+    blocks_of(b)  # the first savepoint (it materializes)
+    for r in range(1, 5):
+        for k in range(limit // 2):  # new keys each round
+            b.current_key = r * 1_000_000 + k
+            v.update(r)
+            if k % 500 == 0:
+                b.prepare_snapshot(time.monotonic())
+        b.flush()
+        for _ in range(500):  # between records until no flush is watched
+            if b.prepare_snapshot(time.monotonic()) == 1.0:
+                break
+            time.sleep(0.002)
+        blocks_of(b)
+        carried = sum(len(log) for _, _, _, log in b.chain.carried)
+        assert carried <= limit * 3 // 2, (r, carried)
+    handle = write_incremental(b, 9)
+    assert not list((tmp_path / "local").rglob("snapshot-*"))
+    b.close()
+    assert restored(tmp_path, job, handle, 1)["v"] == {
+        r * 1_000_000 + k: r for r in range(1, 5) for k in range(limit // 2)}
