@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from lockgate.errors import LockgateError
 from lockgate.protocol import (
@@ -98,8 +99,13 @@ class TaskControl(UnalignedCheckpoints):
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
         started = time.monotonic()
-        if self._barrier[0] == "savepoint":
+        savepoint = self._barrier[0] == "savepoint"
+        if savepoint:
             self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
+        for op in self.ops:  # a RocksDB changelog keeps files for a canonical write
+            backend: Any = op.backend
+            if hasattr(backend, "savepoint_next"):
+                backend.savepoint_next = savepoint
         snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
         self._flush_all()
         barrier = Barrier(checkpoint_id, *self._barrier)

@@ -149,6 +149,9 @@ class RocksDBKeyedStateBackend:
         self._epoch = 0
         """Materializations taken (the chain's epoch once the last is uploaded)."""
         self._log_limit = log_limit(config)
+        self.savepoint_next = False
+        """The next snapshot is a savepoint's (set by the task before it): with
+        a changelog, it takes a RocksDB checkpoint for the canonical write."""
         self.fault: Callable[[str], None] = _no_fault
         """Fault injection at the changelog's points (``materialize``: a
         materialization taken, the log emptied; ``changelog``: a changelog
@@ -333,8 +336,10 @@ class RocksDBKeyedStateBackend:
                 self._materialize()  # no chain to extend (or a waiting cut is stale): at once
             self._seq += 1
             cut, self._cut = self._cut, None
+            frozen = self._checkpoint() if self.savepoint_next else None
+            self.savepoint_next = False
             return RocksDBChangelogSnapshot(self, self._seq, cut, self._epoch, self.db.take(),
-                                            self.raw_db.snapshot(), kinds, filters)
+                                            frozen, kinds, filters)
         path = self._checkpoint()
         early = self._early
         early.finished(time.monotonic())  # one unfinished at the barrier is, now

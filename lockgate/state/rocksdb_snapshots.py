@@ -2,7 +2,8 @@
 a RocksDB checkpoint folder (without a changelog), written canonically or
 incrementally; a changelog snapshot (:mod:`lockgate.state.rocksdb_changelog`),
 written as the chain's next link or, for a savepoint, canonically from a
-RocksDB snapshot (a consistent view)."""
+RocksDB checkpoint folder taken with it (not from a rocksdict ``Snapshot``:
+its iterators read the live database, 0.3.29)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from lockgate.checkpoint.incremental import IncrementalState
+from lockgate.errors import LockgateError
 from lockgate.state.backend import KeyedBlocks
 from lockgate.state.backends import RocksDBStateBackend
 from lockgate.state.rocksdb_changelog import advance, handle, upload_folder
@@ -80,41 +82,52 @@ class RocksDBIncrementalSnapshot(RocksDBSnapshot):
 
 class RocksDBChangelogSnapshot:
     """A snapshot with a changelog: its log (and the materialization taken
-    since the last snapshot, if any), and a RocksDB snapshot (a consistent
-    view, no files) for a savepoint's canonical write."""
+    since the last snapshot, if any), and for a savepoint a RocksDB
+    checkpoint folder (``frozen``) for its canonical write."""
 
     def __init__(self, backend: RocksDBKeyedStateBackend, seq: int, cut: str | None,
-                 epoch: int, log: dict[bytes, bytes | None], view: Any,
+                 epoch: int, log: dict[bytes, bytes | None], frozen: str | None,
                  kinds: dict[str, str], filters: dict[str, SnapshotFilter]) -> None:
         self.backend = backend
         self.seq = seq
         self.cut = cut
         self.epoch = epoch
         self.log = log
-        self.view: Any = view
+        self.frozen = frozen
         self.kinds = kinds
         self.filters = filters
 
     def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState:
         """Upload the changes (and the materialization), reference the rest."""
-        self.view = None  # a checkpoint does not read it: let RocksDB drop it
         b = self.backend
+        if self.frozen is not None:  # taken for a savepoint: not read
+            shutil.rmtree(self.frozen, ignore_errors=True)
         advance(b, b.chain, (self.seq, self.cut, self.epoch, self.log), checkpoint_id)
         return handle(b, b.chain, out)
 
     def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
-        """Canonically (a savepoint), from the view; the chain goes on
-        (the next checkpoint needs this snapshot's changes)."""
+        """Canonically (a savepoint), from the RocksDB checkpoint taken with
+        it; the chain goes on (the next checkpoint needs this snapshot's
+        changes)."""
         b = self.backend
         try:
+            if self.frozen is None:
+                raise LockgateError(
+                    "a savepoint's keyed state was captured as a checkpoint's (the task did "
+                    "not tell the RocksDB backend): the savepoint is declined")
             offsets: dict[int, tuple[int, int]] = {}
             pos = 0
-            for kg, blob in export_blocks(self.view, b.key_group_range, b.serializer,
-                                          self.filters):
-                out.write(blob)
-                offsets[kg] = (pos, len(blob))
-                pos += len(blob)
+            db = open_db(self.frozen, READER, read_only=True)
+            try:
+                for kg, blob in export_blocks(db, b.key_group_range, b.serializer,
+                                              self.filters):
+                    out.write(blob)
+                    offsets[kg] = (pos, len(blob))
+                    pos += len(blob)
+            finally:
+                db.close()
         finally:
-            self.view = None
+            if self.frozen is not None:
+                shutil.rmtree(self.frozen, ignore_errors=True)
             b.chain.carry((self.seq, self.cut, self.epoch, self.log))
         return KeyedBlocks(offsets, dict(self.kinds))

@@ -353,3 +353,30 @@ def test_savepoints_without_checkpoints_carry_a_bounded_log(tmp_path):
     b.close()
     assert restored(tmp_path, job, handle, 1)["v"] == {
         r * 1_000_000 + k: r for r in range(1, 5) for k in range(limit // 2)}
+
+
+def test_a_savepoint_holds_the_state_at_its_barrier(tmp_path):
+    """The task goes on processing while the snapshot thread writes a
+    savepoint: what it writes is the state when it was taken."""
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    rng = random.Random(13)
+    model: dict = {"v": {}, "m": {}}
+    mutate(b, model, rng, 300)
+    write_incremental(b, 1)
+    mutate(b, model, rng, 300)
+    b.savepoint_next = True  # the task's trigger for a savepoint barrier
+    savepoint = b.snapshot()
+    at_savepoint = copy(model)
+    mutate(b, model, rng, 600)
+    b.flush()
+    out = Out()
+    blocks = savepoint.write(out)
+    h = HeapKeyedStateBackend(M, range(M), StateSerializer())
+    restore_blocks(h, out.buf.getvalue(), blocks.key_groups, dict(blocks.states))
+    h.get_state(V), h.get_state(MP)
+    assert contents(h) == at_savepoint
+    handle = write_incremental(b, 3)
+    assert not list((tmp_path / "local").rglob("snapshot-*"))
+    b.close()
+    assert restored(tmp_path, job, handle, 1) == model
