@@ -109,6 +109,13 @@ class SnapshotWriter:
                           "final_snapshot" if final else "snapshot", sync_duration,
                           time.monotonic())
 
+    def discard(self, snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:
+        """Snapshots that will never be written (an unaligned checkpoint
+        aborted after its synchronous part): handed back to their backends
+        on the snapshot thread, in order with the writes (a RocksDB
+        changelog's changes then go with the next checkpoint's)."""
+        self._pool.submit(_discard, snaps)
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -131,6 +138,7 @@ class SnapshotWriter:
             self.faults.hit("acked")
         except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
             log.exception("snapshot %d failed", checkpoint_id)
+            _discard(snaps)  # those it did not reach
             reason = f"writing the snapshot failed: {type(e).__name__}: {e}"
             try:
                 self.send(Decline(checkpoint_id, reason[:4000], type(e).__name__))
@@ -161,3 +169,15 @@ class SnapshotWriter:
         size, crc = write_state_file(chk, name, write)
         return StateHandle(name, size, crc, 0, keyed.key_groups, keyed.states, op_state,
                            incremental)
+
+
+def _discard(snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:
+    """Hand back the keyed snapshots of ``snaps`` that were not written
+    (``discard``: a RocksDB changelog snapshot's; written ones ignore it)."""
+    for op, snap in snaps:
+        discard = getattr(snap.keyed, "discard", None)
+        if discard is not None:
+            try:
+                discard()
+            except Exception:  # noqa: BLE001 - the next checkpoint is declined then
+                log.exception("could not hand back the snapshot of %s", op.uid)

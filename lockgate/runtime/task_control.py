@@ -90,7 +90,9 @@ class TaskControl(UnalignedCheckpoints):
         self.mailbox.unblock_all()
 
     def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
-        self.in_flight.take()  # an unaligned one's in-flight data: dropped
+        dropped = self.in_flight.take()  # an unaligned one's in-flight data: dropped
+        if dropped is not None:  # its state too: handed back to the backends
+            self.snapshots.discard(dropped.snaps)
         self._send(Decline(checkpoint_id, reason.value))
         for out in self.outputs:
             out.broadcast(CancelBarrier(checkpoint_id))

@@ -96,9 +96,24 @@ class RocksDBChangelogSnapshot:
         self.frozen = frozen
         self.kinds = kinds
         self.filters = filters
+        self.taken = False
+        """Written (or being written), or discarded."""
+
+    def discard(self) -> None:
+        """Never to be written (its checkpoint was aborted after the
+        synchronous part, or failed before this state): its changes go with
+        the next checkpoint's, as a savepoint's. On the snapshot thread, in
+        order with the writes; nothing once written."""
+        if self.taken:
+            return
+        self.taken = True
+        if self.frozen is not None:
+            shutil.rmtree(self.frozen, ignore_errors=True)
+        self.backend.chain.carry((self.seq, self.cut, self.epoch, self.log))
 
     def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState:
         """Upload the changes (and the materialization), reference the rest."""
+        self.taken = True
         b = self.backend
         if self.frozen is not None:  # taken for a savepoint: not read
             shutil.rmtree(self.frozen, ignore_errors=True)
@@ -109,6 +124,7 @@ class RocksDBChangelogSnapshot:
         """Canonically (a savepoint), from the RocksDB checkpoint taken with
         it; the chain goes on (the next checkpoint needs this snapshot's
         changes)."""
+        self.taken = True
         b = self.backend
         try:
             if self.frozen is None:

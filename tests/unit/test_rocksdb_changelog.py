@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,8 @@ from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.checkpoint.metadata import OperatorMetadata
 from lockgate.errors import LockgateError
 from lockgate.runtime.keyed_state import restore_keyed
+from lockgate.runtime.operators import OperatorSnapshot
+from lockgate.runtime.snapshots import SnapshotWriter
 from lockgate.state import rocksdb_changelog
 from lockgate.state.backend import HeapKeyedStateBackend
 from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
@@ -380,3 +383,70 @@ def test_a_savepoint_holds_the_state_at_its_barrier(tmp_path):
     assert not list((tmp_path / "local").rglob("snapshot-*"))
     b.close()
     assert restored(tmp_path, job, handle, 1) == model
+
+
+def test_a_snapshot_dropped_unwritten_goes_with_the_next_checkpoint(tmp_path):
+    """An unaligned checkpoint aborted after its synchronous part: the task
+    hands the snapshot back (``discard``, on the snapshot thread) instead of
+    leaving a gap that declines the next checkpoint."""
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    rng = random.Random(17)
+    model: dict = {"v": {}, "m": {}}
+    mutate(b, model, rng, 300)
+    first, _ = write_incremental(b, 1)
+    mutate(b, model, rng, 300)
+    dropped = b.snapshot()
+    mutate(b, model, rng, 300)
+    dropped.discard()
+    dropped.discard()  # idempotent
+    handle = write_incremental(b, 3)  # not declined, nothing materialized
+    assert handle[0].incremental.shared == first.incremental.shared
+    assert len(handle[0].incremental.changelog) == 1
+    b.close()
+    assert restored(tmp_path, job, handle, 1) == model
+
+
+class _Faults:
+    def hit(self, point: str) -> None:
+        pass
+
+
+def test_a_checkpoint_failing_before_the_keyed_state_leaves_no_gap(tmp_path):
+    """The snapshot thread fails a checkpoint before it reaches an
+    operator's keyed state (its folder cannot be made), or the task drops
+    an aborted unaligned one's: the next checkpoint is not declined for it
+    and restores exactly."""
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    sent: list = []
+    spec = SimpleNamespace(job_dir=str(job), task_index=0)
+    writer = SnapshotWriter(spec, StateSerializer(), _Faults(), sent.append)
+    op = SimpleNamespace(uid="op")
+    rng = random.Random(23)
+    model: dict = {"v": {}, "m": {}}
+
+    def checkpoint(n: int) -> None:
+        writer.submit(n, [(op, OperatorSnapshot(b.snapshot()))], read=0, written=0,
+                      finished=False, alignment=0.0, final=False)
+
+    try:
+        mutate(b, model, rng, 300)
+        checkpoint(1)
+        mutate(b, model, rng, 300)
+        job.mkdir(exist_ok=True)
+        (job / "chk-2").write_bytes(b"")  # no folder there: the write fails first
+        checkpoint(2)
+        mutate(b, model, rng, 300)
+        writer.discard([(op, OperatorSnapshot(b.snapshot()))])  # an aborted unaligned one
+        mutate(b, model, rng, 300)
+        checkpoint(4)
+    finally:
+        writer.close()
+    assert [type(m).__name__ for m in sent] == ["Ack", "Decline", "Ack"]
+    handle = sent[-1].handles["op"]
+    inc = handle.incremental
+    assert inc.shared == sent[0].handles["op"].incremental.shared  # nothing materialized
+    data = (job / "chk-4" / handle.file).read_bytes()
+    b.close()
+    assert restored(tmp_path, job, (handle, data), 1) == model
