@@ -307,6 +307,7 @@ class RocksDBKeyedStateBackend:
         """A RocksDB checkpoint of everything written so far, the log cut
         here: the next snapshot uploads it and starts a new changelog."""
         self.flush()
+        self._cutting = None  # a background flush before one: this one is it
         if self._cut is not None:
             shutil.rmtree(self._cut, ignore_errors=True)
         self._cut = self._checkpoint()

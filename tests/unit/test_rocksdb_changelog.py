@@ -450,3 +450,31 @@ def test_a_checkpoint_failing_before_the_keyed_state_leaves_no_gap(tmp_path):
     data = (job / "chk-4" / handle.file).read_bytes()
     b.close()
     assert restored(tmp_path, job, (handle, data), 1) == model
+
+
+def test_a_materialization_in_a_snapshot_ends_the_one_under_way(tmp_path):
+    """A materialization begun between records (its background flush running)
+    and then taken in a snapshot's synchronous part is not taken again."""
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job, max_changelog=1)
+    v = b.get_state(V)
+    write_incremental(b, 1)
+    for k in range(5_000):
+        b.current_key = k
+        v.update(k)
+    write_incremental(b, 2)  # one changelog file: a materialization is due
+    for k in range(60_000):  # a memtable big enough for a background flush
+        b.current_key = k
+        v.update(-k)
+    b.flush()
+    b.prepare_snapshot(time.monotonic())
+    assert b._cutting is not None
+    b.chain.broken = True  # the snapshot must materialize at once
+    handle = write_incremental(b, 3)
+    epoch = b._epoch
+    for _ in range(50):
+        b.prepare_snapshot(time.monotonic())
+        time.sleep(0.01)
+    assert b._epoch == epoch and b._cut is None  # not a second time
+    b.close()
+    assert restored(tmp_path, job, handle, 1)["v"] == {k: -k for k in range(60_000)}
