@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from lockgate.state.rocksdb import RocksDBKeyedStateBackend
 
 __all__ = ["LoggedDB", "LoggedBatch", "log_limit", "Chain", "Materialized", "Step", "advance",
-           "handle", "write_segment", "upload_folder"]
+           "handle", "write_segment", "upload_folder", "upload_shared", "write_private"]
 
 
 LOG_ENTRY_BYTES = 160
@@ -222,6 +222,24 @@ def write_segment(log: dict[bytes, bytes | None], path: str, backend: RocksDBKey
     return True
 
 
+def upload_shared(backend: RocksDBKeyedStateBackend, local: str, checkpoint_id: int
+                  ) -> SharedFile:
+    """Upload the SST file ``local`` into the job's shared folder, named for
+    ``checkpoint_id`` and this backend's operator and task."""
+    s = backend.scope
+    return upload(local, s.job_dir, shared_file_name(s.uid, s.task_index, checkpoint_id,
+                                                     os.urandom(8).hex()))
+
+
+def write_private(out: Any, files: dict[str, bytes]) -> dict[str, tuple[int, int]]:
+    """Write ``files`` into ``out`` (a state file); their ``(offset, length)``."""
+    private: dict[str, tuple[int, int]] = {}
+    for name, data in files.items():
+        private[name] = (out.tell(), len(data))
+        out.write(data)
+    return private
+
+
 def upload_folder(backend: RocksDBKeyedStateBackend, path: str, checkpoint_id: int
                   ) -> tuple[dict[str, SharedFile], dict[str, bytes]]:
     """Upload the SST files of the RocksDB checkpoint folder ``path`` that no
@@ -234,10 +252,7 @@ def upload_folder(backend: RocksDBKeyedStateBackend, path: str, checkpoint_id: i
         local = os.path.join(path, name)
         if name.endswith(".sst"):
             ref = b.uploaded.get(name)
-            if ref is None:
-                ref = upload(local, b.scope.job_dir, shared_file_name(
-                    b.scope.uid, b.scope.task_index, checkpoint_id, os.urandom(8).hex()))
-            shared[name] = ref
+            shared[name] = ref if ref is not None else upload_shared(b, local, checkpoint_id)
         else:
             with open(local, "rb") as f:
                 private[name] = f.read()
@@ -277,9 +292,7 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
         path = os.path.join(backend.folder, f"changelog-{step[0]}.sst")
         if write_segment(log, path, backend):
             try:
-                s = backend.scope
-                ref = upload(path, s.job_dir, shared_file_name(
-                    s.uid, s.task_index, checkpoint_id, os.urandom(8).hex()))
+                ref = upload_shared(backend, path, checkpoint_id)
             finally:
                 os.remove(path)
             chain.files.append(ref)
@@ -299,10 +312,7 @@ def handle(backend: RocksDBKeyedStateBackend, chain: Chain, out: Any) -> Increme
     """The state handle of the chain as it is now, its private files
     written into ``out`` (the state file)."""
     assert chain.base is not None
-    private: dict[str, tuple[int, int]] = {}
-    for name, data in chain.base.private.items():
-        private[name] = (out.tell(), len(data))
-        out.write(data)
+    private = write_private(out, chain.base.private)
     r = backend.key_group_range
     return IncrementalState("rocksdb", (r.start, r.stop), private, dict(chain.base.shared),
                             tuple(chain.files))

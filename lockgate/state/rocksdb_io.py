@@ -238,14 +238,16 @@ def _fetch(ref: SharedFile, restore_dir: str, target: str, link: bool) -> None:
     source = fs.join(shared, ref.name)
     try:
         if local_shared is not None:
+            local = os.path.join(local_shared, ref.name)
             try:
                 if not link:
-                    raise OSError("copy")
-                os.link(os.path.join(local_shared, ref.name), target)
-            except OSError as e:
-                if isinstance(e, FileNotFoundError):
-                    raise
-                shutil.copyfile(os.path.join(local_shared, ref.name), target)
+                    shutil.copyfile(local, target)
+                else:
+                    os.link(local, target)
+            except FileNotFoundError:
+                raise
+            except OSError:  # another device: a copy
+                shutil.copyfile(local, target)
         else:
             fs_transfer.copy(source, target)
     except FileNotFoundError:

@@ -14,7 +14,7 @@ from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.errors import LockgateError
 from lockgate.state.backend import KeyedBlocks
 from lockgate.state.backends import RocksDBStateBackend
-from lockgate.state.rocksdb_changelog import advance, handle, upload_folder
+from lockgate.state.rocksdb_changelog import advance, handle, upload_folder, write_private
 from lockgate.state.rocksdb_io import export_blocks, open_db
 from lockgate.state.ttl_config import SnapshotFilter
 
@@ -70,10 +70,7 @@ class RocksDBIncrementalSnapshot(RocksDBSnapshot):
         b = self.backend
         try:
             shared, files = upload_folder(b, self.path, checkpoint_id)
-            private: dict[str, tuple[int, int]] = {}
-            for name, data in files.items():
-                private[name] = (out.tell(), len(data))
-                out.write(data)
+            private = write_private(out, files)
             r = b.key_group_range
             return IncrementalState("rocksdb", (r.start, r.stop), private, shared)
         finally:
