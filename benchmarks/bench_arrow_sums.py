@@ -43,7 +43,7 @@ from lockgate.connectors import FileSink, FileSource
 from lockgate.connectors.filesource import assign_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-import bench_sums  # noqa: E402
+import bench_sums
 
 
 def write_input(folder: Path, n: int, parallelism: int, files_per_task: int = 4) -> None:

@@ -29,15 +29,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.connectors.kafka_server import noida_broker  # noqa: E402
-from tests.connectors.kafka_sums_job import build  # noqa: E402
-from tests.connectors.kafka_topics import (  # noqa: E402
+from tests.connectors.kafka_server import noida_broker
+from tests.connectors.kafka_sums_job import build
+from tests.connectors.kafka_topics import (
     new_topic,
     produce_numbers,
     read_all,
     sums_of,
 )
-from tests.fixtures import check_running_sums  # noqa: E402
+from tests.fixtures import check_running_sums
 
 
 def run(bootstrap: str, source: str, n: int, parallelism: int, keys: int, interval: float,

@@ -41,15 +41,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lockgate import CheckpointConfig, Pipeline  # noqa: E402
-from lockgate.connectors import (  # noqa: E402
+from lockgate import CheckpointConfig, Pipeline
+from lockgate.connectors import (
     PostgresSink,
     PostgresUpsertSink,
     SequenceSource,
     Sink,
     SinkWriter,
 )
-from tests.connectors.postgres_server import execute, query, throwaway_cluster  # noqa: E402
+from tests.connectors.postgres_server import execute, query, throwaway_cluster
 
 
 class Discard(Sink[Any]):

@@ -1,5 +1,5 @@
-"""The synchronous part of a RocksDB checkpoint, one backend in-process
-(issue 13): where it goes, at 1M, 10M (and more) keys.
+"""The synchronous part of a RocksDB checkpoint, one backend in-process:
+where it goes, at 1M, 10M (and more) keys.
 
     python benchmarks/bench_state_sync.py [--keys 1000000 10000000]
         [--updates 100000] [--checkpoints 20] [--memory-mb 256]

@@ -299,7 +299,7 @@ def open_write(location: Location) -> IO[bytes]:
     :func:`finish_write`. In an object store nothing is visible before that."""
     path = local_path(location)
     if path is not None:
-        return open(path, "wb")  # noqa: SIM115 - the caller owns the handle
+        return open(path, "wb")
     fs, p = resolve(location)
     return fs.open_output_stream(p)  # type: ignore[no-any-return]
 
@@ -376,7 +376,7 @@ def open_read(location: Location) -> IO[bytes]:
     """A buffered, seekable binary file for reading (``readline`` works)."""
     path = local_path(location)
     if path is not None:
-        return open(path, "rb")  # noqa: SIM115 - the caller owns the handle
+        return open(path, "rb")
     fs, p = resolve(location)
     return io.BufferedReader(fs.open_input_file(p), buffer_size=1 << 20)
 

@@ -428,7 +428,7 @@ def decode_control(payload: bytes) -> ControlMessage:
     the protocol's, with the right number and types of fields."""
     try:
         data = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as e:  # noqa: BLE001 - msgpack raises several kinds
+    except Exception as e:
         raise ProtocolError(f"undecodable control message: {type(e).__name__}: {e}") from None
     if not isinstance(data, list) or not data or not isinstance(data[0], str):
         raise ProtocolError("a control message must be a list starting with its type")

@@ -183,7 +183,7 @@ def read_state(spark: Any, path: str, uid: str, state_name: str) -> Any:
     vs: Sig = "null"
     try:
         signatures = rdd.mapPartitions(_signatures).collect()
-    except Exception as e:  # noqa: BLE001 - Spark wraps the executor's error
+    except Exception as e:
         message = _executor_error(e)
         if message is None:
             raise
@@ -348,7 +348,7 @@ def write_savepoint(spark: Any, df: Any, path: str, uid: str, state_name: str, *
             .partitionBy(parallelism, _identity)
             .mapPartitionsWithIndex(functools.partial(_write_subtask, target, uid, state_name))
             .collect())
-    except Exception as e:  # noqa: BLE001 - Spark wraps the executor's error
+    except Exception as e:
         message = _executor_error(e)
         if message is None:
             raise

@@ -16,3 +16,29 @@ if "LOCKGATE_HOME" not in os.environ:
     _home = tempfile.mkdtemp(prefix="lockgate-tests-home-")
     os.environ["LOCKGATE_HOME"] = _home
     atexit.register(shutil.rmtree, _home, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ markers
+
+_AREAS = ("unit", "integration", "fault", "connectors", "security", "docs")
+# The fast loop (`pytest -m "not slow"`, CONTRIBUTING.md) leaves out the
+# kill suites, the real servers, every Spark run and the long files below.
+_SLOW_AREAS = {"fault", "connectors"}
+_SLOW_FILES = {
+    "test_docs.py", "test_load.py", "test_rest_fuzz.py", "test_wire_fuzz.py",
+    "test_spark_standalone.py", "test_nexmark.py", "test_examples.py", "test_rocksdb_s3.py",
+    "test_s3_storage.py", "test_dashboard.py", "test_progress.py", "test_rest.py",
+}
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    import pytest
+
+    for item in items:
+        parts = item.path.parts
+        area = next((a for a in _AREAS if a in parts[-3:-1]), None)
+        if area is not None:
+            item.add_marker(getattr(pytest.mark, area))
+        if (area in _SLOW_AREAS or item.path.name in _SLOW_FILES
+                or "spark" in item.path.name or "[spark" in item.name or "-spark" in item.name):
+            item.add_marker(pytest.mark.slow)

@@ -150,6 +150,6 @@ def as_async_function(fn: Any, *, capacity: int, ordered: bool, timeout: float |
 def _short(value: Any) -> str:
     try:
         text = repr(value)
-    except Exception:  # noqa: BLE001 - a user __repr__ must not hide the timeout
+    except Exception:
         text = f"<{type(value).__name__}>"
     return text if len(text) <= 200 else text[:200] + "..."

@@ -114,7 +114,7 @@ class BroadcastContext(RuntimeContext, ABC):
 
 
 class _BroadcastFunction(ABC, Generic[IN1, IN2, OUT]):
-    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
+    def open(self, ctx: RuntimeContext) -> None:
         """Called once per task before the first record."""
 
     @abstractmethod
@@ -135,7 +135,7 @@ class _BroadcastFunction(ABC, Generic[IN1, IN2, OUT]):
     def finish(self, ctx: RuntimeContext) -> Iterable[OUT] | None:
         return None
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources; always called, also on failure."""
 
 

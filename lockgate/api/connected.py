@@ -59,7 +59,7 @@ class CoProcessFunction(ABC, Generic[IN1, IN2, OUT]):
     outputs (``ctx.output(tag, value)``). On keyed connected streams they
     see the current key's keyed state and timers, shared by both inputs."""
 
-    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
+    def open(self, ctx: RuntimeContext) -> None:
         """Called once per task before the first record; register state here."""
 
     @abstractmethod
@@ -83,7 +83,7 @@ class CoProcessFunction(ABC, Generic[IN1, IN2, OUT]):
         """Called after ``end_input``: last chance to emit records."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources; always called, also on failure."""
 
 

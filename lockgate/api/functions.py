@@ -96,7 +96,7 @@ class KeyedProcessFunction(ABC, Generic[IN, OUT]):
     list, or ``None`` for nothing).
     """
 
-    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
+    def open(self, ctx: RuntimeContext) -> None:
         """Called once per task before the first record; register state here."""
 
     @abstractmethod
@@ -118,7 +118,7 @@ class KeyedProcessFunction(ABC, Generic[IN, OUT]):
         """Called after ``end_input``: last chance to emit records."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources; always called, also on failure."""
 
 

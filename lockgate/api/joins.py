@@ -70,7 +70,7 @@ class JoinContext(ABC):
 class ProcessJoinFunction(ABC, Generic[L, R, OUT]):
     """Called for every pair of an interval join."""
 
-    def open(self, ctx: Any) -> None:  # noqa: B027 - optional hook
+    def open(self, ctx: Any) -> None:
         """Called once per task before the first pair (``ctx``: the
         operator's ``RuntimeContext``)."""
 
@@ -78,7 +78,7 @@ class ProcessJoinFunction(ABC, Generic[L, R, OUT]):
     def process_element(self, left: L, right: R, ctx: JoinContext) -> Iterable[OUT] | None:
         """One pair: returns an iterable of output records (or ``None``)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources."""
 
 

@@ -276,14 +276,14 @@ class ProcessWindowFunction(ABC, Generic[IN, OUT]):
     ``window_function`` of ``reduce`` or ``aggregate``, ``elements`` holds one
     value: the reduced value or the aggregate's result."""
 
-    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
+    def open(self, ctx: RuntimeContext) -> None:
         """Called once per task before the first window fires."""
 
     @abstractmethod
     def process(self, key: Any, context: WindowContext,
                 elements: list[IN]) -> Iterable[OUT] | None: ...
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources; always called, also on failure."""
 
 

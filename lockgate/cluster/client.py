@@ -33,7 +33,7 @@ class JobClient:
     def _run(self) -> None:
         try:
             self._result.set_result(self.master.run())
-        except BaseException as e:  # noqa: BLE001 - handed to result()
+        except BaseException as e:
             self._result.set_exception(e)
 
     def savepoint(self, dir: str | None = None, timeout: float | None = 600) -> str:

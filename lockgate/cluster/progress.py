@@ -131,7 +131,7 @@ class ProgressReporter:
                     announced = self._announce()
                     continue
                 self._show()
-            except Exception:  # noqa: BLE001 - progress never fails the job
+            except Exception:
                 logging.getLogger("lockgate.driver").debug("progress failed", exc_info=True)
 
     def _announce(self) -> bool:

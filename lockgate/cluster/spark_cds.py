@@ -130,7 +130,7 @@ def java_options(java: str, options: str) -> str:
         return ""
     try:
         key = archive_key(java, options)
-    except Exception as e:  # noqa: BLE001 - never a reason for a session not to start
+    except Exception as e:
         log.debug("no class-data archive: %s", e)
         return ""
     archive = usable(key)
@@ -163,7 +163,7 @@ def start_builder(key: str, options: str) -> bool:
         with _locked(paths["lock"]) as held:
             if not held:
                 return False
-        logfile = open(paths["log"], "ab")  # noqa: SIM115 - handed to the builder
+        logfile = open(paths["log"], "ab")
     except OSError as e:
         log.debug("cannot start the class-data archive builder: %s", e)
         return False

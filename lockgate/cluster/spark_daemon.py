@@ -33,7 +33,7 @@ def preload() -> None:
 def main() -> None:
     try:
         preload()
-    except Exception as e:  # noqa: BLE001 - the plain daemon still works
+    except Exception as e:
         print(f"lockgate: spark daemon preload failed: {type(e).__name__}: {e}", file=sys.stderr)
     if threading.active_count() > 1:  # pragma: no cover - a dependency started a thread
         print("lockgate: a thread started while preloading the Spark daemon; workers may "

@@ -284,7 +284,7 @@ class WarmUp(threading.Thread):
             scope.toJson()
             jvm.net.jpountz.lz4.LZ4Factory.fastestInstance()
             jvm.net.jpountz.xxhash.XXHashFactory.fastestInstance()
-        except Exception as e:  # noqa: BLE001 - only a head start: the job does it anyway
+        except Exception as e:
             self.error = f"{type(e).__name__}: {e}"[:500]
             log.debug("the Spark warm-up failed: %s", self.error)
         self.seconds = time.monotonic() - start

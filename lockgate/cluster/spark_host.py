@@ -164,7 +164,7 @@ def _run_child(payload: bytes, host: int, link: wire.Link) -> None:
         os.close(link.sock.detach())  # the host's connection is the host's alone
         run_leased(pickle.loads(payload), {"entry": entry})
         code = 0
-    except BaseException:  # noqa: BLE001 - reported, then the child ends
+    except BaseException:
         traceback.print_exc()
     finally:
         end_child(code)

@@ -74,7 +74,7 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
         else:
             try:
                 sc = spark.sparkContext
-            except Exception as e:  # noqa: BLE001 - Spark Connect has no SparkContext
+            except Exception as e:
                 raise ConfigurationError(
                     "the spark launcher needs a classic SparkSession with a SparkContext "
                     f"(Spark Connect sessions cannot run barrier stages): {e}") from None
@@ -219,7 +219,7 @@ def prestart_job(pipeline: Any, spark: Any, master: str | None) -> None:
         from lockgate.graph.jobgraph import build_job_graph
 
         prestart(spark, master, build_job_graph(pipeline).num_tasks, app_name(pipeline.name))
-    except Exception as e:  # noqa: BLE001 - said again, in order, by the job's checks
+    except Exception as e:
         log.debug("no early Spark session: %s", e)
         cancel_prestart()
 
@@ -315,7 +315,7 @@ def task_slots(sc: Any) -> int:
         jsc = sc._jsc.sc()
         profile = jsc.resourceProfileManager().defaultResourceProfile()
         return int(jsc.maxNumConcurrentTasks(profile))
-    except Exception:  # noqa: BLE001 - a private Spark API: fall back to the public one
+    except Exception:
         cpus = int(sc.getConf().get("spark.task.cpus", "1"))
         return int(sc.defaultParallelism) // max(cpus, 1)
 

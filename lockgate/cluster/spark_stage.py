@@ -193,7 +193,7 @@ class BarrierStage:
             return
         try:
             sc.cancelJobGroup(group)
-        except Exception as e:  # noqa: BLE001 - a stopped SparkContext: nothing runs
+        except Exception as e:
             log.warning("cancelling Spark job group %s failed: %s", group, e)
         job.join(ABORT_TIMEOUT)
         if job.is_alive():
@@ -208,7 +208,7 @@ class BarrierStage:
             sc.setJobGroup(self._group, spark_description(self.job_id, attempt),
                            interruptOnCancel=True)
             sc.parallelize(jobs, len(jobs)).barrier().mapPartitions(host_partition).collect()
-        except BaseException as e:  # noqa: BLE001 - reported as lost slots below
+        except BaseException as e:
             error = e
         with self._lock:
             current = generation == self._generation

@@ -141,7 +141,7 @@ def _wait_for_shim(listener: socket.socket) -> bool:
 
     try:
         preload()
-    except Exception as e:  # noqa: BLE001 - the shim falls back to its own preload
+    except Exception as e:
         print(f"lockgate: warm Spark daemon preload failed: {type(e).__name__}: {e}",
               file=sys.stderr)
         return False

@@ -71,7 +71,7 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
         try:
             spark_session.prestart(options.spark, options.master, graph.num_tasks,
                                    app_name(pipeline.name))
-        except Exception as e:  # noqa: BLE001 - said again, in order, by prepare_spark
+        except Exception as e:
             log.debug("no early Spark session: %s", e)
             cancel_prestart()
         try:
@@ -161,7 +161,7 @@ def check_picklable(graph: JobGraph) -> None:
                 continue
             try:
                 cloudpickle.dumps(obj)
-            except Exception as e:  # noqa: BLE001 - any reason it cannot travel
+            except Exception as e:
                 raise PipelineDefinitionError(
                     f"the {what} of operator {op.uid!r} cannot be sent to the tasks: "
                     f"{type(e).__name__}: {e}. It (or a global it uses) holds something that "

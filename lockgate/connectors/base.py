@@ -67,12 +67,12 @@ class SourceReader(ABC, Generic[T]):
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """Position after the last record returned by ``poll`` (split + offset)."""
 
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` (and every earlier one) is complete:
         e.g. tell the system read from how far the job got (for monitoring;
         a replayable source never reads it back)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources. Always called, also on failure."""
 
 
@@ -84,14 +84,14 @@ class Source(ABC, Generic[T]):
     bounded: bool = True
     operator_state_mode: OperatorStateMode = OperatorStateMode.SPLIT
 
-    def validate(self) -> None:  # noqa: B027 - optional hook
+    def validate(self) -> None:
         """Called in the driver before the job starts: raise a LockgateError
         naming the problem and the fix if the source cannot work (fail fast)."""
     """How state entries are redistributed on restore: ``"split"`` (each task
     gets its own entries back; round-robin when parallelism changed) or
     ``"union"`` (every task gets every entry and keeps those it owns)."""
 
-    def prepare(self, job_dir: str, uid: str) -> None:  # noqa: B027 - optional hook
+    def prepare(self, job_dir: str, uid: str) -> None:
         """Called once per job in the driver, after ``validate`` and before the
         first attempt (never again on restarts): e.g. stage the input under
         the job's checkpoint folder ``job_dir`` (a path or URL) for this source's
@@ -125,17 +125,17 @@ class SinkWriter(ABC, Generic[T]):
         """Pre-commit: make everything written so far durable and return the
         handles needed to commit it (or to recover it after a failure)."""
 
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:  # noqa: B027
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` (and every earlier one) is complete."""
 
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:  # noqa: B027
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` will never complete."""
 
-    def finish(self) -> None:  # noqa: B027
+    def finish(self) -> None:
         """No more records will come (bounded input drained). Flush; the next
         checkpoint pre-commits what is left."""
 
-    def close(self) -> None:  # noqa: B027
+    def close(self) -> None:
         """Release resources. Always called, also on failure."""
 
 
@@ -144,7 +144,7 @@ class Sink(ABC, Generic[T]):
 
     exactly_once: bool = False
 
-    def validate(self) -> None:  # noqa: B027 - optional hook
+    def validate(self) -> None:
         """Called in the driver before the job starts: raise a LockgateError
         naming the problem and the fix if the sink cannot work (fail fast)."""
 

@@ -154,7 +154,7 @@ def materialize_dataframe(df: Any, folder: str) -> list[str]:
     spark.conf.set(_TIMESTAMP_CONF, "TIMESTAMP_MICROS")
     try:
         df.write.mode("errorifexists").parquet(spark_location(staging))
-    except Exception as e:  # noqa: BLE001 - py4j/Spark errors have many types
+    except Exception as e:
         fs.rmtree(staging)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigurationError(

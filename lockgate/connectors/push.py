@@ -145,7 +145,7 @@ class HttpPushReader(SourceReader[Any]):
         port = src.port + self.info.task_index
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server name
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or -1)
                 if not 0 <= length <= src.max_body:
                     self.send_error(411 if length < 0 else 413)
@@ -172,7 +172,7 @@ class HttpPushReader(SourceReader[Any]):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         try:

@@ -89,7 +89,7 @@ class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT]):
         task owns that no handle (of any task) names.
         """
 
-    def on_finish(self) -> None:  # noqa: B027 - optional hook
+    def on_finish(self) -> None:
         """Called by ``finish``; the default does nothing (the final checkpoint
         pre-commits what is left)."""
 

@@ -42,6 +42,6 @@ def decode_arrow(payload: bytes) -> Any:
             return pa.RecordBatch.from_pylist([], schema=reader.schema)
         batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         batch.validate()
-    except Exception as e:  # noqa: BLE001 - Arrow raises several kinds
+    except Exception as e:
         raise ProtocolError(f"undecodable Arrow batch frame: {type(e).__name__}: {e}") from None
     return batch

@@ -152,7 +152,7 @@ class AsyncOperator(StreamOperator):
             return
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(_HOOK_TIMEOUT)
-        except Exception as e:  # noqa: BLE001 - closing goes on; the task ends anyway
+        except Exception as e:
             if not isinstance(e, LockgateError):
                 raise UserFunctionError(
                     f"operator {self.uid!r} raised {type(e).__name__} in close(): {e}") from e
@@ -198,7 +198,7 @@ class AsyncOperator(StreamOperator):
                 self._complete(entry, None, e)
         except asyncio.CancelledError:
             raise
-        except BaseException as e:  # noqa: BLE001 - reported on the task thread
+        except BaseException as e:
             self._complete(entry, None, e)
         else:
             self._complete(entry, result, None)
@@ -276,7 +276,7 @@ class AsyncOperator(StreamOperator):
         assert e is not None
         try:
             first = repr(entry.record)
-        except Exception:  # noqa: BLE001 - a user __repr__ must not hide the error
+        except Exception:
             first = f"<{type(entry.record).__name__}>"
         raise UserFunctionError(
             f"operator {self.uid!r} raised {type(e).__name__} in its async function "

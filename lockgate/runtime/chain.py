@@ -130,7 +130,7 @@ class OperatorChain:
         last = self.records_in
         try:
             first = repr(batch[0]) if batch else "-"
-        except Exception as e:  # noqa: BLE001 - a user __repr__ must not hide the error
+        except Exception as e:
             first = f"<{type(batch[0]).__name__}: repr() raised {type(e).__name__}>"
         if len(first) > 200:
             first = first[:200] + "..."

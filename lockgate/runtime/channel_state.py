@@ -218,7 +218,7 @@ def parse(data: bytes, spec: TaskSpec, serializer: StateSerializer,
     try:
         head = msgpack.unpackb(data[8:8 + n], raw=False)
         tail = msgpack.unpackb(data[8 + n:], raw=False)
-    except Exception as e:  # noqa: BLE001 - msgpack raises several kinds
+    except Exception as e:
         raise corrupt(f"is not msgpack ({type(e).__name__})") from None
     if not isinstance(head, dict) or head.get("format") != FORMAT:
         raise corrupt(f"is not channel state of format {FORMAT}")
@@ -268,7 +268,7 @@ def _records(blob: bytes, serializer: StateSerializer, corrupt: Any) -> list[Any
         records = serializer.loads(blob)
     except CheckpointCorruptError:
         raise
-    except Exception as e:  # noqa: BLE001 - whatever the decoder raises on bad bytes
+    except Exception as e:
         raise corrupt(f"holds an undecodable batch ({type(e).__name__})") from None
     if not isinstance(records, list):
         raise corrupt("holds a batch that is not a list of records")

@@ -105,7 +105,7 @@ class InputChannels:
                 listener, self.secret, "data", self._serve,
                 buffering=UNALIGNED_READ_BUFFER if self.spec.unaligned else 1 << 20,
                 encrypt=self.spec.encrypt_traffic, max_frame=self.spec.max_data_frame)
-        except BaseException as e:  # noqa: BLE001 - reported by the task
+        except BaseException as e:
             self.error = e
         finally:
             with self._lock:
@@ -146,7 +146,7 @@ class InputChannels:
                 put(ch, element)
                 if element is END_OF_PARTITION or isinstance(element, EndOfPartition):
                     return
-        except Exception as e:  # noqa: BLE001 - any end of the channel fails the task
+        except Exception as e:
             put(ch, ChannelLost(str(e) if isinstance(e, OSError | EOFError)
                                 else f"undecodable input: {type(e).__name__}: {e}"))
 

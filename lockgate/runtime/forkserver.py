@@ -44,10 +44,10 @@ def preload() -> None:
     import encodings.idna  # noqa: F401
 
     import cloudpickle  # noqa: F401
-    import cryptography.exceptions  # noqa: F401
+    import cryptography.exceptions
     import cryptography.hazmat.primitives.ciphers.aead  # noqa: F401
 
-    import lockgate.runtime.task  # noqa: F401
+    import lockgate.runtime.task
     import lockgate.runtime.task_main  # noqa: F401
 
 
@@ -71,7 +71,7 @@ def _child(request: tuple[Any, ...], closing: list[int]) -> None:
         from lockgate.runtime.task_main import run_payload
 
         code = run_payload(payload, {"entry": entry})
-    except BaseException:  # noqa: BLE001 - reported, then the child ends
+    except BaseException:
         traceback.print_exc()
     finally:
         end_child(code)

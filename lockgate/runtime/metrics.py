@@ -81,5 +81,5 @@ class TaskMeter:
                 send(self.sample(task))
             except OSError:
                 return  # the control connection is gone: the task ends by it
-            except Exception:  # noqa: BLE001 - monitoring never fails the task
+            except Exception:
                 log.debug("could not report the task's metrics", exc_info=True)

@@ -84,7 +84,7 @@ class OutputEdgeWriter:
         assert link is not None
         try:
             payload = wire.encode_batch(records)
-        except Exception as e:  # noqa: BLE001 - pickle raises TypeError, PicklingError, ...
+        except Exception as e:
             raise self._unsendable(records, i, e) from e
         started = time.perf_counter()
         link.send(Frame.BATCH, payload)
@@ -108,7 +108,7 @@ class OutputEdgeWriter:
             n, record = culprit
             try:
                 shown = repr(record)
-            except Exception:  # noqa: BLE001 - the user's __repr__
+            except Exception:
                 shown = f"<a {type(record).__name__} whose repr() raised>"
             if len(shown) > 200:
                 shown = shown[:200] + "..."
@@ -186,6 +186,6 @@ class OutputEdgeWriter:
 def _picklable(record: Any) -> bool:
     try:
         wire.encode_batch([record])
-    except Exception:  # noqa: BLE001 - whatever pickle raises
+    except Exception:
         return False
     return True

@@ -136,13 +136,13 @@ class SnapshotWriter:
             self.send(Ack(checkpoint_id, handles, read, written, finished, alignment,
                           sync_duration, time.monotonic() - submitted if submitted else 0.0))
             self.faults.hit("acked")
-        except Exception as e:  # noqa: BLE001 - any failure declines the checkpoint
+        except Exception as e:
             log.exception("snapshot %d failed", checkpoint_id)
             _discard(snaps)  # those it did not reach
             reason = f"writing the snapshot failed: {type(e).__name__}: {e}"
             try:
                 self.send(Decline(checkpoint_id, reason[:4000], type(e).__name__))
-            except Exception:  # noqa: BLE001 - the control link is gone: the task fails by it
+            except Exception:
                 log.exception("could not decline snapshot %d", checkpoint_id)
 
     def _write_state_file(self, chk: str, uid: str, snap: OperatorSnapshot,
@@ -179,5 +179,5 @@ def _discard(snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:
         if discard is not None:
             try:
                 discard()
-            except Exception:  # noqa: BLE001 - the next checkpoint is declined then
+            except Exception:
                 log.exception("could not hand back the snapshot of %s", op.uid)

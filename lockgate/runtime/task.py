@@ -185,7 +185,7 @@ class Task(TaskControl):
         try:
             while True:
                 self.mailbox.put_control(self.control.recv())
-        except Exception as e:  # noqa: BLE001 - whatever ends the reader ends the task
+        except Exception as e:
             if not isinstance(e, OSError | EOFError | ValueError):
                 log.error("the control channel failed: %s: %s", type(e).__name__, e)
             self.mailbox.put_control(ControlLost())
@@ -397,7 +397,7 @@ class Task(TaskControl):
             try:
                 op.close()
                 close_backend(op.backend)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("closing %s failed", op.uid)
         for out in self.outputs:
             out.close()

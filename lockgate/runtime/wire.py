@@ -228,7 +228,7 @@ def decode_batch(payload: bytes) -> list[Any]:
     job secret); :class:`ProtocolError` for one that does not unpickle."""
     try:
         records = pickle.loads(payload)
-    except Exception as e:  # noqa: BLE001 - pickle raises many kinds
+    except Exception as e:
         raise ProtocolError(f"undecodable batch: {type(e).__name__}: {e}") from None
     if not isinstance(records, list):
         raise ProtocolError(f"a batch frame carried a {type(records).__name__}, not a list")
@@ -265,7 +265,7 @@ def decode_element(kind: int, payload: bytes) -> StreamElement:
         return Batch(decode_arrow(payload))
     try:
         value = msgpack.unpackb(payload) if payload else None
-    except Exception as e:  # noqa: BLE001 - msgpack raises several kinds
+    except Exception as e:
         raise ProtocolError(f"undecodable frame of type {kind}: {e}") from None
     if kind == Frame.BARRIER and isinstance(value, list) and len(value) == 3 \
             and _is_int(value[0]) and isinstance(value[1], str) \

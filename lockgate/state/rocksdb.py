@@ -244,7 +244,7 @@ class RocksDBKeyedStateBackend:
         """RocksDB's estimate of its entries (a monitoring figure)."""
         try:
             return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
-        except Exception:  # noqa: BLE001 - closed, or no such property
+        except Exception:
             return 0
 
     def flush(self) -> None:
@@ -454,7 +454,7 @@ class RocksDBKeyedStateBackend:
     def close(self) -> None:
         try:
             self.raw_db.close()
-        except Exception:  # noqa: BLE001 - closed already
+        except Exception:
             pass
         remove_task_folder(self.folder)
         try:

@@ -114,7 +114,7 @@ def _filter_map(table: MapTable, keys: list[Any],
                 table.live[key] = (kept, held[1])
             continue
         prefix = table.prefix(key)
-        entries, old = table._stored(prefix)  # noqa: SLF001 - the view's own reader
+        entries, old = table._stored(prefix)
         if not old:
             continue
         kept = keep(entries)

@@ -117,7 +117,7 @@ def flush_running(db: Any) -> bool:
     """Whether ``db`` still has an immutable memtable to flush."""
     try:
         return bool(db.property_int_value("rocksdb.num-immutable-mem-table"))
-    except Exception:  # noqa: BLE001 - no such property: as if done
+    except Exception:
         return False
 def start_flush(db: Any) -> bool:
     """Make ``db``'s memtable immutable and have a background thread flush it,
@@ -127,7 +127,7 @@ def start_flush(db: Any) -> bool:
     try:
         pending = int(db.property_int_value("rocksdb.num-immutable-mem-table") or 0)
         size = int(db.property_int_value("rocksdb.cur-size-active-mem-table") or 0)
-    except Exception:  # noqa: BLE001 - a property missing: no early flush
+    except Exception:
         return False
     if pending or size < MIN_MEMTABLE:
         return False

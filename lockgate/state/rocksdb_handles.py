@@ -22,7 +22,7 @@ def _copy(v: Any) -> Any:
 class RocksValueState(ValueState):
     """``ValueState`` on RocksDB (same methods, same value semantics)."""
 
-    def __init__(self, table: ValueTable, default: Any) -> None:  # noqa: D107
+    def __init__(self, table: ValueTable, default: Any) -> None:
         self.t = table
         self._default = default
 
@@ -46,7 +46,7 @@ class RocksListState(ListState):
     """``ListState`` on RocksDB: the list is one value (``add`` reads and
     writes it)."""
 
-    def __init__(self, table: ValueTable) -> None:  # noqa: D107
+    def __init__(self, table: ValueTable) -> None:
         self.t = table
 
     def get(self) -> list[Any]:
@@ -77,7 +77,7 @@ class RocksListState(ListState):
 class RocksMapState(MapState):
     """``MapState`` on RocksDB: one RocksDB entry per map key."""
 
-    def __init__(self, table: MapTable) -> None:  # noqa: D107
+    def __init__(self, table: MapTable) -> None:
         self.t = table
 
     def _map(self) -> dict[Any, Any]:

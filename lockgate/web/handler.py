@@ -135,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile = _Output(conn.sock)
         self.close_connection = True
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
     def handle_one_request(self) -> None:
@@ -229,26 +229,26 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(e.status, str(e))
         except (TimeoutError, ConnectionError):
             raise
-        except Exception as e:  # noqa: BLE001 - answered and logged, never raised into the job
+        except Exception as e:
             log.warning("REST %s %s failed", method, self.path, exc_info=True)
             try:
                 self._error(500, f"internal error: {type(e).__name__}: {e}")
             except OSError:
                 self.close_connection = True
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's names
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle("POST")
 
-    def do_PATCH(self) -> None:  # noqa: N802
+    def do_PATCH(self) -> None:
         self._handle("PATCH")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._handle("PUT")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._handle("DELETE")
 
 

@@ -141,7 +141,7 @@ class RestServer:
                         self._receive(key.data)
                 self._take_returned()
                 self._expire(time.monotonic())
-        except Exception:  # noqa: BLE001 - logged; the job never sees it
+        except Exception:
             log.warning("the REST server stopped", exc_info=True)
         finally:
             for conn in list(self._reading):
@@ -269,7 +269,7 @@ class RestServer:
             keep = serve_request(conn, self.table, self.token)
         except (TimeoutError, ConnectionError, OSError) as e:
             log.debug("REST connection from %s dropped: %s", conn.address, e)
-        except Exception:  # noqa: BLE001 - logged; the job never sees it
+        except Exception:
             log.warning("REST request from %s failed", conn.address, exc_info=True)
         with self._idle:
             self._queued -= 1

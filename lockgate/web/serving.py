@@ -90,7 +90,7 @@ class Registration:
                                  name="lockgate-rest-linger").start()
             else:
                 self._forget(background=True)
-        except Exception:  # noqa: BLE001 - never break the job
+        except Exception:
             log.warning("REST: could not end serving job %s", self.job.master.job_id,
                         exc_info=True)
 
@@ -148,7 +148,7 @@ def attach(master: JobControl, config: RestConfig | None) -> Registration | None
                         "commands will not find it (REST API on %s). Set LOCKGATE_HOME to "
                         "a writable folder", master.job_id, e, server.url)
         return Registration(server, job, discovery)
-    except Exception as e:  # noqa: BLE001 - the job runs anyway
+    except Exception as e:
         log.warning("job %s runs without its REST API: %s: %s (set another port with "
                     "LOCKGATE_REST_PORT / RestConfig(port=...), or turn it off with "
                     "rest=False / LOCKGATE_REST=0)", master.job_id, type(e).__name__, e)

@@ -85,7 +85,7 @@ def noida_broker() -> Iterator[str]:
     """Start a noida-db Kafka broker of its own; yield ``host:port``; stop it."""
     folder = tempfile.mkdtemp(prefix="lockgate-kafka-")
     port = _free_port()
-    log = open(Path(folder) / "noida.log", "wb")  # noqa: SIM115 - closed below
+    log = open(Path(folder) / "noida.log", "wb")
     proc = subprocess.Popen(
         [noida_binary(), "start", "--only", "kafka", "--kafka-port", str(port),
          "--host", "127.0.0.1", "--data-dir", str(Path(folder) / "data")],
@@ -120,7 +120,7 @@ def kafka_broker_fixture() -> Iterator[str]:
     if named:
         try:
             wait_ready(named, 10.0)
-        except Exception as e:  # noqa: BLE001 - any failure means: no broker
+        except Exception as e:
             missing(f"no Kafka broker at LOCKGATE_TEST_KAFKA={named}: {e}")
         yield named
         return

@@ -51,14 +51,14 @@ def nats_url() -> Iterator[str]:
 
     try:
         asyncio.run(asyncio.wait_for(probe(), 10))
-    except Exception as e:  # noqa: BLE001 - any reason it is not there
+    except Exception as e:
         missing(f"no NATS server with JetStream at {url} (LOCKGATE_TEST_NATS): "
                 f"{type(e).__name__}: {e}")
     yield url
     for where, name in CREATED:
         try:
             delete_stream(where, name)
-        except Exception:  # noqa: BLE001 - cleaning up: it may be gone
+        except Exception:
             pass
 
 

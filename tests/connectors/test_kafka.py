@@ -29,7 +29,7 @@ from tests.fault.checks import RandomKiller, task_processes
 from tests.fixtures import check_running_sums, committed_lines, operator_state, start_and_await
 
 pytest.importorskip("confluent_kafka")
-from confluent_kafka import KafkaException, Producer  # noqa: E402
+from confluent_kafka import KafkaException, Producer
 
 HERE = Path(__file__).parent
 KEYS = 5

@@ -24,7 +24,7 @@ from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 
 sys.path.insert(0, str(Path(__file__).parents[2]))
-from tests.async_service import ask  # noqa: E402
+from tests.async_service import ask
 
 CAPACITY = 12
 

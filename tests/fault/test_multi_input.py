@@ -1,5 +1,5 @@
-"""Several inputs exactly-once under SIGKILL and through a rescale
-(issue 15, item 6): one pipeline with broadcast state (rule versions
+"""Several inputs exactly-once under SIGKILL and through a rescale:
+one pipeline with broadcast state (rule versions
 broadcast to a keyed enrichment), a side output (rejected numbers), windows
 (tumbling sums) and an interval join (each number with its window's sum),
 ``tests/fault/enrich_job.py``. The committed output and side output equal

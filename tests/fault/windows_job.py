@@ -33,7 +33,7 @@ from lockgate import (
 from lockgate.connectors import FileSink, SequenceSource
 
 sys.path.insert(0, str(Path(__file__).parents[2]))
-from tests import window_reference as ref  # noqa: E402
+from tests import window_reference as ref
 
 LATE = OutputTag("late")
 

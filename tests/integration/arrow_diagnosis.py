@@ -65,7 +65,7 @@ def diagnose(run_dir: Path, stdout: str, user: int, source: str = "orders",
                 lines.append(f"{chk.parent.name}/{chk.name}: not completed")
         lines.append("committed output (out/):")
         lines += _parts(run_dir / "out", user, column)
-    except Exception as e:  # noqa: BLE001 - a report, never a second failure
+    except Exception as e:
         lines.append(f"(diagnosis stopped: {type(e).__name__}: {e})")
     return "\n".join(lines)
 

@@ -170,7 +170,7 @@ def test_s3_commit_is_copy_then_delete_and_idempotent(s3):
     commit that stopped between the two is finished by doing it again."""
     bucket = s3.bucket()
     out = s3.url(bucket, "out")
-    objects = lambda: [k for k in s3.keys(bucket) if not k.endswith("/")]  # noqa: E731
+    objects = lambda: [k for k in s3.keys(bucket) if not k.endswith("/")]
     w = FileSink(out).create_writer(TaskInfo("job", "out", 0, 1, 128, 0))
     w.restore([])
     w.write_batch([1, 2])

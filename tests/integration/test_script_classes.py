@@ -1,7 +1,7 @@
 """Classes defined in the job script itself: records of them cross channels
 between tasks, and ``allow_pickle`` state of them is snapshotted and
 restored after a kill, on both launchers and under ``lockgate run`` (a
-task's ``__main__`` is not the script: issue 10, item 5)."""
+task's ``__main__`` is not the script)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every source deals its splits out again when a savepoint is restored at
 another parallelism: p=2 -> 1 -> 3, each hop stopped with a savepoint while
 the source is half read, every task of every hop reading, and the committed
-running sums exact across the hops (issue 10, item 2)."""
+running sums exact across the hops."""
 
 from __future__ import annotations
 

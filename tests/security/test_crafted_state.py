@@ -1,7 +1,6 @@
-"""Names read back from a checkpoint or savepoint are untrusted (issue 11,
-item 1): a crafted ``_metadata`` or state file naming a path outside its
-folder is refused with an error naming the field, and no file outside the
-job's folders is read, created, moved or changed.
+"""Names read back from a checkpoint or savepoint are untrusted: a crafted
+``_metadata`` or state file naming a path outside its folder is refused with
+an error naming the field, and no file outside the job's folders is read, created, moved or changed.
 
 The savepoints are real (a job stopped half way, so its file sink holds
 pre-committed parts and its source a position); the tests then rewrite one

@@ -1,4 +1,4 @@
-"""Faults inside the job (issue 11, items 6, 8 and 10): a record that cannot
+"""Faults inside the job: a record that cannot
 be sent to the next task, a savepoint to another filesystem, fsync errors and
 savepoint folders that must be refused.
 

@@ -1,4 +1,4 @@
-"""Issue 11's load test, all at once against one running job: 200 concurrent
+"""The load test, all at once against one running job: 200 concurrent
 REST clients asking for its status and checkpoints, while 50 garbage and 50
 silent TCP connections hit its control port and each task's data port. The
 job completes with exact output and no restart, and every well-behaved

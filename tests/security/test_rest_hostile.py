@@ -1,4 +1,4 @@
-"""The REST server under load and hostile clients (issue 11, item 5), over
+"""The REST server under load and hostile clients, over
 real sockets on 127.0.0.1.
 
 - A running job (local launcher) served while 200 well-behaved clients ask for

@@ -1,4 +1,4 @@
-"""Fuzz of the wire (issue 11): the frame reader (:meth:`Link.recv`, with
+"""Fuzz of the wire: the frame reader (:meth:`Link.recv`, with
 MACs and with AES-GCM), both sides of the handshake, ``decode_control`` and
 ``decode_element``, fed random bytes and mutations of valid frames. Each may
 raise only the documented exceptions -- ``ProtocolError``,
@@ -164,7 +164,7 @@ def test_a_mutated_hello_after_a_valid_challenge_raises_only_documented_errors(
         try:
             result.append(handshake.authenticate_server(server, wire.reader_of(server, 0),
                                                         SECRET, encrypt=encrypt, timeout=3))
-        except BaseException as e:  # noqa: BLE001 - checked below
+        except BaseException as e:
             result.append(e)
 
     t = threading.Thread(target=serve, daemon=True)

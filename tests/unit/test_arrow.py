@@ -272,7 +272,7 @@ def test_the_numpy_path_and_arrows_group_by_agree():
         if i != 13:
             assert fast._partials_by_table(batch) is not None
         a, b = fast.process(batch), slow.process(batch)
-        key = lambda r: r["k"]  # noqa: E731
+        key = lambda r: r["k"]
         assert sorted(a.to_pylist(), key=key) == sorted(b.to_pylist(), key=key)
     assert fast.backend.raw("aggregate_arrow") == slow.backend.raw("aggregate_arrow")  # type: ignore[union-attr]
 

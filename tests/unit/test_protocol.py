@@ -145,7 +145,7 @@ def test_the_handshake_carries_a_typed_hello_and_refuses_a_wrong_secret() -> Non
     def serve() -> None:
         try:
             handshake.authenticate_server(a, ra, b"s" * 32)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
         a.shutdown(socket.SHUT_RDWR)  # (close() leaves the fd open for the reader)
 

@@ -15,7 +15,7 @@ from lockgate.state.serde import StateSerializer
 
 pytest.importorskip("rocksdict")
 
-from lockgate.state.rocksdb_cleanup import iter_keys  # noqa: E402
+from lockgate.state.rocksdb_cleanup import iter_keys
 
 M = 16
 

@@ -1,6 +1,6 @@
 """State has value semantics: nothing user code does to an object it got from
 state, or handed to it, reaches live state, a snapshot being written, or a
-record already emitted (issue 10, item 1)."""
+record already emitted."""
 
 from __future__ import annotations
 

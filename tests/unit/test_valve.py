@@ -29,7 +29,7 @@ def test_idle_inputs_are_left_out_and_all_idle_makes_the_task_idle() -> None:
 
 def test_a_source_emits_at_most_once_per_interval_and_goes_idle_after_the_timeout() -> None:
     v = WatermarkValve(0, interval=1.0, idle_timeout=5.0, now=0.0)
-    none = lambda: ()  # noqa: E731
+    none = lambda: ()
     assert v.source_polled(0.0, 10, None, none) == [Watermark(10)]
     assert v.source_polled(0.5, 20, None, none) == []  # within the interval
     assert v.source_polled(1.0, None, None, none) == [Watermark(20)]

@@ -139,7 +139,7 @@ class NatsConnection:
 
         try:
             self.call(shutdown, timeout)
-        except Exception:  # noqa: BLE001 - closing: the server may be gone already
+        except Exception:
             pass
         self._stop_loop()
 
