@@ -127,8 +127,9 @@ class Start(ControlMessage):
 @dataclass(frozen=True, slots=True)
 class TriggerCheckpoint(ControlMessage):
     """To a source task: snapshot and send ``Barrier(checkpoint_id, kind)``;
-    ``kind``: ``checkpoint``, ``savepoint`` or ``final`` (the last two are
-    always aligned)."""
+    ``kind``: ``checkpoint``, ``savepoint``, ``stop`` (a stop's savepoint:
+    every task holds still after its snapshot until it completes or aborts)
+    or ``final`` (all but ``checkpoint`` are always aligned)."""
 
     tag: ClassVar[str] = "trigger"
     checkpoint_id: int
@@ -249,13 +250,15 @@ class Finished(ControlMessage):
 @dataclass(frozen=True, slots=True)
 class Failed(ControlMessage):
     """The task fails: the error, its class name, where in the input a user
-    function failed (or None) and the traceback to show."""
+    function failed (or None), the traceback to show, and the class name of
+    the error's cause (a user function's own error, or None)."""
 
     tag: ClassVar[str] = "failed"
     error: str
     error_type: str
     where: str | None
     traceback: str
+    cause_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

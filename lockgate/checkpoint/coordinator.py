@@ -101,6 +101,9 @@ class CompletedCheckpoint:
     path: str
     """The ``chk-<n>`` folder: a local path or a URL."""
     metadata: CheckpointMetadata
+    savepoint: bool = False
+    """A savepoint the tasks were told of (a stop's): failover restores it, and
+    retention never deletes it."""
 
 
 @dataclass
@@ -203,11 +206,15 @@ class CheckpointCoordinator:
     def _all_ended(self) -> bool:
         return self.plan is not None and self.end_of_data >= set(self.plan.all_tasks)
 
-    def trigger(self, final: bool = False, savepoint_dir: str | None = None) -> int | None:
+    def trigger(self, final: bool = False, savepoint_dir: str | None = None,
+                stops: bool = False) -> int | None:
         """Start a checkpoint: ``trigger(n)`` to every source task. With
         ``savepoint_dir`` it is a savepoint: on completion its state goes to a
         self-contained folder there, and tasks are not told (an intermediate
-        savepoint commits nothing; the next checkpoint commits its sinks' work)."""
+        savepoint commits nothing; the next checkpoint commits its sinks' work).
+        ``stops``: a stop's savepoint (barrier kind ``stop``): every task holds
+        still after its snapshot; on completion the tasks are told, their
+        sinks commit, and they end (:meth:`_complete`)."""
         if self.pending is not None or self.plan is None:
             return None
         if final and self._final_savepoint_dir is not None:
@@ -217,11 +224,14 @@ class CheckpointCoordinator:
         now = self.clock()
         self.last_trigger = now
         self.pending = PendingCheckpoint(n, time.time(), now, frozenset(self.plan.all_tasks),
-                                         is_final=final, savepoint_dir=savepoint_dir)
+                                         is_final=final, savepoint_dir=savepoint_dir,
+                                         stops=stops and savepoint_dir is not None)
         kind = "savepoint" if savepoint_dir is not None else "checkpoint"
         self.history.append(CheckpointRecord(n, "final " + kind if final else kind,
                                              CheckpointStatus.IN_PROGRESS, time.time()))
         barrier_kind = kind if savepoint_dir is not None or not final else "final"
+        if self.pending.stops:
+            barrier_kind = "stop"
         for task in self.plan.source_tasks:
             self.send(self.plan.attempt, task, TriggerCheckpoint(n, barrier_kind))
         return n
@@ -265,7 +275,13 @@ class CheckpointCoordinator:
     # ------------------------------------------------------------- outcome
     def _complete(self, p: PendingCheckpoint) -> None:
         """Step 1. write _metadata atomically (now the checkpoint exists);
-        Step 2. notify every task; Step 3. discard old checkpoints."""
+        Step 2. notify every task; Step 3. discard old checkpoints.
+
+        A stop's savepoint and a drain's final one are announced like a final
+        checkpoint (sinks commit, then the tasks end), and become the latest
+        completed checkpoint: a failure before the job ended restores them,
+        never an older checkpoint whose rewind would write again what their
+        sinks committed."""
         assert self.plan is not None
         chk = storage.checkpoint_dir(self.job_dir, p.checkpoint_id)
         metadata = build_metadata(self.job_id, p, self.plan.task_operators,
@@ -273,6 +289,7 @@ class CheckpointCoordinator:
                                   self.max_parallelism, self.baseline,
                                   job_name=self.job_name, locations=self.locations)
         # Step 1.
+        path = chk
         if p.savepoint_dir is not None:
             try:
                 target = storage.write_savepoint(chk, p.savepoint_dir, self.job_id,
@@ -283,6 +300,7 @@ class CheckpointCoordinator:
                 return
             self.savepoint_results[p.checkpoint_id] = target
             log.info("savepoint %d completed: %s", p.checkpoint_id, fs.redact(target))
+            path = target
         else:
             try:
                 fs.makedirs(chk)
@@ -298,20 +316,21 @@ class CheckpointCoordinator:
         self.consecutive_failures = 0
         record = self._record(p.checkpoint_id)
         record.completed(p, now)
-        if p.savepoint_dir is not None and not p.is_final:
+        ends = p.is_final or p.stops
+        if p.savepoint_dir is not None and not ends:
             # Step 2 (savepoint). Nobody is told: sinks keep their pending
             # transactions for the next checkpoint, and failover never goes
             # back to a savepoint (a later failure rolls back past it).
             return
-        if p.savepoint_dir is None:  # a final savepoint lives elsewhere; the job ends
-            self.completed.append(CompletedCheckpoint(p.checkpoint_id, chk, metadata))
+        self.completed.append(CompletedCheckpoint(p.checkpoint_id, path, metadata,
+                                                  savepoint=p.savepoint_dir is not None))
         self.completed_count += 1
         log.info("checkpoint %d completed in %.3f s (%d bytes)", p.checkpoint_id,
                  record.duration, record.size)
         # Step 2.
         for task in self.plan.all_tasks:
             self.send(self.plan.attempt, task, NotifyComplete(p.checkpoint_id))
-        if p.is_final:
+        if ends:
             self.finished = True
             for task in self.plan.all_tasks:
                 self.send(self.plan.attempt, task, Finish())
@@ -323,8 +342,9 @@ class CheckpointCoordinator:
         keep = checkpoints_to_discard([c.checkpoint_id for c in self.completed],
                                       self.config.retained)
         doomed = set(keep)
+        savepoints = {c.checkpoint_id for c in self.completed if c.savepoint}
         self.completed = [c for c in self.completed if c.checkpoint_id not in doomed]
-        for n in doomed:
+        for n in doomed - savepoints:  # a savepoint is the user's: never deleted
             self._discard(n)
         # folders of failed checkpoints older than the newest completed one
         latest = self.completed[-1].checkpoint_id

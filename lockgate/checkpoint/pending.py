@@ -45,6 +45,9 @@ class PendingCheckpoint:
     is_final: bool = False
     savepoint_dir: str | None = None
     """A savepoint: the folder its self-contained copy goes to (else None)."""
+    stops: bool = False
+    """A stop's savepoint (synchronous, as Flink's): every task holds still
+    after its snapshot, and on completion sinks commit and the tasks end."""
     acks: dict[int, dict[str, StateHandle | None]] = field(default_factory=dict)
     """Per task: the state handle of each operator uid it runs."""
     ack_times: dict[int, float] = field(default_factory=dict)

@@ -54,6 +54,9 @@ class Commands:
         """Answered when the job has ended (a stop's, a cancel's)."""
         self.savepoint_path: str | None = None
         """The savepoint the job stopped with."""
+        self.stopped: tuple[Future[dict[str, Any]], dict[str, Any]] | None = None
+        """A stop's savepoint completed: its request, answered when the tasks
+        have committed and ended (:meth:`attempt_ended`)."""
 
     def submit(self, kind: CommandKind, args: dict[str, Any], accepting: bool,
                status: str) -> Future[dict[str, Any]]:
@@ -92,9 +95,9 @@ class Commands:
                 if n == self._stop_id:
                     self._stop_id = None  # the job goes on
             elif n == self._stop_id:
-                self.savepoint_path = res
-                self.end_futures.append((future, {"checkpoint_id": n, "path": res}))
-                raise JobEnds(JobStatus.STOPPED)
+                # Synchronous, as Flink's: the coordinator told the tasks, their
+                # sinks commit, then they end; the attempt ends with them.
+                self.stopped = (future, {"checkpoint_id": n, "path": res})
             else:
                 future.set_result({"checkpoint_id": n, "path": res})
         # Step 2.
@@ -121,7 +124,8 @@ class Commands:
                 self.coordinator.final_checkpoint_is_savepoint(target)
                 self.drain_sources()
                 continue
-            started = self.coordinator.trigger(savepoint_dir=target)
+            started = self.coordinator.trigger(savepoint_dir=target,
+                                               stops=cmd.kind == CommandKind.STOP)
             if started is None:  # a checkpoint is in progress: after it
                 self._deferred.append(cmd)
                 continue
@@ -129,8 +133,26 @@ class Commands:
             if cmd.kind == CommandKind.STOP:
                 self._stop_id = started
 
+    def attempt_ended(self) -> bool:
+        """The attempt's tasks all ended: whether a stop ended them (then the
+        job is stopped, with its savepoint)."""
+        if self.stopped is None:
+            return False
+        future, value = self.stopped
+        self.savepoint_path = value["path"]
+        self.end_futures.append((future, value))
+        return True
+
     def attempt_failed(self) -> None:
-        """A failed attempt aborts savepoints in progress and a drain."""
+        """A failed attempt aborts savepoints in progress, a drain, and a stop
+        whose tasks had not all ended (its savepoint exists: the job restarts
+        from it)."""
+        if self.stopped is not None:
+            future, value = self.stopped
+            self.stopped = None
+            future.set_exception(LockgateError(
+                f"the job failed while it was stopping (after savepoint {value['path']} "
+                "completed); it restarts from that savepoint: ask to stop again"))
         for n, future in list(self._savepoint_waiters.items()):
             res = self.coordinator.savepoint_results.get(n)
             future.set_exception(res if isinstance(res, BaseException) else LockgateError(

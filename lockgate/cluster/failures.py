@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Collection, Iterable
 
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskMessage
@@ -30,6 +31,8 @@ FATAL_ERRORS = frozenset(e.__name__ for e in (
     # deterministic: a restart would fail the same way
     CheckpointCorruptError, StateSerializationError, StateTypeError, SavepointMismatchError,
     PipelineDefinitionError, ConfigurationError, OutputLostError,
+    # the code or its records: a missing module, a record or state pickle cannot take
+    ImportError, ModuleNotFoundError, pickle.PicklingError, pickle.UnpicklingError,
 ))
 """Errors that fail the job at once (by class name: tasks report names).
 Falling back to an older checkpoint is not done on purpose: its
@@ -59,10 +62,12 @@ class AttemptFailed(Exception):
         """Which input the failing user function was processing."""
         self.report: Failed | None = None
         """The task's own report, when there is one."""
+        self.cause_type: str | None = None
+        """The class name of the error's cause (a user function's own error)."""
 
     @property
     def fatal(self) -> bool:
-        return self.error_type in FATAL_ERRORS
+        return self.error_type in FATAL_ERRORS or self.cause_type in FATAL_ERRORS
 
 
 class JobEnds(Exception):
@@ -79,6 +84,7 @@ def reported_failure(task: int, report: Failed, task_name: str) -> AttemptFailed
                            reported=report.error_type != BROKEN_CHANNEL)
     failed.where = report.where
     failed.report = report
+    failed.cause_type = report.cause_type
     return failed
 
 

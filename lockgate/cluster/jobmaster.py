@@ -226,7 +226,7 @@ class JobMaster(RestartHandler):
         while True:
             try:
                 self._run_attempt()
-                return JobStatus.FINISHED
+                return JobStatus.STOPPED if self.commands.attempt_ended() else JobStatus.FINISHED
             except JobEnds as e:
                 return JobStatus(e.status)
             except (AttemptFailed, CheckpointFailureError) as e:

@@ -59,6 +59,7 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
     steps: Steps = {}
     mark(steps, "run")
     graph = build_job_graph(pipeline)
+    check_parallelism(graph)
     if options.launcher == "local":  # its imports overlap the checks below
         from lockgate.cluster.forks import prestart
 
@@ -121,6 +122,19 @@ def _prepare(pipeline: Pipeline, options: RunOptions, graph: JobGraph,
         master.startup.mark(name, at)
     master.startup.mark("master")
     return master
+
+
+def check_parallelism(graph: JobGraph) -> None:
+    """Every operator's parallelism is in 1..max_parallelism (a key group per
+    task at least), checked before anything starts."""
+    for v in graph.vertices:
+        if not 1 <= v.parallelism <= graph.max_parallelism:
+            uids = "->".join(op.uid for op in v.operators)
+            raise PipelineDefinitionError(
+                f"parallelism {v.parallelism} of {uids} must be in 1..max_parallelism "
+                f"({graph.max_parallelism}): lower the parallelism (--parallelism), or raise "
+                "Pipeline(max_parallelism=...) for a new job (it fixes the key groups of "
+                "its state for good)")
 
 
 def check_non_replayable(not_replayable: list[str], source_uids: list[str],

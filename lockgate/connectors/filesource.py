@@ -32,7 +32,7 @@ from typing import IO, Any
 from lockgate import fs
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
-from lockgate.errors import LockgateError
+from lockgate.errors import ConfigurationError, LockgateError
 from lockgate.untrusted import relative_path
 
 __all__ = ["FileSource", "FileSourceReader", "assign_file", "list_files"]
@@ -248,6 +248,11 @@ _READERS: dict[str, type[_SplitReader]] = {
 # ------------------------------------------------------------------ reader
 
 
+def missing_folder(path: str) -> str:
+    return (f"file source folder {fs.redact(path)!r} does not exist; create it or fix the path "
+            "(use watch=True to wait for files in a folder created later)")
+
+
 class FileSourceReader(SourceReader[Any]):
     """Reads the files of one task; see the module docstring."""
 
@@ -274,10 +279,7 @@ class FileSourceReader(SourceReader[Any]):
         if not fs.is_dir(self.source.path):
             if self.source.watch:
                 return
-            raise LockgateError(
-                f"file source folder {self.source.path!r} does not exist; create it or fix "
-                "the path (use watch=True to wait for files in a folder created later)"
-            )
+            raise ConfigurationError(missing_folder(self.source.path))
         for rel in list_files(self.source.path):
             if rel in self._progress or rel in self._queued or not self._mine(rel):
                 continue
@@ -400,6 +402,18 @@ class FileSource(Source[Any]):
         self.watch = watch
         self.poll_interval = poll_interval
         self.bounded = not watch
+
+    def validate(self) -> None:
+        """In the driver, before any task starts: the folder exists (unless
+        ``watch``, which waits for it)."""
+        if self.watch:
+            return
+        try:
+            present = fs.is_dir(self.path)
+        except OSError:  # unreachable from here (a store's credentials): the tasks say
+            return
+        if not present:
+            raise ConfigurationError(missing_folder(self.path))
 
     def create_reader(self, info: TaskInfo) -> SourceReader[Any]:
         """A :class:`FileSourceReader` for task ``info``."""

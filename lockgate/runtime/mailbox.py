@@ -150,6 +150,14 @@ class Mailbox:
         with self._lock:
             return self._control.popleft() if self._control else None
 
+    def wait_control(self, timeout: float) -> ControlMessage | None:
+        """The next control message, waiting up to ``timeout`` seconds for
+        one; stream elements stay queued."""
+        with self._lock:
+            if not self._control and not self._closed:
+                self._not_empty.wait(timeout)
+            return self._control.popleft() if self._control else None
+
     def unblock_all(self) -> None:
         with self._lock:
             self.blocked.clear()

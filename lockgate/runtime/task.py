@@ -113,6 +113,7 @@ class Task(TaskControl):
         the final savepoint reads on, so nothing is recorded as finished."""
         self.valve = WatermarkValve(len(self.channels), now=time.monotonic())
         self.done = False
+        self.holding: int | None = None
         self.in_flight = channel_state.InFlightCapture(self.serializer)
         """Unaligned checkpoints: the pending one's in-flight data."""
         self.replaying: dict[int, int] = {}
@@ -233,6 +234,11 @@ class Task(TaskControl):
         timers = self.chain.has_processing_timers
         prepare = self.chain.prepares_snapshots
         while not self.done:
+            if self.holding is not None:  # a stop's savepoint: control messages only
+                msg = mailbox.wait_control(1.0)
+                if msg is not None:
+                    self._on_control(msg)
+                continue
             # Once the input ended, no processing-time timer fires any more
             # (FLIP-147, as in Flink: the clock has not reached them, and
             # finish() came first).
@@ -384,8 +390,10 @@ class Task(TaskControl):
             cause = e.__cause__ if isinstance(e, UserFunctionError) else None
             trace = ("".join(traceback.format_exception(cause)) if cause is not None
                      else traceback.format_exc())
+            origin = e.__cause__
             self._send(Failed(f"{type(e).__name__}: {e}", type(e).__name__,
-                              getattr(e, "where", None), trace))
+                              getattr(e, "where", None), trace,
+                              type(origin).__name__ if origin is not None else None))
         except OSError:
             pass
 

@@ -36,6 +36,8 @@ class TaskControl(UnalignedCheckpoints):
     source: SourceOperator | None
     control: wire.ControlChannel | None
     done: bool
+    holding: int | None
+    """The stop's savepoint this task snapshotted and now waits on."""
     _end_of_input: Callable[[], None]
     _flush_all: Callable[[], None]
 
@@ -54,6 +56,8 @@ class TaskControl(UnalignedCheckpoints):
                 for op in self.ops:
                     op.notify_complete(checkpoint_id)
             case NotifyAborted(checkpoint_id):
+                if checkpoint_id == self.holding:
+                    self.holding = None  # the stop failed: the job goes on
                 for op in self.ops:
                     op.notify_aborted(checkpoint_id)
             case Finish():
@@ -101,7 +105,7 @@ class TaskControl(UnalignedCheckpoints):
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
         started = time.monotonic()
-        savepoint = self._barrier[0] == "savepoint"
+        savepoint = self._barrier[0] in ("savepoint", "stop")
         if savepoint:
             self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
         for op in self.ops:  # a RocksDB changelog keeps files for a canonical write
@@ -118,3 +122,8 @@ class TaskControl(UnalignedCheckpoints):
                               finished=self.reached_end and not self.drained,
                               alignment=self.barriers.take_alignment(), final=self.reached_end,
                               sync_duration=time.monotonic() - started)
+        if self._barrier[0] == "stop":
+            # A stop's savepoint is synchronous (as Flink's): nothing more is
+            # read, emitted or fired until it completes (then the sinks
+            # commit and Finish ends the task) or is aborted.
+            self.holding = checkpoint_id

@@ -40,10 +40,10 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _app(tmp: Path) -> Path:
+def _app(tmp: Path, text: str | None = None) -> Path:
     app = tmp / "app.py"
-    app.write_text(APP.format(parallelism=PARALLELISM, keys=KEYS, out=str(tmp / "out"),
-                              chk=str(tmp / "chk")))
+    app.write_text(text if text is not None else APP.format(
+        parallelism=PARALLELISM, keys=KEYS, out=str(tmp / "out"), chk=str(tmp / "chk")))
     return app
 
 
@@ -56,7 +56,9 @@ def _cli(tmp: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProc
 class Driver:
     """`lockgate run app.py --launcher local ...` in the background."""
 
-    def __init__(self, tmp: Path, *extra: str, launcher: str = "local") -> None:
+    def __init__(self, tmp: Path, *extra: str, launcher: str = "local",
+                 app: str | None = None) -> None:
+        """``app``: the job script's text (default: the unbounded running sums)."""
         self.tmp = tmp
         self.home = tmp / "home"
         self.jobs = self.home / "jobs"
@@ -65,7 +67,7 @@ class Driver:
         self.out_path, self.err_path = tmp / f"driver-{n}.out", tmp / f"driver-{n}.err"
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "lockgate.cli", "run", str(_app(tmp)),
+                [sys.executable, "-m", "lockgate.cli", "run", str(_app(tmp, app)),
                  "--launcher", launcher, *extra],
                 cwd=tmp, env=_env(self.home), stdout=out, stderr=err, text=True)
         try:
@@ -207,8 +209,8 @@ def test_cli_controls_a_running_job_and_resumes_it_exactly(tmp_path: Path) -> No
 
 
 def test_spark_launcher_job_is_served_and_stops_with_a_savepoint(tmp_path: Path) -> None:
-    """The default launcher: the same commands; stop without drain leaves the
-    sinks' last files pending in the savepoint (the resumed job commits them)."""
+    """The default launcher: the same commands; stop without drain ends the
+    job once its sinks committed (tests/integration/test_stop.py)."""
     driver = Driver(tmp_path, launcher="spark")
     try:
         driver.await_checkpoints(1)
