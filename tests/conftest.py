@@ -25,9 +25,11 @@ _AREAS = ("unit", "integration", "fault", "connectors", "security", "docs")
 # kill suites, the real servers, every Spark run and the long files below.
 _SLOW_AREAS = {"fault", "connectors"}
 _SLOW_FILES = {
-    "test_docs.py", "test_load.py", "test_rest_fuzz.py", "test_wire_fuzz.py",
-    "test_spark_standalone.py", "test_nexmark.py", "test_examples.py", "test_rocksdb_s3.py",
-    "test_s3_storage.py", "test_dashboard.py", "test_progress.py", "test_rest.py",
+    "docs/test_docs.py", "security/test_load.py", "security/test_rest_fuzz.py",
+    "security/test_wire_fuzz.py", "integration/test_nexmark.py", "integration/test_examples.py",
+    "integration/test_rocksdb_s3.py", "integration/test_s3_storage.py",
+    "integration/test_dashboard.py", "integration/test_progress.py", "integration/test_rest.py",
+    "integration/test_source_rescale.py", "integration/test_arrow.py",
 }
 
 
@@ -39,6 +41,6 @@ def pytest_collection_modifyitems(items: list) -> None:
         area = next((a for a in _AREAS if a in parts[-3:-1]), None)
         if area is not None:
             item.add_marker(getattr(pytest.mark, area))
-        if (area in _SLOW_AREAS or item.path.name in _SLOW_FILES
+        if (area in _SLOW_AREAS or "/".join(parts[-2:]) in _SLOW_FILES
                 or "spark" in item.path.name or "[spark" in item.name or "-spark" in item.name):
             item.add_marker(pytest.mark.slow)

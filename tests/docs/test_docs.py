@@ -24,14 +24,13 @@ def _environment(home: Path) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
     return dict(os.environ, PYTHONPATH=str(ROOT), LOCKGATE_HOME=str(home),
                 PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
-                COLUMNS="100")
+                COLUMNS="100", PYTHONUNBUFFERED="1")
 
 
 def _run(command: str, folder: Path, env: dict[str, str], block: Block) -> tuple[int, list[str]]:
-    done = subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    output = (done.stdout + done.stderr).splitlines()
-    return done.returncode, output
+    done = subprocess.run(["bash", "-c", command], cwd=folder, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT)
+    return done.returncode, done.stdout.splitlines()
 
 
 def _check_block(block: Block, folder: Path, env: dict[str, str]) -> None:
