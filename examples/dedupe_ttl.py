@@ -9,7 +9,7 @@ out of every checkpoint and savepoint (docs/state-ttl.md).
 
     python examples/dedupe_ttl.py IN_DIR OUT_DIR
     lockgate run examples/dedupe_ttl.py IN_DIR OUT_DIR
-    spark-submit examples/dedupe_ttl.py IN_DIR OUT_DIR
+    spark-submit --master 'local[4]' examples/dedupe_ttl.py IN_DIR OUT_DIR
 """
 
 import sys

@@ -5,7 +5,7 @@ latest at the end of the input); a click later than that is emitted as late.
 
     python examples/event_time_windows.py IN_DIR OUT_DIR
     lockgate run examples/event_time_windows.py IN_DIR OUT_DIR
-    spark-submit examples/event_time_windows.py IN_DIR OUT_DIR
+    spark-submit --master 'local[4]' examples/event_time_windows.py IN_DIR OUT_DIR
 """
 
 import sys

@@ -3,7 +3,7 @@ into JSONL files: one line per record, ``[remainder, count so far, sum so far]``
 
     python examples/sums_by_remainder.py [N]
     lockgate run examples/sums_by_remainder.py [N]
-    spark-submit examples/sums_by_remainder.py [N]
+    spark-submit --master 'local[4]' examples/sums_by_remainder.py [N]   # 4 task slots
 
 With parallelism 2 the 100 remainders are shared by two tasks, and each
 writes its own part files (``out/part-out-0-...``, ``out/part-out-1-...``

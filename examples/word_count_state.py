@@ -3,7 +3,7 @@ each word was seen, over a folder of JSONL files.
 
     python examples/word_count_state.py IN_DIR OUT_DIR
     lockgate run examples/word_count_state.py IN_DIR OUT_DIR
-    spark-submit examples/word_count_state.py IN_DIR OUT_DIR
+    spark-submit --master 'local[4]' examples/word_count_state.py IN_DIR OUT_DIR
 """
 
 import sys
