@@ -1,5 +1,5 @@
 """The package's import graph: no cycle among module-level imports, and the
-layering rules of ../shared/DESIGN.md (``api`` and ``graph`` never import
+layering rules (docs/architecture.md: ``api`` and ``graph`` never import
 ``runtime``; ``checkpoint`` never imports ``connectors``; ``web`` never
 imports ``cluster`` or ``runtime``; ``protocol`` imports only the pure
 checkpoint types it carries).
