@@ -53,6 +53,14 @@ def _bytes(x: Any) -> bytes | None:
     raise TypeError(f"Kafka sink: a key or value must be bytes, str or None, not {type(x)}")
 
 
+def _pairs(serializer: Any, batch: list[Any]) -> list[Pair]:
+    """The (key, value) bytes of a batch: str encoded, bytes as they are."""
+    return [(k if k is None or k.__class__ is bytes else
+             k.encode() if k.__class__ is str else _bytes(k),
+             v if v.__class__ is bytes else v.encode() if v.__class__ is str else _bytes(v))
+            for k, v in map(serializer, batch)]
+
+
 def default_serializer(record: Any) -> tuple[Any, Any]:
     """``bytes``/``str`` as the value; a ``(key, value)`` tuple; a
     ``KafkaRecord``'s key and value; anything else as JSON."""
@@ -158,9 +166,7 @@ class KafkaAtLeastOnceWriter(SinkWriter[Any]):
         self.producer = kafka_module().Producer(config)
 
     def write_batch(self, batch: list[Any]) -> None:
-        ser = self.sink.serializer
-        pairs = [(_bytes(k), _bytes(v)) for k, v in map(ser, batch)]
-        _produce(self.producer, self.sink.topic, pairs)
+        _produce(self.producer, self.sink.topic, _pairs(self.sink.serializer, batch))
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         self.delivery.flush(self.producer, "a flush")
@@ -273,8 +279,7 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
         return txn
 
     def write(self, txn: _Txn, batch: list[Any]) -> None:
-        ser = self.sink.serializer
-        pairs = [(_bytes(k), _bytes(v)) for k, v in map(ser, batch)]
+        pairs = _pairs(self.sink.serializer, batch)
         txn.records += pairs
         if txn is self.live:
             _produce(self.producer, self.sink.topic, pairs)
@@ -283,8 +288,9 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
         """Step 3: flush; the handle keeps the records to redo the transaction."""
         if txn is self.live:
             self.delivery.flush(self.producer, "a pre-commit flush")
-        return {"tid": self.tid, "writer": self.nonce, "seq": txn.seq,
-                "records": [list(r) for r in txn.records]}
+        # the records as they are (pairs, stored as msgpack arrays): the
+        # transaction takes no more of them once pre-committed
+        return {"tid": self.tid, "writer": self.nonce, "seq": txn.seq, "records": txn.records}
 
     def commit(self, handle: dict[str, Any]) -> None:
         """Step 4: commit the live transaction, or redo one from its handle."""

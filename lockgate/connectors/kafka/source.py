@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
@@ -39,9 +38,9 @@ POLL_TIMEOUT = 0.02
 messages (checkpoint triggers) between polls."""
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaRecord:
-    """One record read from Kafka."""
+class KafkaRecord(NamedTuple):
+    """One record read from Kafka (immutable; a named tuple, so that a batch of
+    them is built at the client's speed)."""
 
     topic: str
     partition: int
@@ -231,6 +230,9 @@ class KafkaReader(SourceReader[KafkaRecord]):
         k = kafka_module()
         ends = self.source.end_offsets
         eof = False
+        buffers = self.buffers
+        appends: dict[Split, Any] = {}
+        new = tuple.__new__
         for msg in self._consumer.consume(max_records, timeout):
             error = msg.error()
             if error is not None:
@@ -240,13 +242,16 @@ class KafkaReader(SourceReader[KafkaRecord]):
                 if error.fatal() or not error.retriable():
                     raise k.KafkaException(error)
                 continue
-            split = (msg.topic(), msg.partition())
-            if ends is not None and msg.offset() >= ends[split]:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            split = (topic, partition)
+            if ends is not None and offset >= ends[split]:
                 continue  # beyond the end offset of a bounded read
-            key, value = msg.key(), msg.value()
-            self.buffers.setdefault(split, []).append(KafkaRecord(
-                split[0], split[1], msg.offset(), msg.timestamp()[1], key, value,
-                tuple(msg.headers() or ())))
+            append = appends.get(split)
+            if append is None:
+                append = appends[split] = buffers.setdefault(split, []).append
+            headers = msg.headers()
+            append(new(KafkaRecord, (topic, partition, offset, msg.timestamp()[1], msg.key(),
+                                     msg.value(), tuple(headers) if headers else ())))
         if ends is not None and (eof or not self.buffers):
             self._check_ends()
 
