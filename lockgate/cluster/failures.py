@@ -3,18 +3,20 @@
 * :func:`root_cause`: a task that lost a channel most often only saw a peer
   die; the peer's own report may come through another connection just after.
   Among the events that follow, the first real report (or a silent death) is
-  the cause.
-* :func:`restart_delay`: the restart strategy's delay, backed off when a task
-  reports the same error again and again (a deterministic failure).
+  the cause. A task's exit seen before its own report waits for the report.
+* :func:`restart_delay`: the restart strategy's delay, backed off when tasks
+  report errors again and again with no checkpoint completed in between
+  (:func:`streak`: the same task or others in turn; a deterministic failure).
 * :data:`FATAL_ERRORS`: errors a restart cannot help; the job fails at once.
 """
 
 from __future__ import annotations
 
 import pickle
+import signal
 from collections.abc import Callable, Collection, Iterable
 
-from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskMessage
+from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.config import RestartStrategy
 from lockgate.errors import (
     CheckpointCorruptError,
@@ -38,8 +40,13 @@ FATAL_ERRORS = frozenset(e.__name__ for e in (
 Falling back to an older checkpoint is not done on purpose: its
 two-phase-commit sinks may already have committed newer output, which
 replaying would duplicate."""
-BROKEN_CHANNEL = ConnectionError.__name__
-"""What a task reports when a peer's death broke one of its channels."""
+BROKEN_CHANNELS = frozenset(e.__name__ for e in (
+    ConnectionError, ConnectionResetError, ConnectionAbortedError, ConnectionRefusedError,
+    BrokenPipeError, EOFError,
+))
+"""Every error a task reports when a peer's death broke a connection (a
+reset while sending to it, a refused connection while it restarts...): the
+peer is the cause, not the task that saw it."""
 
 REPEAT_BACKOFF = 0.5
 """Seconds before the restart after a task reported the same error twice in a
@@ -64,6 +71,9 @@ class AttemptFailed(Exception):
         """The task's own report, when there is one."""
         self.cause_type: str | None = None
         """The class name of the error's cause (a user function's own error)."""
+        self.early_exit = False
+        """The task's exit was seen before its messages were: its own report
+        may still come (:func:`root_cause` waits for it)."""
 
     @property
     def fatal(self) -> bool:
@@ -81,7 +91,7 @@ class JobEnds(Exception):
 def reported_failure(task: int, report: Failed, task_name: str) -> AttemptFailed:
     """The failure a task's :class:`Failed` report stands for."""
     failed = AttemptFailed(f"task {task_name} failed: {report.error}", task, report.error_type,
-                           reported=report.error_type != BROKEN_CHANNEL)
+                           reported=report.error_type not in BROKEN_CHANNELS)
     failed.where = report.where
     failed.report = report
     failed.cause_type = report.cause_type
@@ -91,24 +101,71 @@ def reported_failure(task: int, report: Failed, task_name: str) -> AttemptFailed
 def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Collection[int],
                task_name: Callable[[int], str]) -> AttemptFailed:
     """The failure to report for an attempt that failed with ``failure``:
-    itself, unless it is a broken channel and ``events`` (what the attempt's
-    tasks said next, in order, until the caller's deadline) hold the report
-    of the task whose death broke it — or that task's silent disconnection.
+
+    * a broken channel (:data:`BROKEN_CHANNELS`): the report of the task
+      whose death broke it, if ``events`` (what the attempt's tasks said
+      next, in order, until the caller's deadline) hold one, or that task's
+      silent death (a disconnection or an exit without a report): the
+      earliest death, never the connection resets it caused;
+    * a task's exit seen before its messages (``early_exit``): the task's
+      own report, if it comes before its disconnection; a bare exit code
+      never replaces it;
+    * anything else: itself (nothing is waited for).
+
     ``finished``: tasks that ended normally (their disconnection is no death)."""
-    if failure.error_type != BROKEN_CHANNEL:
+    if failure.early_exit:
+        for event in events:
+            match event:
+                case TaskMessage(task=task, message=Failed() as report) if task == failure.task:
+                    return reported_failure(task, report, task_name(task))
+                case TaskDisconnected(task=task) if task == failure.task:
+                    return failure  # every message of it came before: there was none
+        return failure
+    if failure.error_type not in BROKEN_CHANNELS:
         return failure
     reported = {failure.task}  # tasks that said why they failed: not silent deaths
     for event in events:
         match event:
             case TaskMessage(task=task, message=Failed() as report):
                 reported.add(task)
-                if report.error_type != BROKEN_CHANNEL:
+                if report.error_type not in BROKEN_CHANNELS:
                     return reported_failure(task, report, task_name(task))
             case TaskDisconnected(task=task) if task not in finished and task not in reported:
                 # a task's report would have come before its disconnection: it died
                 return AttemptFailed(f"task {task_name(task)} lost its connection to the "
                                      f"coordinator (and {failure.reason})", task)
+            case TaskExited(task=task, exit_code=code) if (
+                    task not in finished and task not in reported
+                    and (code is None or code < 0)):
+                # killed (a task that fails itself exits with code 1, after
+                # its report, which may still be on its way)
+                return AttemptFailed(f"task {task_name(task)} {exit_text(code)} (and "
+                                     f"{failure.reason})", task)
     return failure
+
+
+def exit_text(code: int | None) -> str:
+    """How a task's process ended, in words."""
+    if code is None:
+        return "died without a word (killed)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def streak(completed: list[int]) -> int:
+    """How many failures in a row came without a checkpoint completing in
+    between (``completed``: the job's count of completed checkpoints at each
+    failure, oldest first), whichever tasks failed and however."""
+    n = 0
+    for count in reversed(completed):
+        if count != completed[-1]:
+            break
+        n += 1
+    return n
 
 
 def repeats(failures: list[str]) -> int:
@@ -122,12 +179,14 @@ def repeats(failures: list[str]) -> int:
 
 
 def restart_delay(strategy: RestartStrategy, failures: list[str],
-                  reported: bool) -> float | None:
-    """Seconds before the next attempt, or None: the job fails. A user
-    function failing the same way again (``reported``) is most likely
-    deterministic: back off instead of spinning."""
+                  reported: bool, in_a_row: int | None = None) -> float | None:
+    """Seconds before the next attempt, or None: the job fails. Tasks
+    reporting errors (``reported``) again and again, with no checkpoint
+    completed in between (``in_a_row`` failures, the same task or others in
+    turn; default: the same failure repeated), most likely fail
+    deterministically: back off instead of spinning."""
     delay = strategy.delay(len(failures))
-    n = repeats(failures)
+    n = repeats(failures) if in_a_row is None else in_a_row
     if delay is not None and n > 1 and reported:
         delay = max(delay, min(REPEAT_BACKOFF_MAX, REPEAT_BACKOFF * 2 ** (n - 2)))
     return delay

@@ -37,6 +37,7 @@ from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, Tas
 from lockgate.cluster.failures import (
     AttemptFailed,
     JobEnds,
+    exit_text,
     reported_failure,
 )
 from lockgate.cluster.launcher import Launcher, end_job, make_launcher
@@ -121,6 +122,7 @@ class JobMaster(RestartHandler):
         self.launcher: Launcher | None = None
         self.records: dict[str, dict[int, int]] = {"read": {}, "written": {}}
         self.failures: list[str] = []
+        self.failed_at_checkpoints: list[int] = []
         self._reported = 0
         self._started = time.monotonic()
         self._started_wall = time.time()
@@ -289,14 +291,16 @@ class JobMaster(RestartHandler):
                 # A connected task's messages all arrive before its
                 # disconnection: judge it then, not at its exit.
                 self.exit_codes[task] = code
-            case TaskExited(task=task, exit_code=code):  # it never connected
-                raise self._gone(task, code)
+            case TaskExited(task=task, exit_code=code):  # not connected, or not heard yet
+                failure = self._gone(task, code)
+                failure.early_exit = True  # its own report may still come
+                raise failure
             case TaskDisconnected(task=task):
                 raise self._gone(task, self.exit_codes.get(task))
 
     def _gone(self, task: int, exit_code: int | None) -> AttemptFailed:
         what = ("lost its connection to the coordinator" if exit_code is None
-                else f"exited with code {exit_code}")
+                else exit_text(exit_code))
         return AttemptFailed(f"task {self._task_name(task)} {what}", task)
 
     def _on_message(self, task: int, msg: ToDriver) -> None:

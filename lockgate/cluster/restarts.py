@@ -17,11 +17,12 @@ from lockgate import fs
 from lockgate.checkpoint.coordinator import CheckpointCoordinator, CheckpointFailureError
 from lockgate.cluster.events import TaskEvent
 from lockgate.cluster.failures import (
-    BROKEN_CHANNEL,
+    BROKEN_CHANNELS,
     AttemptFailed,
     repeats,
     restart_delay,
     root_cause,
+    streak,
 )
 from lockgate.cluster.metrics import JobMetrics
 from lockgate.config import RestartStrategy
@@ -39,6 +40,8 @@ class RestartHandler:
     attempt: int
     restart: RestartStrategy
     failures: list[str]
+    failed_at_checkpoints: list[int]
+    """The count of completed checkpoints at each failure (the back-off's streak)."""
     events: queue.Queue[TaskEvent]
     coordinator: CheckpointCoordinator
     monitor: JobMetrics
@@ -55,8 +58,10 @@ class RestartHandler:
         if isinstance(e, AttemptFailed) and e.fatal:
             raise JobFailedError(f"job {self.job_id} failed: {reason}.{self._other_job()} "
                                  "Restarting cannot help; nothing committed was lost") from None
+        self.failed_at_checkpoints.append(self.coordinator.completed_count)
         delay = restart_delay(self.restart, self.failures,
-                              isinstance(e, AttemptFailed) and e.reported)
+                              isinstance(e, AttemptFailed) and e.reported,
+                              streak(self.failed_at_checkpoints))
         if delay is None:
             raise JobFailedError(
                 f"job {self.job_id} failed after {len(self.failures)} failure(s) "
@@ -80,7 +85,7 @@ class RestartHandler:
         report = failure.report
         assert report is not None and failure.task is not None
         name = self._task_name(failure.task)
-        if report.error_type == BROKEN_CHANNEL:
+        if report.error_type in BROKEN_CHANNELS:
             log.warning("task %s: %s", name, report.error)
         elif self.failures and self.failures[-1] == failure.reason:
             # the same failure again: its traceback was printed already
@@ -92,7 +97,8 @@ class RestartHandler:
 
     def _root_cause(self, failure: AttemptFailed) -> AttemptFailed:
         """Wait a moment for the report of the task whose death broke a
-        channel, and name it if it comes (:func:`root_cause`)."""
+        channel, or of a task whose exit came first, and name it if it comes
+        (:func:`root_cause`)."""
         cause = root_cause(failure, self._events_for(ROOT_CAUSE_WAIT), self._finished,
                            self._task_name)
         if cause is not failure and cause.report is not None:

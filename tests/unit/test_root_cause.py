@@ -4,8 +4,8 @@ channels: the reports come through separate connections, in any order.
 
 from __future__ import annotations
 
-from lockgate.cluster.events import TaskDisconnected, TaskMessage
-from lockgate.cluster.failures import AttemptFailed, restart_delay, root_cause
+from lockgate.cluster.events import TaskDisconnected, TaskExited, TaskMessage
+from lockgate.cluster.failures import AttemptFailed, restart_delay, root_cause, streak
 from lockgate.config import FixedDelayRestart
 from lockgate.protocol import Failed
 
@@ -64,3 +64,39 @@ def test_the_same_reported_failure_backs_off_doubling_to_a_cap() -> None:
     assert restart_delay(strategy, ["boom"] * 5, reported=False) == 0.0  # a death: at once
     assert restart_delay(FixedDelayRestart(max_attempts=2, delay_s=0.0), ["a", "b", "c"],
                          reported=True) is None
+
+
+def test_a_reset_connection_is_a_broken_channel_and_the_dead_task_is_named() -> None:
+    """A peer that was sending to the killed task reports the reset first;
+    the killed task's silent exit is the cause."""
+    reset = AttemptFailed("task 1 failed: ConnectionResetError: reset", SOURCE,
+                          "ConnectionResetError")
+    events = [failed(DOWN_1, "BrokenPipeError", "broken pipe"),
+              TaskExited(0, DOWN_0, -9), TaskDisconnected(0, DOWN_0)]
+    cause = root_cause(reset, events, set(), name)
+    assert cause.task == DOWN_0 and "killed by SIGKILL" in cause.reason, cause.reason
+
+
+def test_an_exit_seen_before_the_tasks_report_waits_for_it() -> None:
+    """The exit event overtook the task's own report: the report is the cause."""
+    exited = AttemptFailed("task 1 exited with code 1", SOURCE)
+    exited.early_exit = True
+    events = [failed(SOURCE, "CheckpointCorruptError", "bad state file"),
+              TaskDisconnected(0, SOURCE)]
+    cause = root_cause(exited, events, set(), name)
+    assert cause.error_type == "CheckpointCorruptError" and cause.fatal, cause.reason
+    # without a report before its disconnection, the exit stands (and waits no longer)
+    rest = iter([TaskDisconnected(0, SOURCE), failed(DOWN_0, "ValueError", "x")])
+    assert root_cause(exited, rest, set(), name) is exited
+    assert next(rest, None) is not None
+
+
+def test_failures_in_turn_without_a_checkpoint_back_off() -> None:
+    """Different errors, no checkpoint completed in between: the delay grows;
+    a completed checkpoint starts the streak again."""
+    strategy = FixedDelayRestart(max_attempts=100, delay_s=0.0)
+    reasons = [f"boom {i}" for i in range(6)]
+    delays = [restart_delay(strategy, reasons[:n], True, streak([3] * n)) for n in range(1, 6)]
+    assert delays == [0.0, 0.5, 1.0, 2.0, 4.0]
+    assert streak([1, 2, 2, 2]) == 3 and streak([2, 2, 3]) == 1
+    assert restart_delay(strategy, reasons[:3], True, streak([1, 2, 3])) == 0.0
