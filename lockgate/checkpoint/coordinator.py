@@ -104,6 +104,10 @@ class CompletedCheckpoint:
     savepoint: bool = False
     """A savepoint the tasks were told of (a stop's): failover restores it, and
     retention never deletes it."""
+    sinks_committed: bool = False
+    """A savepoint whose job ended after its sinks committed every transaction
+    it names (:func:`~lockgate.checkpoint.storage.mark_committed`): a job
+    restored from it does not send its write-ahead records again."""
 
 
 @dataclass

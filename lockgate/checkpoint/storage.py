@@ -81,6 +81,31 @@ def checkpoint_dir(job_dir: Location, checkpoint_id: int) -> str:
     return fs.join(job_dir, f"chk-{checkpoint_id}")
 
 
+COMMITTED = "_committed"
+"""Beside a savepoint's ``_metadata``: the job that took it (a stop, a drain)
+ended after its sinks committed every transaction it names."""
+
+
+def mark_committed(savepoint: Location, checkpoint_id: int) -> None:
+    """Say in ``savepoint`` that its sinks committed everything it names."""
+    fs.write_atomic(fs.join(savepoint, COMMITTED),
+                    json.dumps({"checkpoint_id": checkpoint_id}).encode())
+
+
+def committed_marker(savepoint: Location) -> int | None:
+    """The checkpoint id of ``savepoint``'s :data:`COMMITTED` marker, or None
+    (none, or not one Lockgate wrote: read back, so untrusted)."""
+    try:
+        raw = fs.read_bytes(fs.join(savepoint, COMMITTED))
+    except OSError:
+        return None
+    try:
+        value = json.loads(raw[:1024]).get("checkpoint_id")
+    except (ValueError, AttributeError):
+        return None
+    return value if type(value) is int else None
+
+
 def write_metadata(chk_dir: Location, metadata: CheckpointMetadata) -> None:
     """Write ``_metadata`` atomically (see :func:`lockgate.fs.write_atomic`):
     temp file, fsync, rename, fsync the folder; one object write on S3."""

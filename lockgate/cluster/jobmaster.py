@@ -196,6 +196,7 @@ class JobMaster(RestartHandler):
                 self.commands.savepoint_path = final[-1] if final else None
                 self.commands.end_futures.append(
                     (drain.future, {"path": self.commands.savepoint_path}))
+            self._mark_committed()
             self.state = status
         except BaseException as e:
             self.state = status = JobStatus.FAILED
@@ -350,6 +351,18 @@ class JobMaster(RestartHandler):
     def _drain_sources(self) -> None:
         for t in self.source_tasks:
             self._send(self.attempt, t, Drain())
+
+    def _mark_committed(self) -> None:
+        """A stop or a drain ended after every task committed: say so in the
+        savepoint, so that a job resumed from it sends nothing again."""
+        latest = self.coordinator.latest
+        path = self.commands.savepoint_path
+        if path is None or latest is None or not latest.savepoint or latest.path != path:
+            return
+        try:
+            storage.mark_committed(path, latest.checkpoint_id)
+        except OSError as e:  # the savepoint is whole; a resumed job sends again (ids dedup)
+            log.warning("could not mark savepoint %s as committed: %s", fs.redact(path), e)
 
     def _other_job(self) -> str:
         return other_job(self._started_from.metadata if self._started_from else None,

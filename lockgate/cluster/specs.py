@@ -38,6 +38,7 @@ def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipelin
                 restore_dir=str(restore.path) if restore else None,
                 restore_metadata=restore.metadata if restore else None,
                 continues_final=continues_final,
+                restore_committed=restore is not None and restore.sinks_committed,
                 allow_pickle=pipeline.allow_pickle,
                 state_backend=pipeline.state_backend,
                 script_classes=script_classes,

@@ -225,7 +225,8 @@ def load_checkpoint(path: str, graph: JobGraph,
         )
     check_channel_state(meta, graph.operator_parallelism(), f"checkpoint {fs.redact(chk)}",
                         heads={v.operators[0].uid for v in graph.vertices})
-    return CompletedCheckpoint(meta.checkpoint_id, chk, meta)
+    committed = storage.committed_marker(chk) == meta.checkpoint_id
+    return CompletedCheckpoint(meta.checkpoint_id, chk, meta, sinks_committed=committed)
 
 
 def _warn_unshared_paths(pipeline: Pipeline, sources: list[Any], sinks: list[Any]) -> None:

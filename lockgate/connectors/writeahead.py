@@ -114,6 +114,13 @@ class WriteAheadSinkWriter(SinkWriter[Any]):
         for entry in sorted(mine, key=lambda e: e["checkpoint_id"]):
             self._send_entry(entry)
 
+    def restore_sent(self, state: list[Any]) -> None:
+        """Restore from a savepoint whose job sent every entry before it ended
+        (a stop's or a drain's, :func:`~lockgate.checkpoint.storage.mark_committed`):
+        validate the entries, send none."""
+        for entry in state:
+            _entry(entry, self.info.uid)
+
     def write_batch(self, batch: list[Any]) -> None:
         """Keep ``batch``, encoded, until the next snapshot."""
         encode = self.encode

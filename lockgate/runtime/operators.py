@@ -383,8 +383,17 @@ class SinkOperator(StreamOperator):
         super().__init__(spec, info)
         self.writer: SinkWriter = spec.fn.create_writer(info)
 
+    restored_committed = False
+    """The restored savepoint's transactions were all committed (its job
+    ended after the commits): a write-ahead writer does not send them again
+    (their de-duplication ids may be out of the target's window by now)."""
+
     def restore_operator_state(self, entries: list[Any] | None) -> None:
-        self.writer.restore(entries or [])
+        restore_sent = getattr(self.writer, "restore_sent", None)
+        if self.restored_committed and restore_sent is not None:
+            restore_sent(entries or [])
+        else:
+            self.writer.restore(entries or [])
 
     written = 0
 

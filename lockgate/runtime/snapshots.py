@@ -75,6 +75,8 @@ def restore_operators(spec: TaskSpec, ops: list[StreamOperator],
                 per_subtask.append(serializer.loads(data_of(handle)[off:off + length]))
             else:
                 per_subtask.append([])
+        if spec.restore_committed and hasattr(op, "restored_committed"):
+            op.restored_committed = True  # a sink: what it restores was committed
         op.restore_operator_state(distribute_operator_state(
             per_subtask, op_meta.operator_state_mode, spec.task_index, p))
     return skipped

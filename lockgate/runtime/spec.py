@@ -40,6 +40,9 @@ class TaskSpec:
     end, and this job continues it (an incremental bounded run): every operator
     runs on from its end. Otherwise operators restored as finished are skipped,
     also after a failover to this job's own final checkpoint."""
+    restore_committed: bool = False
+    """The restored savepoint's sinks committed everything it names (its job
+    ended after the commits): write-ahead sinks do not send it again."""
     allow_pickle: bool = False
     script_classes: list[type] = field(default_factory=list)
     """The classes of the job script the pipeline uses (sent by value): the

@@ -9,6 +9,7 @@ expected running sums, record by record. On both launchers."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,24 @@ def _read_numbers(savepoint: str | None) -> list[int]:
 
     assert savepoint is not None
     return sequence_read(savepoint, N)
+
+
+def test_a_stopped_jobs_write_ahead_records_are_not_sent_again_after_the_window(
+        tmp_path: Path, launcher: str, nats_url: str) -> None:
+    """JetStream drops a repeated message id only within its duplicate window:
+    the stop marks its savepoint committed once every task sent its records,
+    so a job resumed from it after the window has passed sends none again."""
+    name = unique("STOPWIN")
+    window = 1.0
+    make_stream(nats_url, name, [f"{name}.out"], duplicate_window=window)
+    sink = JetStreamSink(f"{name}.out", url=nats_url, min_duplicate_window=window / 2)
+    client = start_and_await(_job(tmp_path, sink, rate=4000), launcher=launcher,
+                             until=lambda p: p.checkpoints_completed >= 2)
+    result = client.stop(str(tmp_path / "sp"))
+    assert result.status == "stopped" and len(stream_payloads(nats_url, name)) == \
+        result.records_out
+    time.sleep(2 * window)  # the stream forgets the ids it saw: that is what is tested
+    resumed = _job(tmp_path, sink, rate=None).run(launcher=launcher,
+                                                  from_savepoint=result.savepoint)
+    assert resumed.status == "finished" and resumed.records_in == N, resumed
+    check_running_sums([json.loads(p) for p in stream_payloads(nats_url, name)], N, KEYS)
