@@ -263,6 +263,17 @@ QUERIES: dict[str, Callable[[DataStream[Any], Windows], DataStream[Any]]] = {
 }
 
 
+def _more() -> None:
+    from benchmarks.nexmark.queries_more import MORE
+
+    every = sorted({**QUERIES, **MORE}.items(), key=lambda kv: int(kv[0][1:]))
+    QUERIES.clear()
+    QUERIES.update(every)
+
+
+_more()
+
+
 def result_time(query: str, record: tuple[Any, ...]) -> int:
     """When (event time, ms) the result ``record`` of ``query`` could first be
     known: its last event's time, or the end of its window."""

@@ -1,0 +1,167 @@
+"""The references of ``queries_more.py``: each query in plain Python over the
+whole input, as a list of result records."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from benchmarks.nexmark.generator import (
+    A_CATEGORY,
+    A_EXPIRES,
+    A_ID,
+    A_INITIAL,
+    A_ITEM,
+    A_RESERVE,
+    A_SELLER,
+    A_TIME,
+    B_AUCTION,
+    B_BIDDER,
+    B_CHANNEL,
+    B_EXTRA,
+    B_PRICE,
+    B_TIME,
+)
+from benchmarks.nexmark.queries_more import (
+    CHANNEL_IDS,
+    DAY,
+    SIDE_TABLE,
+    day_and_minute,
+    rank,
+    side_value,
+    time_of_day,
+)
+
+Events = list[tuple[Any, ...]]
+Rows = list[tuple[Any, ...]]
+
+
+def _bids(events: Events) -> Events:
+    return [e for e in events if e[0] == "B"]
+
+
+def _q9(events: Events, w: Any) -> Rows:
+    bids = defaultdict(list)
+    for b in _bids(events):
+        bids[b[B_AUCTION]].append(b)
+    rows = []
+    for a in events:
+        if a[0] != "A":
+            continue
+        open_ = [b for b in bids[a[A_ID]] if a[A_TIME] <= b[B_TIME] < a[A_EXPIRES]]
+        if not open_:
+            continue
+        best = max(open_, key=lambda b: (b[B_PRICE], -b[B_TIME], -b[B_BIDDER]))
+        rows.append((a[A_ID], a[A_ITEM], a[A_INITIAL], a[A_RESERVE], a[A_TIME], a[A_EXPIRES],
+                     a[A_SELLER], a[A_CATEGORY], best[B_BIDDER], best[B_PRICE], best[B_TIME],
+                     a[A_EXPIRES]))
+    return rows
+
+
+def _q10(events: Events, w: Any) -> Rows:
+    return [(b[B_AUCTION], b[B_BIDDER], b[B_PRICE], *day_and_minute(b[B_TIME]), b[B_TIME])
+            for b in _bids(events)]
+
+
+def _q11(events: Events, w: Any) -> Rows:
+    times = defaultdict(list)
+    for b in _bids(events):
+        times[b[B_BIDDER]].append(b[B_TIME])
+    rows = []
+    for bidder, ts in times.items():
+        ts.sort()
+        start, last, n = ts[0], ts[0], 1
+        for t in ts[1:]:
+            if t <= last + w.size:  # touching windows merge
+                last, n = max(last, t), n + 1
+            else:
+                rows.append((bidder, n, start, last + w.size))
+                start, last, n = t, t, 1
+        rows.append((bidder, n, start, last + w.size))
+    return rows
+
+
+def _q13(events: Events, w: Any) -> Rows:
+    return [(b[B_AUCTION], b[B_BIDDER], b[B_PRICE], side_value(b[B_AUCTION] % SIDE_TABLE),
+             b[B_TIME]) for b in _bids(events)]
+
+
+def _q14(events: Events, w: Any) -> Rows:
+    return [(b[B_AUCTION], b[B_BIDDER], 0.908 * b[B_PRICE], time_of_day(b[B_TIME]),
+             b[B_EXTRA].count("c"), b[B_TIME])
+            for b in _bids(events) if 1_000_000 < 0.908 * b[B_PRICE] < 50_000_000]
+
+
+def _daily(bids: Events) -> tuple[Any, ...]:
+    per = [[b for b in bids if rank(b[B_PRICE]) == r] for r in range(3)]
+    return (len(bids), *map(len, per), len({b[B_BIDDER] for b in bids}),
+            *(len({b[B_BIDDER] for b in p}) for p in per), len({b[B_AUCTION] for b in bids}),
+            *(len({b[B_AUCTION] for b in p}) for p in per))
+
+
+def _by(events: Events, key: Any) -> dict[Any, Events]:
+    groups = defaultdict(list)
+    for b in _bids(events):
+        groups[(key(b), b[B_TIME] - b[B_TIME] % DAY)].append(b)
+    return groups
+
+
+def _q15(events: Events, w: Any) -> Rows:
+    return [(day_and_minute(start)[0], *_daily(bids), start + DAY)
+            for (_, start), bids in _by(events, lambda b: None).items()]
+
+
+def _q16(events: Events, w: Any) -> Rows:
+    return [(channel, day_and_minute(start)[0], *_daily(bids),
+             day_and_minute(max(b[B_TIME] for b in bids))[1], start + DAY)
+            for (channel, start), bids in _by(events, lambda b: b[B_CHANNEL]).items()]
+
+
+def _q17(events: Events, w: Any) -> Rows:
+    rows = []
+    for (auction, start), bids in _by(events, lambda b: b[B_AUCTION]).items():
+        prices = [b[B_PRICE] for b in bids]
+        ranks = [sum(1 for p in prices if rank(p) == r) for r in range(3)]
+        rows.append((auction, day_and_minute(start)[0], len(prices), *ranks, min(prices),
+                     max(prices), sum(prices) // len(prices), sum(prices), start + DAY))
+    return rows
+
+
+def _q18(events: Events, w: Any) -> Rows:
+    last: dict[Any, tuple[Any, ...]] = {}
+    for b in _bids(events):
+        bid = (b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_TIME])
+        key = (b[B_BIDDER], b[B_AUCTION])
+        kept = last.get(key)
+        if kept is None or (bid[3], bid[2]) > (kept[3], kept[2]):
+            last[key] = bid
+    return list(last.values())
+
+
+def _q19(events: Events, w: Any) -> Rows:
+    per = defaultdict(list)
+    for b in _bids(events):
+        per[b[B_AUCTION]].append((b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_TIME]))
+    rows = []
+    for bids in per.values():
+        top = sorted(bids, key=lambda x: (-x[2], x[3], x[1]))[:10]
+        rows += [(*b, n + 1, b[3]) for n, b in enumerate(top)]
+    return rows
+
+
+def _q20(events: Events, w: Any) -> Rows:
+    auctions = {a[A_ID]: (a[A_ITEM], a[A_INITIAL], a[A_RESERVE], a[A_TIME], a[A_EXPIRES],
+                          a[A_SELLER], a[A_CATEGORY])
+                for a in events if a[0] == "A" and a[A_CATEGORY] == 10}
+    return [(b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_CHANNEL], b[B_TIME], *a,
+             max(b[B_TIME], a[3]))
+            for b in _bids(events) for a in [auctions.get(b[B_AUCTION])] if a is not None]
+
+
+def _q21(events: Events, w: Any) -> Rows:
+    return [(b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_CHANNEL],
+             CHANNEL_IDS.get(b[B_CHANNEL].lower(), -1), b[B_TIME]) for b in _bids(events)]
+
+
+REFERENCES = {name[1:]: fn for name, fn in list(globals().items())
+              if name.startswith("_q") and callable(fn)}
