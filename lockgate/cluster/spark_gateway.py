@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lockgate.cluster.java import INCUBATOR, file_stamp, pyspark_install
 from lockgate.cluster.java import cache_dir as lockgate_cache_dir
-from lockgate.cluster.java import file_stamp, pyspark_install
 
 log = logging.getLogger("lockgate.driver")
 
@@ -174,7 +174,7 @@ def spawn(settings: dict[str, str], path: Path | None) -> Started | None:
         removed: list[str] = list(learned["removed"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    command = list(prefix)
+    command = [arg for arg in prefix if arg != INCUBATOR]  # (learned before it was left out)
     for key, value in _expected(settings, options).items():
         command += ["--conf", f"{key}={value}"]
     command.append("pyspark-shell")

@@ -37,6 +37,9 @@ SESSION_CONF = {
     # a worker whose task returned serves the next task (Spark's default, said)
     "spark.python.worker.reuse": "true",
 }
+LOG_LEVEL = "spark.log.level"
+"""Spark's own setting of its log level: under ``spark-submit``, a user who
+sets it (``--conf spark.log.level=INFO``) keeps it."""
 OWNED = "spark.lockgate.ownedSession"
 """Set on a SparkSession Lockgate created itself: it may stop and recreate it."""
 
@@ -103,8 +106,12 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ and not stopped_own:
         # under spark-submit (its JVM started this process): its --master
         settings, java = _session_settings(None, name)
-        sc = SparkContext.getOrCreate(_spark_conf(settings))
-        sc.setLogLevel(spark_log_level())
+        SparkContext._ensure_initialized()  # connects to spark-submit's JVM
+        conf = _spark_conf(settings)  # (with spark-submit's --conf)
+        quiet = quiet_submitted_jvm(conf)
+        sc = SparkContext.getOrCreate(conf)
+        if quiet:
+            sc.setLogLevel(spark_log_level())
         return sc
     master = master or default_master(num_tasks)
     early = _early.pop(master, None) if not stopped_own else None
@@ -292,6 +299,29 @@ def quiet_spark_logs(java: str | None = None) -> None:
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         f"--driver-java-options '-Dlog4j2.configurationFile=file:{config} "
         f"-Dlockgate.spark.level={spark_log_level()} {options}' pyspark-shell")
+
+
+def quiet_submitted_jvm(conf: Any) -> bool:
+    """Under ``spark-submit``, before the SparkContext starts: Spark's log
+    lines at :func:`spark_log_level`, as in a session Lockgate starts,
+    unless the user chose (``--conf spark.log.level=...``, or a log4j2 file
+    of their own). ``spark-submit`` hands the application a JVM whose
+    logging it reset, so the context's first line would load Spark's
+    default configuration (INFO); it is loaded here without its banner and
+    set to the level. Returns whether it was."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if conf.get(LOG_LEVEL) is not None \
+            or jvm.java.lang.System.getProperty("log4j2.configurationFile") is not None:
+        return False
+    try:
+        conf._jconf.initializeLogIfNecessary(False, True)  # (silent: no banner)
+        jvm.org.apache.spark.util.Utils.setLogLevel(
+            jvm.org.apache.logging.log4j.Level.toLevel(spark_log_level()))
+    except Exception as e:  # another Spark: its own logging, as before
+        log.debug("Spark's log level not set early: %s", e)
+    return True
 
 
 def default_master(num_tasks: int) -> str:

@@ -49,3 +49,30 @@ def test_the_version_is_asked_once_per_runtime(tmp_path: Path,
     assert runs.read_text().count("run") == 3
     # no answer is not kept: a java that does not run is tried again
     assert java_version(str(tmp_path / "missing" / "java")) is None
+
+
+def test_spark_java_home_runs_java_without_the_incubator_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JAVA_HOME Spark gets: the real runtime's entries, and a ``java``
+    that drops ``--add-modules=jdk.incubator.vector`` (no warning)."""
+    import subprocess
+
+    from lockgate.cluster.java import ensure_java, spark_java_home, wrapped_java
+
+    real = ensure_java()  # (the machine's runtime, behind its mirror)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    home = Path(spark_java_home(real))
+    assert home.is_relative_to(tmp_path / "cache")
+    java = home / "bin" / "java"
+    assert wrapped_java(str(java)) == os.path.realpath(wrapped_java(real))
+    assert (home / "lib").resolve() == Path(wrapped_java(real)).resolve().parent.parent / "lib"
+    run = subprocess.run([str(java), "--add-modules=jdk.incubator.vector", "-version"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "version" in run.stderr
+    assert "incubator" not in run.stderr, run.stderr
+    # the real java would have warned
+    bare = subprocess.run([wrapped_java(str(java)), "--add-modules=jdk.incubator.vector",
+                           "-version"], capture_output=True, text=True, timeout=60)
+    assert "Using incubator modules" in bare.stderr or bare.returncode != 0
+    # a JAVA_HOME that is a mirror already gives the same mirror, not one of it
+    assert spark_java_home(str(java)) == str(home)
