@@ -40,3 +40,8 @@ class UserFunctionError(LockgateError):
 
     where: str | None = None
     """Which input it was processing: the task's input records, the first of them."""
+
+
+class UnsendableRecordError(UserFunctionError):
+    """An operator emitted a record that cannot be pickled to the next task:
+    the same input emits it again after a restart, so the job fails at once."""

@@ -24,6 +24,7 @@ from lockgate.errors import (
     OutputLostError,
     PipelineDefinitionError,
     SavepointMismatchError,
+    UnsendableRecordError,
 )
 from lockgate.protocol import Failed
 from lockgate.state.backend import StateTypeError
@@ -35,6 +36,7 @@ FATAL_ERRORS = frozenset(e.__name__ for e in (
     PipelineDefinitionError, ConfigurationError, OutputLostError,
     # the code or its records: a missing module, a record or state pickle cannot take
     ImportError, ModuleNotFoundError, pickle.PicklingError, pickle.UnpicklingError,
+    UnsendableRecordError,
 ))
 """Errors that fail the job at once (by class name: tasks report names).
 Falling back to an older checkpoint is not done on purpose: its

@@ -12,7 +12,7 @@ from itertools import compress, repeat
 from operator import eq
 from typing import Any, cast
 
-from lockgate.errors import UserFunctionError
+from lockgate.errors import UnsendableRecordError, UserFunctionError
 from lockgate.graph.jobgraph import OutputEdge
 from lockgate.protocol import StreamElement
 from lockgate.runtime import wire
@@ -93,10 +93,10 @@ class OutputEdgeWriter:
     def _unsendable(self, records: list[Any], i: int, error: Exception) -> UserFunctionError:
         """The error of a batch that cannot be pickled: it names the operator
         that emitted it, pickle's reason and the first record that fails.
-        Not fatal: the job restarts by its strategy (which backs off when the
-        same error repeats), as after any other user function's error."""
+        Fatal (:class:`~lockgate.errors.UnsendableRecordError`): the replay
+        emits the same record again, so a restart cannot help."""
         edge = self.edge
-        failed = UserFunctionError(
+        failed = UnsendableRecordError(
             f"operator {edge.upstream_uid!r} emitted a record that cannot be sent to the "
             f"next task: {type(error).__name__}: {error}")
         culprit = next(((n, r) for n, r in enumerate(records) if not _picklable(r)), None)
