@@ -16,7 +16,6 @@ from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.cli_format import format_duration, format_size, format_table
 from lockgate.cli_savepoint import print_savepoint
-from lockgate.cluster.result import Progress
 from lockgate.errors import LockgateError
 from lockgate.web import client, discovery
 
@@ -59,16 +58,6 @@ def _run(args: argparse.Namespace) -> int:
         pipeline.parallelism = args.parallelism
         for node in pipeline.nodes:
             node.parallelism = args.parallelism
-    tty = sys.stderr.isatty()
-
-    def progress(p: Progress) -> None:
-        ms = f"{p.last_checkpoint_duration * 1000:.0f} ms" if p.last_checkpoint_duration else "-"
-        # on a terminal (-v): clear the status line first; it is drawn again below
-        print(f"{chr(13) + chr(27) + '[K' if tty else ''}"
-              f"[{p.elapsed:7.1f} s] checkpoint {p.last_checkpoint_id} ({ms}): "
-              f"{p.records_read:,} records read, {p.records_written:,} written, "
-              f"{p.restarts} restarts", file=sys.stderr, flush=True)
-
     from lockgate.cluster import spark_session
 
     if args.launcher == "spark":  # its JVM starts while the job master's modules load
@@ -82,26 +71,14 @@ def _run(args: argparse.Namespace) -> int:
         from_savepoint=args.from_savepoint,
         allow_non_restored_state=args.allow_non_restored_state,
         allow_non_replayable=args.allow_non_replayable or False,
-        # a line per checkpoint: in logs always, on a terminal with -v (the status
-        # line shows the same)
-        on_progress=progress if (args.verbose or not tty) and not args.quiet else None,
         master=args.master))
-    job_id = master.job_id
-    if not args.quiet:
-        control = (f"; control it with `lockgate savepoint|stop|cancel|checkpoints {job_id}`"
-                   if master.rest is not None else "")
-        print(f"job {job_id} starts ({master.graph.num_tasks} tasks, guarantee "
-              f"{master.guarantee.replace('_', '-')}){control}", file=sys.stderr, flush=True)
     from lockgate.cluster.progress import run_with_progress
 
-    # a status line on a terminal, a plain line every 10 s elsewhere; none with --quiet
-    result = run_with_progress(master, False if args.quiet else None)
-    done = len(result.completed_checkpoints)
-    print(f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
-          f"{result.records_in} records in, {result.records_out} out, "
-          f"{done} checkpoints, {result.restarts} restarts, guarantee {result.guarantee}")
-    if result.savepoint:
-        print(f"savepoint: {result.savepoint}")
+    # as Pipeline.run: the start, the dashboard, a status line on a terminal
+    # (a line per checkpoint and one every 10 s elsewhere), none with --quiet;
+    # the summary on stdout in any case
+    run_with_progress(master, False if args.quiet else None, verbose=args.verbose,
+                      summary=sys.stdout)
     return 0
 
 

@@ -248,10 +248,11 @@ class Pipeline:
                 :class:`~lockgate.config.RestConfig` and its environment
                 variables); ``False`` turns it off. Its dashboard is at ``/ui``
                 (the URL is printed when the job starts; docs/dashboard.md).
-            progress: the job's progress on stderr: ``None`` (the default) a
-                status line that rewrites itself on a terminal, a plain line
-                every 10 s elsewhere, unless ``LOCKGATE_PROGRESS=0``;
-                ``False`` none.
+            progress: what the job prints on stderr: ``None`` (the default)
+                its start, its dashboard's URL, a status line that rewrites
+                itself on a terminal (elsewhere a line per completed
+                checkpoint and a plain line every 10 s), and a summary at the
+                end, unless ``LOCKGATE_PROGRESS=0``; ``False`` nothing.
         """
         args = {k: v for k, v in locals().items() if k != "self"}
         result: JobResult = self._submit(args, wait=True)

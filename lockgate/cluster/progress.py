@@ -1,13 +1,21 @@
-"""Live progress of a running job in the terminal (``lockgate run``,
+"""What a running job prints in the terminal (``lockgate run``,
 ``Pipeline.run``): :func:`run_with_progress`.
 
-On a terminal, one status line rewrites itself (``\\r``) twice a second:
-records read and their rate, the last checkpoint and its age, restarts, and
-for a bounded job whose sources know their size a progress bar with percent
-and ETA. Log lines printed meanwhile clear it first and it is drawn again
-below them. Elsewhere (a pipe, a log file, CI) a plain line every
-:data:`PLAIN_INTERVAL` seconds. The figures are the dashboard's
-(:meth:`JobMaster.metrics`). The dashboard's URL is printed when the job starts.
+Step 1. When it starts: ``job ID starts (N tasks, guarantee ...)``, then
+        the dashboard's URL once it is served (with its token only on a
+        terminal; elsewhere the command that prints it).
+Step 2. While it runs, on a terminal, one status line rewrites itself
+        (``\\r``) twice a second: records read and their rate, the last
+        checkpoint and its age, restarts, and for a bounded job whose sources
+        know their size a progress bar with percent and ETA; log lines
+        printed meanwhile clear it first and it is drawn again below them.
+        Elsewhere (a pipe, a log file, CI) a line after every completed
+        checkpoint and a plain status line every :data:`PLAIN_INTERVAL`
+        seconds (``verbose``: the checkpoint lines on a terminal too).
+Step 3. When it ends: the status line is cleared and a summary printed
+        (:func:`summary_lines`).
+
+The figures are the dashboard's (:meth:`JobMaster.metrics`).
 """
 
 from __future__ import annotations
@@ -18,16 +26,17 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
 from lockgate.cli_format import format_duration
 
 if TYPE_CHECKING:
     from lockgate.cluster.jobmaster import JobMaster
-    from lockgate.cluster.result import JobResult
+    from lockgate.cluster.result import JobResult, Progress
 
-__all__ = ["PLAIN_INTERVAL", "TTY_INTERVAL", "ProgressReporter", "run_with_progress",
-           "status_text"]
+__all__ = ["PLAIN_INTERVAL", "TTY_INTERVAL", "ProgressReporter", "checkpoint_text",
+           "run_with_progress", "start_text", "status_text", "summary_lines"]
 
 TTY_INTERVAL = 0.5
 """Seconds between two drawings of the status line."""
@@ -68,6 +77,35 @@ def status_text(o: dict[str, Any], read: int, rate: float | None, elapsed: float
     return " · ".join(parts)
 
 
+def start_text(master: JobMaster) -> str:
+    """The line that says the job starts: its id, tasks and guarantee, and
+    the commands that control it (when its REST API is on)."""
+    job_id = master.job_id
+    control = (f"; control it with `lockgate savepoint|stop|cancel|checkpoints {job_id}`"
+               if master.rest is not None else "")
+    return (f"job {job_id} starts ({master.graph.num_tasks} tasks, guarantee "
+            f"{master.guarantee.replace('_', '-')}){control}")
+
+
+def checkpoint_text(p: Progress) -> str:
+    """The line printed after a completed checkpoint."""
+    ms = f"{p.last_checkpoint_duration * 1000:.0f} ms" if p.last_checkpoint_duration else "-"
+    return (f"[{p.elapsed:7.1f} s] checkpoint {p.last_checkpoint_id} ({ms}): "
+            f"{p.records_read:,} records read, {p.records_written:,} written, "
+            f"{p.restarts} restarts")
+
+
+def summary_lines(result: JobResult) -> list[str]:
+    """What is printed when the job has ended."""
+    lines = [f"job {result.job_id} {result.status} in {result.duration:.1f} s: "
+             f"{result.records_in} records in, {result.records_out} out, "
+             f"{len(result.completed_checkpoints)} checkpoints, {result.restarts} restarts, "
+             f"guarantee {result.guarantee}"]
+    if result.savepoint:
+        lines.append(f"savepoint: {result.savepoint}")
+    return lines
+
+
 class _ClearLine(logging.Filter):
     """Before a log line: clear the status line (drawn again afterwards)."""
 
@@ -86,6 +124,8 @@ class ProgressReporter:
     def __init__(self, master: JobMaster, stream: IO[str], tty: bool,
                  interval: float | None = None) -> None:
         self.master = master
+        self.started = False
+        """Whether the job's start line was printed."""
         self.stream = stream
         self.tty = tty
         self.interval = interval or _env_interval() or (TTY_INTERVAL if tty else PLAIN_INTERVAL)
@@ -109,6 +149,19 @@ class ProgressReporter:
         self.clear()
         for handler in logging.getLogger().handlers:
             handler.removeFilter(self._filter)
+
+    def line(self, text: str) -> None:
+        """Print a line of its own (a status line on a terminal is drawn
+        again below it)."""
+        with self._lock:
+            if self._shown:
+                self._write("\r\x1b[K")
+                self._shown = False
+            self._write(text + "\n")
+
+    def checkpoint(self, p: Progress) -> None:
+        """After a completed checkpoint (in the job master's thread)."""
+        self.line(checkpoint_text(p))
 
     def clear(self) -> None:
         with self._lock:
@@ -205,17 +258,47 @@ def progress_mode(setting: bool | None, stream: IO[str]) -> tuple[bool, bool]:
 
 
 def run_with_progress(master: JobMaster, setting: bool | None = None,
-                      stream: IO[str] | None = None, interval: float | None = None) -> JobResult:
-    """``master.run()`` with its progress shown on ``stream`` (stderr) as
-    ``setting`` says: None (the default) on unless ``LOCKGATE_PROGRESS=0``,
-    False never, True always."""
+                      stream: IO[str] | None = None, interval: float | None = None, *,
+                      verbose: bool = False, summary: IO[str] | None = None) -> JobResult:
+    """``master.run()`` with what it prints (the module's steps) on
+    ``stream`` (stderr) as ``setting`` says: None (the default) on unless
+    ``LOCKGATE_PROGRESS=0``, False never, True always. ``verbose``: a line
+    per checkpoint on a terminal too. ``summary``: where the summary goes,
+    whatever ``setting`` says (``lockgate run``: stdout); by default to
+    ``stream`` when progress is shown. A job that fails raises, with no
+    summary."""
     stream = stream or sys.stderr
     show, tty = progress_mode(setting, stream)
-    if not show:
-        return master.run()
-    reporter = ProgressReporter(master, stream, tty, interval)
-    reporter.start()
-    try:
-        return master.run()
-    finally:
-        reporter.stop()
+    if show:
+        reporter = ProgressReporter(master, stream, tty, interval)
+        reporter.line(start_text(master))
+        if verbose or not tty:
+            _also_on_checkpoint(master, reporter.checkpoint)
+        reporter.start()
+        try:
+            result = master.run()
+        finally:
+            reporter.stop()
+    else:
+        result = master.run()
+    out = summary if summary is not None else stream if show else None
+    if out is not None:
+        try:
+            out.write("".join(line + "\n" for line in summary_lines(result)))
+            out.flush()
+        except (OSError, ValueError):  # the terminal is gone: the result is returned
+            pass
+    return result
+
+
+def _also_on_checkpoint(master: JobMaster, call: Callable[[Progress], None]) -> None:
+    """Call ``call`` after every completed checkpoint, beside the job's own
+    ``on_progress``."""
+    own = master.options.on_progress
+
+    def both(p: Progress) -> None:
+        call(p)
+        if own is not None:
+            own(p)
+
+    master.options.on_progress = both

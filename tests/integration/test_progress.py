@@ -1,8 +1,10 @@
-"""Live progress of `lockgate run` (a real driver and its tasks, local
-launcher): on a terminal (a pty) one status line rewrites itself with \\r and
-shows a progress bar for a bounded sequence; without one, plain lines; with
---quiet, nothing but the result; the dashboard's URL is printed at the start
-(with its token only on a terminal)."""
+"""What `lockgate run` and `python app.py` (`Pipeline.run`) print (a real
+driver and its tasks, local launcher): the start and the dashboard's URL
+(with its token only on a terminal); on a terminal (a pty) one status line
+that rewrites itself with \\r and shows a progress bar for a bounded
+sequence, then the summary; without one, a line per checkpoint, plain status
+lines and the summary; with --quiet (progress=False), nothing but lockgate
+run's result."""
 
 from __future__ import annotations
 
@@ -20,7 +22,15 @@ APP = """
 from tests.fault.sums_job import build
 
 pipeline = build({n}, 1, 3, {out!r}, {chk!r}, 0.3, rate={rate})
+
+if __name__ == "__main__":
+    import sys
+
+    pipeline.run(launcher="local", progress=False if "quiet" in sys.argv else None)
 """
+SUMMARY = (r"job \S+ finished in [\d.]+ s: {n} records in, \d+ out, [1-9]\d* checkpoints, "
+           r"0 restarts, guarantee exactly_once")
+START = r"job \S+ starts \(\d+ tasks, guarantee exactly-once\); control it with"
 N = 30_000
 RATE = 8_000  # about 4 s of input
 
@@ -39,11 +49,11 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def _run_in_pty(tmp: Path, timeout: float = 240) -> str:
+def _run_in_pty(tmp: Path, timeout: float = 240, argv: list[str] | None = None) -> str:
     primary, secondary = pty.openpty()
     os.set_blocking(primary, False)
-    proc = subprocess.Popen([sys.executable, "-m", "lockgate.cli", "run", str(_app(tmp)),
-                             "--launcher", "local"], cwd=tmp, env=_env(tmp),
+    argv = argv or ["-m", "lockgate.cli", "run", str(_app(tmp)), "--launcher", "local"]
+    proc = subprocess.Popen([sys.executable, *argv], cwd=tmp, env=_env(tmp),
                             stdin=secondary, stdout=secondary, stderr=secondary)
     os.close(secondary)
     out = bytearray()
@@ -105,3 +115,40 @@ def test_without_a_terminal_it_prints_plain_lines_and_quiet_prints_none(
     assert quiet.returncode == 0, quiet.stderr
     assert "records" not in quiet.stderr and "dashboard" not in quiet.stderr, quiet.stderr
     assert f"{N} records in" in quiet.stdout
+
+
+def test_python_app_on_a_terminal_rewrites_its_status_line_and_ends_with_the_summary(
+        tmp_path: Path) -> None:
+    text = _run_in_pty(tmp_path, argv=[str(_app(tmp_path))])
+    assert re.search(START, text), text[:600]
+    assert re.search(r"dashboard: http://127\.0\.0\.1:\d+/ui#token=\S{16,}", text), text
+    redraws = re.findall(r"\r([^\r\n]*records[^\r\n]*)\x1b\[K", text)
+    assert len(redraws) >= 3, text
+    # the status line is cleared, and the summary is the last line
+    assert re.search(r"\r\x1b\[K" + SUMMARY.format(n=N) + r"\r?\n$", text), text[-600:]
+    assert "] checkpoint " not in text  # on a terminal the status line says it
+
+
+def test_python_app_piped_prints_checkpoint_lines_and_the_summary(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, str(_app(tmp_path))], cwd=tmp_path,
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    assert "\r" not in run.stderr and "\x1b[" not in run.stderr
+    lines = run.stderr.splitlines()
+    assert re.match(START, lines[0]), lines[:3]
+    assert re.match(r"dashboard: http://127\.0\.0\.1:\d+/ui \(the token: `lockgate dashboard "
+                    r"\S+` prints the whole URL\)$", lines[1]), lines[:3]
+    checkpoints = [line for line in lines if re.match(
+        r"\[\s*[\d.]+ s\] checkpoint \d+ \(\d+ ms\): [\d,]+ records read, [\d,]+ written, "
+        r"0 restarts$", line)]
+    assert len(checkpoints) >= 2, run.stderr
+    assert [line for line in lines if " records" in line and "%" in line], run.stderr
+    assert re.fullmatch(SUMMARY.format(n=N), lines[-1]), lines[-3:]
+    assert run.stdout == ""  # the app's stdout is its own
+
+    second = tmp_path / "quiet"
+    second.mkdir()
+    quiet = subprocess.run([sys.executable, str(_app(second)), "quiet"], cwd=second,
+                           env=_env(second), capture_output=True, text=True, timeout=240)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == "" and quiet.stdout == "", quiet.stderr
