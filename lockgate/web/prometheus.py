@@ -5,8 +5,10 @@ the dashboard reads.
 Names follow Flink's metrics where Flink has one (``numRecordsIn``,
 ``busyTimeMsPerSecond``, ``numberOfCompletedCheckpoints``...), prefixed
 ``lockgate_job_`` (one series per job) or ``lockgate_task_`` (one per task,
-labelled with its vertex, chained operators and subtask index). As Flink's
-Prometheus reporter does, every metric is a gauge. docs/dashboard.md lists them.
+labelled with its vertex, chained operators and subtask index). Counts that
+only grow (records, restarts, checkpoints) are counters, named with
+Prometheus' ``_total`` suffix (``lockgate_job_numRecordsIn_total``); the rest
+are gauges. docs/dashboard.md lists them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["CONTENT_TYPE", "JOB_METRICS", "TASK_METRICS", "render"]
+__all__ = ["CONTENT_TYPE", "COUNTERS", "JOB_METRICS", "TASK_METRICS", "exposed_name", "render"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,6 +68,21 @@ TASK_METRICS: list[tuple[str, str, str]] = [
 ]
 
 
+COUNTERS = frozenset({"numRestarts", "numRecordsIn", "numRecordsOut",
+                      "numberOfCompletedCheckpoints", "numberOfFailedCheckpoints"})
+"""Metrics (of jobs and tasks) that only grow: Prometheus counters. A task's
+counts start again at zero with each attempt (a restart), which Prometheus'
+``rate()`` and ``increase()`` take as a counter reset."""
+
+
+def exposed_name(level: str, name: str) -> tuple[str, str]:
+    """The exposed name of metric ``name`` of ``level`` (``job``, ``task``)
+    and its type: ``lockgate_<level>_<name>``, with ``_total`` for a counter."""
+    if name in COUNTERS:
+        return f"lockgate_{level}_{name}_total", "counter"
+    return f"lockgate_{level}_{name}", "gauge"
+
+
 def _label(value: Any) -> str:
     text = str(value)
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
@@ -109,8 +126,8 @@ def render(jobs: Iterable[tuple[str, str, dict[str, Any]]]) -> str:
     jobs = list(jobs)
     lines: list[str] = []
     for name, help_text, key in JOB_METRICS:
-        metric = f"lockgate_job_{name}"
-        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        metric, kind = exposed_name("job", name)
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
         for job_id, job_name, o in jobs:
             value = _number(_job_values(o).get(key))
             if value is not None:
@@ -118,8 +135,8 @@ def render(jobs: Iterable[tuple[str, str, dict[str, Any]]]) -> str:
                           "status": o["job"].get("status", "")}
                 lines.append(f"{metric}{_labels(labels)} {value}")
     for name, help_text, key in TASK_METRICS:
-        metric = f"lockgate_task_{name}"
-        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+        metric, kind = exposed_name("task", name)
+        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
         for job_id, job_name, o in jobs:
             for vertex in o["vertices"]:
                 for task in vertex["tasks"]:

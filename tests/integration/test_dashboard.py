@@ -10,9 +10,10 @@ processes (local launcher) run the running-sums job, one task is killed once
   logs no error; screenshots of the jobs page and the job page are saved
   (into docs/img/ with ``LOCKGATE_UPDATE_SCREENSHOTS=1``);
 * ``/metrics`` is scraped with the token and parsed by prometheus_client's
-  parser: Flink's metric names, one series per task, the checkpoint count as
-  the REST API says; without the token it is refused, while the dashboard's
-  static page is served (it holds no data).
+  parser: Flink's metric names, counts as counters (``_total``), one series
+  per task, the checkpoint count as the REST API says; without the token it
+  is refused, while the dashboard's static page is served (it holds no data);
+* without the token in its URL, the page names ``lockgate dashboard JOB``.
 
 The Spark launcher's job and stage carry the job's name and a link to its
 dashboard (run first, before the module's local job starts).
@@ -138,6 +139,16 @@ def test_metrics_scraped_and_parsed_as_prometheus_text(job: tuple[JobClient, str
     status, text = _get(f"{url}/metrics")
     assert status == 200
     families = {f.name: f for f in text_string_to_metric_families(text)}
+    # counts that only grow are counters with the _total suffix, the rest gauges
+    for name in ("job_numRecordsIn", "job_numRecordsOut", "job_numRestarts",
+                 "job_numberOfCompletedCheckpoints", "job_numberOfFailedCheckpoints",
+                 "task_numRecordsIn", "task_numRecordsOut"):
+        assert families[f"lockgate_{name}"].type == "counter", name
+        assert f"# TYPE lockgate_{name}_total counter" in text, name
+        assert {s.name for s in families[f"lockgate_{name}"].samples} == {
+            f"lockgate_{name}_total"}, name
+    assert families["lockgate_job_uptime"].type == "gauge"
+    assert families["lockgate_task_inPoolUsage"].type == "gauge"
     completed = families["lockgate_job_numberOfCompletedCheckpoints"].samples
     assert len(completed) == 1 and completed[0].labels["job_id"] == client.job_id
     counts = json.loads(_get(f"{url}/jobs/{client.job_id}/checkpoints")[1])["counts"]
@@ -270,6 +281,18 @@ def test_the_dashboard_shows_the_live_job_in_a_browser(job: tuple[JobClient, str
         _shoot(driver, "dashboard-job.png", tmp_path)
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
+
+        # without the token (a link from the Spark UI, a log file's URL) the
+        # page names the command that prints its whole URL
+        for shown_url, command in ((f"{url}/ui#job={client.job_id}",
+                                    f"lockgate dashboard {client.job_id}"),
+                                   (f"{url}/ui", "lockgate dashboard JOB")):
+            driver.get("about:blank")
+            driver.get(shown_url)
+            message = _wait(lambda: driver.execute_script(
+                "const p = document.querySelector('#no-token');"
+                "return p ? p.textContent : null"), 30, "the page without a token")
+            assert command in message and "lockgate list" in message, message
     finally:
         driver.quit()
 

@@ -120,6 +120,7 @@ def _overview(jm: JobMetrics) -> dict[str, object]:
 
 
 def test_prometheus_exposition_parses_and_carries_flink_names() -> None:
+    """Flink's names; counters typed ``counter`` with Prometheus' ``_total``."""
     clock = Clock()
     jm = JobMetrics(build_job_graph(_graph()), clock)
     jm.on_task_metrics(0, _metrics(10, 0.0, 0.0, 0.0))
@@ -139,8 +140,22 @@ def test_prometheus_exposition_parses_and_carries_flink_names() -> None:
         ("numbers", "0", 500.0)]
     assert families["lockgate_task_numRecordsIn"].samples[0].value == 110
     assert families["lockgate_task_currentInputWatermark"].samples[0].value == 1000.0
+    # counts that only grow are counters, exposed with the _total suffix
+    # (the parser names the family without it)
+    counters = {f"lockgate_job_{n}" for n in (
+        "numRestarts", "numRecordsIn", "numRecordsOut", "numberOfCompletedCheckpoints",
+        "numberOfFailedCheckpoints")} | {"lockgate_task_numRecordsIn",
+                                         "lockgate_task_numRecordsOut"}
     for f in families.values():
-        assert f.type == "gauge" and f.documentation
+        assert f.documentation
+        assert f.type == ("counter" if f.name in counters else "gauge"), f.name
+        assert all(s.name == f.name + ("_total" if f.type == "counter" else "")
+                   for s in f.samples), f.samples
+    assert counters <= set(families)
+    assert "# TYPE lockgate_job_numRecordsIn_total counter" in text
+    assert "# TYPE lockgate_task_numRecordsOut_total counter" in text
+    assert "# TYPE lockgate_job_uptime gauge" in text
+    assert re.search(r"^lockgate_job_numRestarts_total\{.*\} 1$", text, re.M), text
 
 
 def test_dashboard_files_are_packaged_and_load_nothing_from_elsewhere() -> None:

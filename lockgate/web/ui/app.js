@@ -301,7 +301,12 @@ async function refresh() {
   state.busy = true;
   try {
     if (!state.token) {
-      document.getElementById("main").innerHTML = '<p class="error">No token: open this page as <code>/ui#token=&lt;token&gt;</code> (the URL <code>lockgate run</code> prints; the token is in the job\'s discovery file).</p>';
+      const job = state.job ? esc(state.job) : "JOB";
+      document.getElementById("main").innerHTML = '<p class="error" id="no-token">No token: '
+        + 'this page needs the job\'s token in its URL (<code>/ui#token=&lt;token&gt;</code>). '
+        + `On the driver's machine, as the user that runs the job, <code>lockgate dashboard ${job}</code> `
+        + 'prints the whole URL (<code>lockgate list</code> shows the running jobs); so does '
+        + '<code>lockgate run</code> or <code>python app.py</code> when it starts on a terminal.</p>';
       return;
     }
     if (state.job) await jobPage(state.job); else await jobsPage();
