@@ -27,10 +27,12 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any, ClassVar, TypeAlias
 
 import msgpack
 
+from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.checkpoint.metadata import StateHandle
 from lockgate.errors import CheckpointCorruptError, LockgateError
 
@@ -57,7 +59,7 @@ class Barrier:
     """Splits a channel into before and after checkpoint ``checkpoint_id``."""
 
     checkpoint_id: int
-    kind: str = "checkpoint"
+    kind: BarrierKind = BarrierKind.CHECKPOINT
     timestamp: float = 0.0
 
 
@@ -127,13 +129,11 @@ class Start(ControlMessage):
 @dataclass(frozen=True, slots=True)
 class TriggerCheckpoint(ControlMessage):
     """To a source task: snapshot and send ``Barrier(checkpoint_id, kind)``;
-    ``kind``: ``checkpoint``, ``savepoint``, ``stop`` (a stop's savepoint:
-    every task holds still after its snapshot until it completes or aborts)
-    or ``final`` (all but ``checkpoint`` are always aligned)."""
+    ``kind``: :class:`BarrierKind`."""
 
     tag: ClassVar[str] = "trigger"
     checkpoint_id: int
-    kind: str = "checkpoint"
+    kind: BarrierKind = BarrierKind.CHECKPOINT
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,9 +398,12 @@ _MESSAGES: dict[str, type[ControlMessage]] = {
 
 
 def _runtime_types(hint: Any) -> tuple[type, ...]:
-    """The Python types a decoded field of type ``hint`` may have."""
+    """The Python types a decoded field of type ``hint`` may have (an enum's
+    field arrives as its value, checked and converted by :func:`decode_control`)."""
     if hint is Any:
         return (object,)
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return (str,)
     if hint is float:
         return (int, float)
     origin = typing.get_origin(hint)
@@ -413,6 +416,12 @@ def _runtime_types(hint: Any) -> tuple[type, ...]:
 
 _SCHEMAS: dict[type[ControlMessage], list[tuple[str, tuple[type, ...]]]] = {
     cls: [(f.name, _runtime_types(typing.get_type_hints(cls)[f.name])) for f in fields(cls)]
+    for cls in _MESSAGES.values()
+}
+_ENUMS: dict[type[ControlMessage], list[tuple[int, type[StrEnum]]]] = {
+    cls: [(i, hint) for i, f in enumerate(fields(cls))
+          for hint in [typing.get_type_hints(cls)[f.name]]
+          if isinstance(hint, type) and issubclass(hint, StrEnum)]
     for cls in _MESSAGES.values()
 }
 
@@ -459,4 +468,11 @@ def decode_control(payload: bytes) -> ControlMessage:
                 h, f"the state file of {uid!r:.40}") for uid, h in values[1].items()}
         except CheckpointCorruptError as e:
             raise ProtocolError(f"ack: {e}") from None
+    for i, enum in _ENUMS[cls]:
+        try:
+            values[i] = enum(values[i])
+        except ValueError:
+            raise ProtocolError(
+                f"{data[0]}: field {schema[i][0]} is {values[i][:40]!r}, not one of "
+                f"{', '.join(m.value for m in enum)}") from None
     return cls(*values)

@@ -20,7 +20,7 @@ from enum import StrEnum
 from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.incremental import delete_unreferenced, referenced_shared
-from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.checkpoint.kinds import BarrierKind, CheckpointKind, OperatorStateMode
 from lockgate.checkpoint.metadata import CheckpointMetadata, Progress
 from lockgate.checkpoint.pending import (
     AckResult,
@@ -59,7 +59,7 @@ class CheckpointRecord:
     """One line of the checkpoint history."""
 
     checkpoint_id: int
-    kind: str
+    kind: CheckpointKind
     status: CheckpointStatus
     trigger_time: float
     duration: float | None = None
@@ -78,6 +78,13 @@ class CheckpointRecord:
     in_flight: int = 0
     """Bytes of in-flight data (channel state) of an unaligned checkpoint,
     included in ``size``."""
+    final: bool = False
+    """The final checkpoint (or savepoint) of bounded input or a drain."""
+
+    @property
+    def label(self) -> str:
+        """What the history shows: ``checkpoint``, ``savepoint``, ``final checkpoint``..."""
+        return f"final {self.kind}" if self.final else str(self.kind)
 
     def completed(self, p: PendingCheckpoint, now: float) -> None:
         self.status = CheckpointStatus.COMPLETED
@@ -230,12 +237,17 @@ class CheckpointCoordinator:
         self.pending = PendingCheckpoint(n, time.time(), now, frozenset(self.plan.all_tasks),
                                          is_final=final, savepoint_dir=savepoint_dir,
                                          stops=stops and savepoint_dir is not None)
-        kind = "savepoint" if savepoint_dir is not None else "checkpoint"
-        self.history.append(CheckpointRecord(n, "final " + kind if final else kind,
-                                             CheckpointStatus.IN_PROGRESS, time.time()))
-        barrier_kind = kind if savepoint_dir is not None or not final else "final"
+        kind = CheckpointKind.SAVEPOINT if savepoint_dir is not None else CheckpointKind.CHECKPOINT
+        self.history.append(CheckpointRecord(n, kind, CheckpointStatus.IN_PROGRESS, time.time(),
+                                             final=final))
         if self.pending.stops:
-            barrier_kind = "stop"
+            barrier_kind = BarrierKind.STOP
+        elif savepoint_dir is not None:
+            barrier_kind = BarrierKind.SAVEPOINT
+        elif final:
+            barrier_kind = BarrierKind.FINAL
+        else:
+            barrier_kind = BarrierKind.CHECKPOINT
         for task in self.plan.source_tasks:
             self.send(self.plan.attempt, task, TriggerCheckpoint(n, barrier_kind))
         return n

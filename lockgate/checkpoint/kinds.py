@@ -13,6 +13,32 @@ class CheckpointKind(StrEnum):
     SAVEPOINT = "savepoint"
 
 
+class BarrierKind(StrEnum):
+    """What a barrier (and the trigger that starts it) is for, from the
+    coordinator's trigger to the tasks' snapshots; a closed set, checked when
+    a trigger or a barrier is decoded."""
+
+    CHECKPOINT = "checkpoint"
+    """A periodic checkpoint: aligned or, if configured, unaligned."""
+    SAVEPOINT = "savepoint"
+    """A savepoint the job goes on after (canonical state, always aligned)."""
+    STOP = "stop"
+    """A stop's savepoint: every task holds still after its snapshot until it
+    completes (sinks commit, the tasks end) or is aborted."""
+    FINAL = "final"
+    """The final checkpoint of a bounded job or a drain (always aligned)."""
+
+    @property
+    def is_savepoint(self) -> bool:
+        """Keyed state is written canonically (a savepoint's, a stop's)."""
+        return self in (BarrierKind.SAVEPOINT, BarrierKind.STOP)
+
+    @property
+    def may_be_unaligned(self) -> bool:
+        """Only periodic checkpoints may overtake data; the others align."""
+        return self is BarrierKind.CHECKPOINT
+
+
 class OperatorStateMode(StrEnum):
     """How an operator's state entries are redistributed on restore (its
     ``operator_state_mode``, recorded per operator in ``_metadata``)."""

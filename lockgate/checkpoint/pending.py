@@ -29,8 +29,6 @@ class CheckpointAbortReason(StrEnum):
     DECLINED = "a task declined it"
     WRITE_FAILED = "its files could not be written"
     TASK_FAILURE = "a task failed"
-    JOB_ENDED = "the job ended"
-    SUBSUMED = "a newer checkpoint completed"
 
 
 @dataclass

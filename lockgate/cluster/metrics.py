@@ -177,7 +177,7 @@ def history_entry(r: CheckpointRecord) -> dict[str, Any]:
     """One checkpoint of the history as the REST API, the CLI and the
     dashboard show it (the older keys kept: ``kind``, ``duration``, ``size``)."""
     return {
-        "id": r.checkpoint_id, "kind": r.kind, "trigger": r.kind, "status": r.status,
+        "id": r.checkpoint_id, "kind": r.label, "trigger": r.label, "status": r.status,
         "trigger_time": r.trigger_time, "completed_time": r.completed_time,
         "duration": r.duration, "end_to_end": r.duration,
         "sync_duration": r.sync_duration, "async_duration": r.async_duration,
@@ -198,7 +198,7 @@ def overview(master: JobMaster) -> dict[str, Any]:
     last = completed[-1] if completed else None
     savepoints = []
     for h in history:
-        if "savepoint" in h["kind"]:
+        if h["kind"] in ("savepoint", "final savepoint"):
             result = master.coordinator.savepoint_results.get(h["id"])
             savepoints.append({"id": h["id"], "status": h["status"], "time": h["trigger_time"],
                                "path": result if isinstance(result, str) else None,

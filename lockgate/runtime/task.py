@@ -32,6 +32,7 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.api.watermarks import MAX_WATERMARK
+from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import LockgateError, UserFunctionError
 from lockgate.protocol import (
@@ -118,7 +119,7 @@ class Task(TaskControl):
         """Unaligned checkpoints: the pending one's in-flight data."""
         self.replaying: dict[int, int] = {}
         """Recovered in-flight elements still queued, per input channel."""
-        self._barrier = ("checkpoint", 0.0)
+        self._barrier = (BarrierKind.CHECKPOINT, 0.0)
         """Kind and trigger time of the barrier being handled (forwarded as is)."""
         self._overtaken = 0
         self._next_tick = 0.0
@@ -307,7 +308,7 @@ class Task(TaskControl):
                     self.faults.hit("alignment")
                 self._note_barrier(item)
                 self.barriers.barrier_received(ch, checkpoint_id,
-                                               may_overtake=kind == "checkpoint",
+                                               may_overtake=kind.may_be_unaligned,
                                                timestamp=timestamp)
             case Overtaking(barrier, overtaken):  # unaligned: ahead of queued batches
                 self._note_barrier(barrier)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.errors import LockgateError
 from lockgate.protocol import (
     Barrier,
@@ -46,7 +47,7 @@ class TaskControl(UnalignedCheckpoints):
         match msg:
             case TriggerCheckpoint(checkpoint_id, kind):
                 self._barrier = (kind, time.time())
-                if self.spec.unaligned and kind == "checkpoint" and not self.spec.aligned_timeout:
+                if self.spec.unaligned and kind.may_be_unaligned and not self.spec.aligned_timeout:
                     self.start_unaligned(checkpoint_id)  # a source: no input to wait for
                     self.finish_unaligned(checkpoint_id)
                 else:
@@ -105,7 +106,7 @@ class TaskControl(UnalignedCheckpoints):
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
         started = time.monotonic()
-        savepoint = self._barrier[0] in ("savepoint", "stop")
+        savepoint = self._barrier[0].is_savepoint
         if savepoint:
             self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
         for op in self.ops:  # a RocksDB changelog keeps files for a canonical write
@@ -122,7 +123,7 @@ class TaskControl(UnalignedCheckpoints):
                               finished=self.reached_end and not self.drained,
                               alignment=self.barriers.take_alignment(), final=self.reached_end,
                               sync_duration=time.monotonic() - started)
-        if self._barrier[0] == "stop":
+        if self._barrier[0] is BarrierKind.STOP:
             # A stop's savepoint is synchronous (as Flink's): nothing more is
             # read, emitted or fired until it completes (then the sinks
             # commit and Finish ends the task) or is aborted.

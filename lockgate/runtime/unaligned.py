@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.protocol import Barrier, ControlMessage
 from lockgate.runtime.barriers import BarrierHandler
 from lockgate.runtime.channel_state import InFlight, InFlightCapture
@@ -47,7 +48,7 @@ class UnalignedCheckpoints:
     replaying: dict[int, int]
     reached_end: bool
     drained: bool
-    _barrier: tuple[str, float]
+    _barrier: tuple[BarrierKind, float]
     _overtaken: int
     _next_tick: float
     _counts: Callable[[], tuple[int, int]]
@@ -63,7 +64,7 @@ class UnalignedCheckpoints:
 
     def _overtakes(self, barrier: Barrier) -> bool:
         """Called by the reader threads: does ``barrier`` overtake queued input?"""
-        if barrier.kind != "checkpoint":
+        if not barrier.kind.may_be_unaligned:
             return False  # savepoints and final checkpoints stay aligned
         timeout = self.spec.aligned_timeout
         return not timeout or time.time() - barrier.timestamp > timeout

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, cast
 
 import msgpack
 
+from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.errors import ConfigurationError
 from lockgate.protocol import (
     END_OF_PARTITION,
@@ -254,6 +255,9 @@ def element_frame(element: StreamElement) -> tuple[Frame, bytes]:
     raise TypeError(f"{element!r} is not sent as an element frame")
 
 
+_BARRIER_KINDS = frozenset(k.value for k in BarrierKind)
+
+
 def decode_element(kind: int, payload: bytes) -> StreamElement:
     """The stream element in a data channel's frame; :class:`ProtocolError`
     for a frame type or payload that a data channel never carries."""
@@ -268,9 +272,9 @@ def decode_element(kind: int, payload: bytes) -> StreamElement:
     except Exception as e:
         raise ProtocolError(f"undecodable frame of type {kind}: {e}") from None
     if kind == Frame.BARRIER and isinstance(value, list) and len(value) == 3 \
-            and _is_int(value[0]) and isinstance(value[1], str) \
+            and _is_int(value[0]) and isinstance(value[1], str) and value[1] in _BARRIER_KINDS \
             and isinstance(value[2], int | float):
-        return Barrier(value[0], value[1], value[2])
+        return Barrier(value[0], BarrierKind(value[1]), value[2])
     if kind == Frame.CANCEL_BARRIER and isinstance(value, int) and not isinstance(value, bool):
         return CancelBarrier(value)
     if kind == Frame.WATERMARK and isinstance(value, int | float) \

@@ -227,7 +227,7 @@ def test_kill_after_the_final_checkpoint_completed(tmp_path: Path, launcher: str
         if client.master.state == "running":
             client.cancel()
     assert result.status == "finished" and result.restarts == 1, result.failures
-    final = [c for c in result.checkpoints if c.kind.startswith("final")]
+    final = [c for c in result.checkpoints if c.final]
     assert [c.status for c in final] == ["completed", "completed"]  # one per attempt
     out = committed_lines(tmp_path / "out")
     markers = sorted(r for r in out if r[0] == "finished")

@@ -10,6 +10,7 @@ import threading
 import msgpack
 import pytest
 
+from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.checkpoint.metadata import StateHandle
 from lockgate.protocol import (
     END_OF_PARTITION,
@@ -73,6 +74,9 @@ def test_control_messages_round_trip(message) -> None:
     (msgpack.packb(["trigger", 1, "checkpoint", 2]), "3 fields, expected 2"),
     (msgpack.packb(["trigger", "1", "checkpoint"]), "field checkpoint_id has type str"),
     (msgpack.packb(["trigger", True, "checkpoint"]), "field checkpoint_id has type bool"),
+    (msgpack.packb(["trigger", 1, "checkpiont"]), "field kind is 'checkpiont', not one of "
+                                                   "checkpoint, savepoint, stop, final"),
+    (msgpack.packb(["trigger", 1, 7]), "field kind has type int"),
     (msgpack.packb(["ack", 1, [], 0, 0, False, 0.0, 0.0, 0.0]), "field handles has type list"),
     (msgpack.packb(["ack", 1, {"u": {"file": "../x", "size": 1, "crc32": 0}}, 0, 0, False, 0.0,
                    0.0, 0.0]),
@@ -88,13 +92,22 @@ def test_malformed_control_messages_are_protocol_errors(payload: bytes, complain
         decode_control(payload)
 
 
-ELEMENTS = [Barrier(3, "checkpoint", 1.5), CancelBarrier(3), Watermark(1000),
+ELEMENTS = [*(Barrier(3, kind, 1.5) for kind in BarrierKind), CancelBarrier(3), Watermark(1000),
             Watermark(12.5), IDLE, EndOfData(True), EndOfData(False), END_OF_PARTITION]
 
 
 @pytest.mark.parametrize("element", ELEMENTS, ids=repr)
 def test_stream_elements_round_trip(element) -> None:
-    assert wire.decode_element(*wire.element_frame(element)) == element
+    decoded = wire.decode_element(*wire.element_frame(element))
+    assert decoded == element
+    if isinstance(element, Barrier):
+        assert type(decoded.kind) is BarrierKind  # a closed set, not a string
+
+
+def test_a_trigger_decodes_its_kind_as_the_enum() -> None:
+    for kind in BarrierKind:
+        decoded = decode_control(encode_control(TriggerCheckpoint(4, kind)))
+        assert decoded == TriggerCheckpoint(4, kind) and type(decoded.kind) is BarrierKind
 
 
 def test_batches_round_trip_through_the_batch_frame() -> None:
@@ -105,6 +118,8 @@ def test_batches_round_trip_through_the_batch_frame() -> None:
 @pytest.mark.parametrize("kind, payload", [
     (wire.Frame.BARRIER, msgpack.packb([1, "checkpoint"])),
     (wire.Frame.BARRIER, msgpack.packb(["1", "checkpoint", 0])),
+    (wire.Frame.BARRIER, msgpack.packb([1, "savepoints", 0])),
+    (wire.Frame.BARRIER, msgpack.packb([1, ["checkpoint"], 0])),
     (wire.Frame.CANCEL_BARRIER, msgpack.packb(True)),
     (wire.Frame.WATERMARK, msgpack.packb(None)),
     (wire.Frame.WATERMARK, msgpack.packb("late")),
