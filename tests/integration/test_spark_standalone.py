@@ -73,9 +73,10 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """``spark://127.0.0.1:<port>`` of a Master with one Worker of 4 cores, and
-    the Worker's pid (its executors' Python workers run the tasks)."""
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, Path]]:
+    """``spark://127.0.0.1:<port>`` of a Master with one Worker of 4 cores,
+    the Worker's pid (its executors' Python workers run the tasks) and its
+    work folder (the executors' stdout and stderr)."""
     env = _env()
     spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
     logs = tmp_path_factory.mktemp("spark-daemons")
@@ -98,7 +99,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         daemons.append(worker)
         _await_line(logs / "worker.log", r"Successfully registered with master", worker)
-        yield url, worker.pid
+        yield url, worker.pid, logs / "work"
     finally:
         for proc in reversed(daemons):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -110,8 +111,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
 
 
 def test_job_on_a_standalone_cluster_survives_a_killed_task_and_host(
-        cluster: tuple[str, int], tmp_path: Path) -> None:
-    url, worker = cluster
+        cluster: tuple[str, int, Path], tmp_path: Path) -> None:
+    url, worker, _ = cluster
     (tmp_path / "app.py").write_text(APP)
     n = 100_000
     out, chk = tmp_path / "out", tmp_path / "chk"
@@ -172,12 +173,14 @@ def test_job_on_a_standalone_cluster_survives_a_killed_task_and_host(
 
 
 def test_relative_paths_on_a_cluster_are_the_drivers_and_warned_of(
-        cluster: tuple[str, int], tmp_path: Path) -> None:
+        cluster: tuple[str, int, Path], tmp_path: Path) -> None:
     """``FileSink("out")`` with the driver in ``tmp_path``: the tasks run in
     their executor's work folder, yet the output lands in the driver's
     ``tmp_path/out`` (resolved in the driver, like checkpoint storage), and
-    the driver warns that the sink's plain path must be shared."""
-    url, _ = cluster
+    the driver warns that the sink's plain path must be shared. Neither the
+    driver's JVM nor the executors' (started with the JAVA_HOME Lockgate
+    gives Spark) warn of the incubator module."""
+    url, _, work = cluster
     (tmp_path / "app.py").write_text(APP)
     n = 3_000
     result = subprocess.run(
@@ -188,3 +191,8 @@ def test_relative_paths_on_a_cluster_are_the_drivers_and_warned_of(
     check_exact_sums(tmp_path / "out", n, 3)
     assert re.search(r"sink 'out' is the plain local path \S*out", result.stderr), \
         result.stderr[-3000:]
+    assert "Using incubator modules" not in result.stderr, result.stderr[-3000:]
+    executor_logs = list(work.glob("app-*/*/stderr"))
+    assert executor_logs, sorted(work.rglob("*"))
+    for path in executor_logs:
+        assert "Using incubator modules" not in path.read_text(errors="replace"), path
