@@ -20,7 +20,7 @@ from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import JobFailedError
 from tests.fault.checks import task_processes
 from tests.fault.sums_job import build
-from tests.fixtures import check_exact_sums
+from tests.fixtures import check_exact_sums, start_and_await
 
 N = 6_000_000
 KEYS = 3
@@ -80,3 +80,21 @@ def test_back_off_grows_when_failures_differ_in_turn(tmp_path: Path, launcher: s
     reasons = [r.getMessage() for r in caplog.records if "restart" in r.getMessage()]
     delays = [float(m[1]) for r in reasons if (m := re.search(r"in (\d+\.\d\d) s", r))]
     assert delays == [0.0, 0.5, 1.0], reasons
+
+
+def test_a_tasks_own_report_is_never_replaced_by_its_exit_code(tmp_path: Path,
+                                                               launcher: str) -> None:
+    """Every task fails in its restore (a state whose kind changed) and exits
+    at once: its exit event may reach the driver before its report. Run after
+    run, the job fails naming the state and both kinds, never a bare exit code."""
+    from tests.integration.test_savepoints import CountV1, CountV2, _counting
+
+    client = start_and_await(_counting(tmp_path, CountV1(), 100_000, 20_000), launcher=launcher)
+    savepoint = client.stop(dir=str(tmp_path / "sp")).savepoint
+    for _ in range(4):
+        with pytest.raises(JobFailedError) as info:
+            _counting(tmp_path, CountV2(), 100_000, None).run(launcher=launcher,
+                                                              from_savepoint=savepoint)
+        message = str(info.value)
+        assert "'count'" in message and "list" in message, message
+        assert "exited with code" not in message and "Restarting cannot help" in message
