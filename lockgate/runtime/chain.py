@@ -85,9 +85,7 @@ class OperatorChain:
         except LockgateError:
             raise
         except Exception as e:
-            error = UserFunctionError(f"operator {head.uid!r} raised {type(e).__name__}: {e}")
-            error.where = self.input_position(batch)
-            raise error from e
+            raise self._user_error(head, e, batch) from e
         if head.side:
             self.emit_side(head)
         if out:
@@ -102,9 +100,7 @@ class OperatorChain:
             except LockgateError:
                 raise
             except Exception as e:
-                error = UserFunctionError(f"operator {op.uid!r} raised {type(e).__name__}: {e}")
-                error.where = self.input_position(given)
-                raise error from e
+                raise self._user_error(op, e, given) from e
             if op.side:
                 self.emit_side(op)
             if not batch:
@@ -113,6 +109,14 @@ class OperatorChain:
         self.records_out += len(batch)
         for out in self.outputs:
             out.add(batch)
+
+    def _user_error(self, op: StreamOperator, e: Exception,
+                    batch: list[Any]) -> UserFunctionError:
+        """The error of a user function of ``op`` on ``batch``, with where in
+        the task's input it happened (raised ``from`` the function's own)."""
+        error = UserFunctionError(f"operator {op.uid!r} raised {type(e).__name__}: {e}")
+        error.where = self.input_position(batch)
+        return error
 
     def emit_side(self, op: StreamOperator) -> None:
         """Send what ``op`` emitted to side outputs down their edges (those

@@ -5,25 +5,7 @@ from __future__ import annotations
 import random
 
 from lockgate.runtime.barriers import AbortReason, BarrierHandler
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.blocked: set[int] = set()
-        self.events: list[tuple] = []
-
-    def block(self, channel: int) -> None:
-        self.blocked.add(channel)
-
-    def unblock_all(self) -> None:
-        self.blocked.clear()
-        self.events.append(("unblock",))
-
-    def trigger_snapshot(self, checkpoint_id: int) -> None:
-        self.events.append(("snapshot", checkpoint_id))
-
-    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
-        self.events.append(("abort", checkpoint_id, reason))
+from tests.unit.barrier_recorder import Recorder
 
 
 def test_aligned_blocks_until_every_channel_delivered():
