@@ -152,3 +152,16 @@ def test_python_app_piped_prints_checkpoint_lines_and_the_summary(tmp_path: Path
                            env=_env(second), capture_output=True, text=True, timeout=240)
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stderr == "" and quiet.stdout == "", quiet.stderr
+
+
+def test_verbose_on_a_terminal_adds_a_line_per_checkpoint_above_the_status_line(
+        tmp_path: Path) -> None:
+    text = _run_in_pty(tmp_path, argv=["-m", "lockgate.cli", "-v", "run",
+                                       str(_app(tmp_path)), "--launcher", "local"])
+    # each checkpoint line is a line of its own (the status line cleared
+    # before it, or before the log line above it)
+    lines = re.findall(r"(?:\n|\x1b\[K)(\[\s*[\d.]+ s\] checkpoint \d+ \(\d+ ms\): [\d,]+ "
+                       r"records read, [\d,]+ written, 0 restarts)\r?\n", text)
+    assert len(lines) >= 2, text[-2000:]
+    assert len(re.findall(r"\r([^\r\n]*records \([^\r\n]*)\x1b\[K", text)) >= 2, text[-2000:]
+    assert re.search(SUMMARY.format(n=N) + r"\r?\n$", text), text[-600:]
