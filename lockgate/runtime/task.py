@@ -166,6 +166,9 @@ class Task(TaskControl):
                 out.broadcast(END_OF_PARTITION, ignore_errors=True)
             if self.before_finished is not None:
                 self.before_finished()
+            # the state's local files go before the coordinator hears of the
+            # end: once every task finished, the job's processes may be ended
+            self._close_operators()
             self._send(Finished(*self._counts()))
         except BaseException as e:  # report every failure, then die
             self._report_failure(e)
@@ -398,16 +401,22 @@ class Task(TaskControl):
         except OSError:
             pass
 
-    def _close(self) -> None:
-        self.meter.stop()
-        self.mailbox.close()
+    def _close_operators(self) -> None:
+        """Close every operator and its state backend, once (the snapshot
+        writer first: it may still read a backend)."""
         self.snapshots.close()
-        for op in self.ops:
+        ops, self.ops = self.ops, []
+        for op in ops:
             try:
                 op.close()
                 close_backend(op.backend)
             except Exception:
                 log.exception("closing %s failed", op.uid)
+
+    def _close(self) -> None:
+        self.meter.stop()
+        self.mailbox.close()
+        self._close_operators()
         for out in self.outputs:
             out.close()
         self.inputs.close()

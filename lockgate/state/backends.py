@@ -69,6 +69,9 @@ class RocksDBStateBackend:
     Args:
         local_dir: where the tasks keep their databases (a local folder on
             every machine that runs tasks; default: the system's temp folder).
+            Lockgate keeps them in its own folder there,
+            ``lockgate-rocksdb-<uid>`` (0700, this user's), and deletes
+            nothing it did not make (:mod:`lockgate.state.rocksdb_local`).
             Working files only: what survives a failure is in the checkpoint
             storage.
         memory_mb: the memory budget of one keyed operator in one task:

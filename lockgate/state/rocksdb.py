@@ -72,11 +72,10 @@ from lockgate.state.rocksdb_io import (
     materialize,
     open_db,
     options,
-    remove_task_folder,
     require,
     state_names,
-    task_folder,
 )
+from lockgate.state.rocksdb_local import remove_task_folder, task_folder
 from lockgate.state.rocksdb_snapshots import (
     READER,
     RocksDBChangelogSnapshot,
@@ -457,10 +456,6 @@ class RocksDBKeyedStateBackend:
         except Exception:
             pass
         remove_task_folder(self.folder)
-        try:
-            os.rmdir(os.path.dirname(self.folder))  # the job's, once its last task left
-        except OSError:
-            pass
 
 
 INGEST_MIN_ENTRIES = 50_000

@@ -9,17 +9,14 @@ job uses the RocksDB backend (``pip install 'lockgate[rocksdb]'``).
 from __future__ import annotations
 
 import os
-import re
-import secrets
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from lockgate import fs, fs_transfer
 from lockgate.checkpoint.incremental import SHARED_DIR, IncrementalState, SharedFile
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
-from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.backends import RocksDBStateBackend
 from lockgate.state.rocksdb_tables import (
     KIND_PREFIX,
     META,
@@ -97,90 +94,6 @@ def open_db(path: str, config: RocksDBStateBackend, read_only: bool = False) -> 
         db = rd.Rdict(path, options(config))
         db.set_write_options(write_options())
     return db
-
-
-def task_folder(config: RocksDBStateBackend, scope: BackendScope) -> str:
-    """A new local folder for one keyed operator of one task of one attempt
-    (with the task's pid in ``owner``). Removed first: the folders of this
-    operator and task from earlier attempts, and any folder under
-    ``config.directory`` whose owner process is gone from this host (a task
-    SIGKILLed, a job cancelled: nothing else would remove them)."""
-    base = config.directory
-    job = os.path.join(base, _safe(scope.job_id))
-    os.makedirs(job, exist_ok=True)
-    me = f"{_safe(scope.uid)}-{scope.task_index}-a"
-    for name in os.listdir(job):
-        m = re.match(re.escape(me) + r"(\d+)-", name)
-        if m and int(m.group(1)) < scope.attempt:
-            shutil.rmtree(os.path.join(job, name), ignore_errors=True)
-    _remove_orphans(base)
-    folder = os.path.join(job, f"{me}{scope.attempt}-{secrets.token_hex(4)}")
-    for tries in range(5):  # another task may remove the job's folder, empty, meanwhile
-        try:
-            os.makedirs(folder)
-            break
-        except FileNotFoundError:
-            if tries == 4:
-                raise
-    with open(os.path.join(folder, "owner"), "w") as f:
-        f.write(str(os.getpid()))
-    return folder
-
-
-ORPHAN_AGE = 600.0
-"""Seconds after which a task folder without its ``owner`` file is an orphan."""
-
-
-def remove_task_folder(folder: str) -> None:
-    """Remove a task's folder, its ``owner`` file last: a removal cut short
-    (the process killed) leaves a folder the next task recognises."""
-    for name in os.listdir(folder) if os.path.isdir(folder) else ():
-        if name != "owner":
-            path = os.path.join(folder, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.remove(path)
-                except OSError:
-                    pass
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _remove_orphans(base: str) -> None:
-    """Remove task folders under ``base`` whose owner process is dead, and
-    job folders left empty."""
-    for job in os.listdir(base):
-        jpath = os.path.join(base, job)
-        try:
-            names = os.listdir(jpath)
-        except OSError:
-            continue
-        for name in names:
-            folder = os.path.join(jpath, name)
-            try:
-                with open(os.path.join(folder, "owner")) as f:
-                    pid = int(f.read())
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                shutil.rmtree(folder, ignore_errors=True)
-            except FileNotFoundError:
-                # no owner: being made (a moment), or its removal was cut short
-                try:
-                    if time.time() - os.path.getmtime(folder) > ORPHAN_AGE:
-                        shutil.rmtree(folder, ignore_errors=True)
-                except OSError:
-                    pass
-            except (OSError, ValueError):
-                pass  # alive under another user, or not a task's folder
-        try:
-            os.rmdir(jpath)
-        except OSError:
-            pass
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)[:100]
 
 
 def upload(local: str, job_dir: str, name: str) -> SharedFile:
