@@ -69,8 +69,8 @@ def test_back_off_grows_when_failures_differ_in_turn(tmp_path: Path, launcher: s
     """Every attempt fails with another error (another task, another message)
     and no checkpoint completes in between: the delays grow 0, 0.5, 1, 2 s,
     and the job fails after its restarts."""
-    p = Pipeline("flaky", parallelism=2,
-                 checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")),
+    p = Pipeline("flaky", parallelism=2,  # no periodic checkpoint: none completes in between
+                 checkpoint=CheckpointConfig(interval=None, storage=str(tmp_path / "chk")),
                  restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
     (p.source(SequenceSource(1, 1000), uid="numbers").map(_flaky, uid="flaky")
        .sink(FileSink(str(tmp_path / "out")), uid="out"))
