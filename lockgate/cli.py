@@ -7,7 +7,6 @@ import argparse
 import json
 import logging
 import os
-import runpy
 import sys
 import time
 from typing import Any
@@ -16,70 +15,14 @@ from lockgate import fs
 from lockgate.checkpoint import storage
 from lockgate.cli_format import format_duration, format_size, format_table
 from lockgate.cli_savepoint import print_savepoint
-from lockgate.errors import LockgateError
+from lockgate.errors import JobInterrupted, LockgateError
 from lockgate.web import client, discovery
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Run ``app.py[:name]``: the file's pipeline object (default ``pipeline``)."""
-    from lockgate.api.pipeline import Pipeline
+    from lockgate.cli_run import run_command
 
-    path, _, name = args.app.partition(":")
-    if not os.path.isfile(path):
-        raise LockgateError(f"{path} does not exist (run from the folder it is in, or give "
-                            "its path): lockgate run app.py[:pipeline]")
-    sys.argv = [path, *args.app_args]  # the app sees its own arguments, as with python app.py
-    # as with python app.py: the app's folder first on sys.path (its own modules import)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    namespace = runpy.run_path(path, run_name="lockgate_app")
-    candidates = {k: v for k, v in namespace.items() if isinstance(v, Pipeline)}
-    if not name and not candidates and callable(namespace.get("main")):
-        name = "main"  # an app that builds its pipeline in main(), as the examples do
-    if name and name not in candidates and callable(namespace.get(name)):
-        built = namespace[name]()  # a function that builds it (reading sys.argv)
-        if not isinstance(built, Pipeline):
-            raise LockgateError(f"{path}:{name}() returned {type(built).__name__}, not a "
-                                "Pipeline: return the pipeline it builds")
-        candidates = {name: built}
-    if name:
-        if name not in candidates:
-            print(f"error: {path} defines no Pipeline named {name!r} "
-                  f"(found: {sorted(candidates) or 'none'})", file=sys.stderr)
-            return 2
-        pipeline = candidates[name]
-    elif len(candidates) == 1:
-        pipeline = next(iter(candidates.values()))
-    else:
-        print(f"error: {path} defines {len(candidates)} Pipeline objects; "
-              f"name one as {path}:NAME (a Pipeline, or a function that returns one)",
-              file=sys.stderr)
-        return 2
-    if args.parallelism:
-        pipeline.parallelism = args.parallelism
-        for node in pipeline.nodes:
-            node.parallelism = args.parallelism
-    from lockgate.cluster import spark_session
-
-    if args.launcher == "spark":  # its JVM starts while the job master's modules load
-        spark_session.prestart_job(pipeline, None, args.master)
-    from lockgate.cluster.options import RunOptions
-    from lockgate.cluster.submission import prepare_job
-
-    # validated (pipeline, checkpoint or savepoint, Spark slots) before it says it starts
-    master = prepare_job(pipeline, RunOptions(
-        launcher=args.launcher, from_checkpoint=args.from_checkpoint,
-        from_savepoint=args.from_savepoint,
-        allow_non_restored_state=args.allow_non_restored_state,
-        allow_non_replayable=args.allow_non_replayable or False,
-        master=args.master))
-    from lockgate.cluster.progress import run_with_progress
-
-    # as Pipeline.run: the start, the dashboard, a status line on a terminal
-    # (a line per checkpoint and one every 10 s elsewhere), none with --quiet;
-    # the summary on stdout in any case
-    run_with_progress(master, False if args.quiet else None, verbose=args.verbose,
-                      summary=sys.stdout)
-    return 0
+    return run_command(args)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -254,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                          allow_abbrev=False)  # an app's --para is not --parallelism
     run.add_argument("app", help="app.py, app.py:pipeline_variable, or app.py:function "
                      "(called with no arguments, it returns the Pipeline; default main)")
-    run.add_argument("--launcher", default="spark", choices=["spark", "local"],
-                     help="spark (default): the tasks run as one Spark barrier stage; "
-                     "local: one subprocess per task, no Spark")
+    run.add_argument("--launcher", choices=["spark", "local"],
+                     help="spark (default, unless the app's run() names another): the tasks "
+                     "run as one Spark barrier stage; local: one subprocess per task, no Spark")
     run.add_argument("--master", help="Spark master URL of the session Lockgate starts "
                      "(default: local[N], N = the job's number of tasks; under spark-submit "
                      "its --master)")
@@ -267,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--from-savepoint", metavar="PATH",
                        help="start from this savepoint (any parallelism; operators matched "
                        "by uid)")
+    start.add_argument("--fresh", action="store_true",
+                       help="start from nothing, even where an earlier run of the pipeline "
+                       "left checkpoints in its checkpoint storage (without it, the job "
+                       "resumes from that run's latest completed checkpoint)")
     run.add_argument("--allow-non-restored-state", action="store_true",
                      help="drop the state of operator uids the job no longer has, instead of "
                      "refusing the checkpoint or savepoint")
@@ -327,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     sk.set_defaults(func=_spark)
     # Lockgate's own options may come before or after the app (as documented);
     # the app gets the rest, in order, and everything after "--".
+    full = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     after: list[str] = []
     if "--" in argv:
@@ -335,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if args.command == "run":
         args.app_args = [*args.app_args, *unknown, *after]
+        args.argv = list(sys.argv[1:] if full is None else full)
     elif (args.command == "savepoint" and args.path is None and len(unknown) == 1
           and not unknown[0].startswith("-") and not after):
         args.path = unknown[0]  # savepoint inspect --json PATH: the flag came first
@@ -349,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     except LockgateError as e:  # a clear message, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except JobInterrupted:  # Ctrl-C: the job ended cleanly and said how to resume it
+        return 130
+    except KeyboardInterrupt:  # Ctrl-C before or after a job
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `lockgate ... | head`: the reader is gone, quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -45,3 +45,16 @@ class UserFunctionError(LockgateError):
 class UnsendableRecordError(UserFunctionError):
     """An operator emitted a record that cannot be pickled to the next task:
     the same input emits it again after a restart, so the job fails at once."""
+
+
+class JobInterrupted(SystemExit):
+    """Ctrl-C ended the job (cleanly: the committed output is what its latest
+    completed checkpoint committed). A ``SystemExit`` with code 130, so that
+    ``python app.py`` ends quietly with the shell's code for Ctrl-C; catch it
+    to go on after an interrupted ``Pipeline.run()``."""
+
+    def __init__(self, job_id: str, checkpoint: str | None) -> None:
+        super().__init__(130)
+        self.job_id = job_id
+        self.checkpoint = checkpoint
+        """The latest completed checkpoint (None: none completed)."""

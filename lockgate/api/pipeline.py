@@ -19,7 +19,8 @@ Example::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,7 +41,27 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node", "NodeInput"]
+__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node", "NodeInput", "launched_by"]
+
+LaunchHook = Callable[["Pipeline", dict[str, Any], bool], Any]
+"""Who runs a pipeline whose ``run()``/``start()`` is called (the pipeline,
+the call's arguments, whether it waits): ``lockgate run`` while it loads a
+script (:func:`launched_by`)."""
+
+_launch_hook: list[LaunchHook] = []
+
+
+@contextmanager
+def launched_by(hook: LaunchHook) -> Iterator[None]:
+    """While this block runs, ``Pipeline.run()`` and ``start()`` hand their
+    pipeline and arguments to ``hook`` and return what it returns, instead
+    of running the job themselves: the way Flink's command line runs the
+    ``execute()`` of the program it submits, with its own options."""
+    _launch_hook.append(hook)
+    try:
+        yield
+    finally:
+        _launch_hook.remove(hook)
 
 _UID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -216,7 +237,7 @@ class Pipeline:
             on_progress: Callable[[Progress], None] | None = None,
             spark: Any = None, master: str | None = None,
             rest: RestConfig | bool | None = None,
-            progress: bool | None = None) -> JobResult:
+            progress: bool | None = None, fresh: bool = False) -> JobResult:
         """Run the job and block until it ends (bounded input done, stopped,
         cancelled, or failed).
 
@@ -253,6 +274,12 @@ class Pipeline:
                 itself on a terminal (elsewhere a line per completed
                 checkpoint and a plain line every 10 s), and a summary at the
                 end, unless ``LOCKGATE_PROGRESS=0``; ``False`` nothing.
+            fresh: start from nothing even though an earlier run of this
+                pipeline (its name) left checkpoints in its checkpoint
+                storage; without it (and without ``from_checkpoint`` or
+                ``from_savepoint``) the job resumes from the latest completed
+                checkpoint of that run, and says so (docs/checkpoints.md,
+                *Running a job again*).
         """
         args = {k: v for k, v in locals().items() if k != "self"}
         result: JobResult = self._submit(args, wait=True)
@@ -268,7 +295,10 @@ class Pipeline:
     def _submit(self, args: dict[str, Any], wait: bool) -> Any:
         """:meth:`run` (``wait``) or :meth:`start`. A local Spark session the
         job will start begins first (its JVM starts while the driver imports
-        the job master's modules), and ends if the job is refused."""
+        the job master's modules), and ends if the job is refused. Under
+        ``lockgate run`` the command line runs it (:func:`launched_by`)."""
+        if _launch_hook:
+            return _launch_hook[-1](self, args, wait)
         if args.get("launcher", "spark") != "spark":
             return self._submit_now(args, wait)
         from lockgate.cluster import spark_session

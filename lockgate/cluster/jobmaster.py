@@ -32,6 +32,7 @@ from lockgate.checkpoint.coordinator import (
     CompletedCheckpoint,
 )
 from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.cluster import resume
 from lockgate.cluster.commands import CommandKind, Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
@@ -207,6 +208,7 @@ class JobMaster(RestartHandler):
                 self.launcher.stop()
                 self.launcher = None
             end_job(self.options.launcher, self.job_id)
+            self._leave_job_dir()
             self.server.close()
             self.commands.job_ended(status, error)
             if served is not None:
@@ -223,6 +225,15 @@ class JobMaster(RestartHandler):
             duration=time.monotonic() - started,
             recovery_times=list(self.recovery_times),
         )
+
+    def _leave_job_dir(self) -> None:
+        """The job ended (no task runs): checkpoints that never completed are
+        deleted, and a stop's savepoint is recorded for the next run of the
+        job to resume from (:mod:`lockgate.cluster.resume`)."""
+        resume.drop_incomplete(str(self.job_dir))
+        latest = self.coordinator.latest
+        if self.commands.savepoint_path and latest is not None and latest.savepoint:
+            resume.record_stop(str(self.job_dir), str(latest.path), latest.checkpoint_id)
 
     def _run_attempts(self) -> JobStatus:
         """Run attempts until one ends the job; returns how it ended."""

@@ -31,6 +31,16 @@ class RunOptions:
     progress: bool | None = False
     """Progress on stderr (``lockgate.cluster.progress``): ``Pipeline.run`` and
     ``lockgate run`` pass None (on unless ``LOCKGATE_PROGRESS=0``)."""
+    fresh: bool = False
+    """Start from nothing, even where an earlier run of the pipeline left
+    checkpoints (without it the job resumes from them: :mod:`lockgate.cluster.resume`)."""
+    resume_command: Callable[[str | None], str] | None = None
+    """The command that resumes the job from a checkpoint (given) or runs it
+    again (None), shown when Ctrl-C ends it; ``lockgate run`` sets it, else it
+    is the ``python`` command line of this process."""
+    resumed: bool = False
+    """Set when the job resumes an earlier run of itself (not a start from a
+    checkpoint or savepoint the user named)."""
     bind_host: str = "127.0.0.1"
     """Set by the job master: the host the control server binds (tasks on
     other machines must reach it)."""

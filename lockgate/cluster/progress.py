@@ -266,21 +266,30 @@ def run_with_progress(master: JobMaster, setting: bool | None = None,
     per checkpoint on a terminal too. ``summary``: where the summary goes,
     whatever ``setting`` says (``lockgate run``: stdout); by default to
     ``stream`` when progress is shown. A job that fails raises, with no
-    summary."""
+    summary. Ctrl-C ends the job cleanly (:mod:`lockgate.cluster.interrupt`):
+    one line says how to resume it, and
+    :class:`~lockgate.errors.JobInterrupted` (exit code 130) is raised."""
+    from lockgate.cluster.interrupt import on_ctrl_c, resume_line
+    from lockgate.errors import JobInterrupted
+
     stream = stream or sys.stderr
     show, tty = progress_mode(setting, stream)
-    if show:
-        reporter = ProgressReporter(master, stream, tty, interval)
+    reporter = ProgressReporter(master, stream, tty, interval) if show else None
+    if reporter is not None:
         reporter.line(start_text(master))
         if verbose or not tty:
             _also_on_checkpoint(master, reporter.checkpoint)
-        reporter.start()
+    with on_ctrl_c(master) as ctrl_c:
+        if reporter is not None:
+            reporter.start()
         try:
             result = master.run()
         finally:
-            reporter.stop()
-    else:
-        result = master.run()
+            if reporter is not None:
+                reporter.stop()
+    if ctrl_c is not None and ctrl_c.pressed and result.status != "finished":
+        print(resume_line(master), file=sys.stderr, flush=True)
+        raise JobInterrupted(master.job_id, result.latest_checkpoint)
     out = summary if summary is not None else stream if show else None
     if out is not None:
         try:

@@ -14,6 +14,7 @@ and is ended if the job is refused.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
@@ -21,12 +22,18 @@ from lockgate.checkpoint import storage
 from lockgate.checkpoint.coordinator import CompletedCheckpoint
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.restore import check_channel_state
+from lockgate.cluster import resume
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import check_sink_locations
 from lockgate.cluster.result import Guarantee, JobResult, end_to_end_guarantee
 from lockgate.config import CheckpointingMode
-from lockgate.errors import CheckpointCorruptError, PipelineDefinitionError
+from lockgate.errors import (
+    CheckpointCorruptError,
+    JobInterrupted,
+    LockgateError,
+    PipelineDefinitionError,
+)
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
 from lockgate.graph.types import OperatorKind
 from lockgate.runtime.steps import Steps, mark
@@ -43,8 +50,18 @@ def run_pipeline(pipeline: Pipeline, options: RunOptions) -> JobResult:
     on stderr (:func:`~lockgate.cluster.progress.run_with_progress`)."""
     from lockgate.cluster.progress import run_with_progress
 
-    master = prepare_job(pipeline, options)
+    try:
+        master = prepare_job(pipeline, options)
+    except KeyboardInterrupt:
+        raise interrupted_before_start(pipeline.name) from None
     return run_with_progress(master, options.progress)
+
+
+def interrupted_before_start(name: str) -> JobInterrupted:
+    """Ctrl-C before the job started: one line, no traceback, exit code 130."""
+    print(f"job {name!r} interrupted before it started: nothing ran", file=sys.stderr,
+          flush=True)
+    return JobInterrupted(name, None)
 
 
 def start_pipeline(pipeline: Pipeline, options: RunOptions) -> JobClient:
@@ -104,10 +121,24 @@ def _prepare(pipeline: Pipeline, options: RunOptions, graph: JobGraph,
         log.warning("job %s runs with end-to-end guarantee %s", pipeline.name,
                     guarantee.replace("_", "-").upper())
     started_from = None
+    # run again: resume the earlier run of this pipeline in its checkpoint storage
+    earlier = resume.resume_earlier_run(pipeline, options)
     if options.restore_from:  # refused here, before anything starts or is created
-        started_from = load_checkpoint(
-            options.restore_from, graph, options.allow_non_restored_state,
-            job_name=pipeline.name, kind=options.restore_kind)
+        try:
+            started_from = load_checkpoint(
+                options.restore_from, graph, options.allow_non_restored_state,
+                job_name=pipeline.name, kind=options.restore_kind)
+        except LockgateError as e:
+            if earlier is None:
+                raise
+            raise resume.refused_resume(earlier, e) from e
+    # never a second copy of a file sink's output from an earlier run
+    resume.check_sink_folders(graph, started_from.metadata if started_from else None,
+                              options.fresh)
+    if earlier is not None:
+        resume.drop_incomplete(earlier.job_dir, above=earlier.metadata.checkpoint_id
+                               if earlier.metadata else 0)
+        resume.announce(earlier)
     if options.launcher == "spark":  # a SparkContext that runs every task at once, first
         from lockgate.cluster.naming import app_name
         from lockgate.cluster.spark_session import prepare_spark

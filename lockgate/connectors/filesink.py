@@ -36,6 +36,7 @@ from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.filesink_plan import (
     final_name,
     inprogress_name,
+    parse_part_name,
     pending_name,
     plan_file_sink_recovery,
 )
@@ -49,7 +50,9 @@ from lockgate.errors import (
 )
 from lockgate.fs_explain import explain
 
-__all__ = ["FileSink", "FileSinkWriter", "FileTxn", "ensure_writable_dir"]
+__all__ = ["FileSink", "FileSinkWriter", "FileTxn", "ensure_writable_dir", "existing_parts"]
+
+SINK_MODES = ("error", "append", "overwrite")
 
 
 def _probe_local(folder: str, probe_name: str) -> None:
@@ -312,14 +315,26 @@ class FileSink(Sink[Any]):
 
     exactly_once = True
 
-    def __init__(self, path: str, format: str = "jsonl") -> None:
+    def __init__(self, path: str, format: str = "jsonl", mode: str = "error") -> None:
         """``path``: the output folder (created if missing), a local path or a
         URL every task can reach (``file://``, ``s3://``, ``hdfs://``, see
-        :mod:`lockgate.fs`); ``format``: ``"jsonl"`` or ``"parquet"``."""
+        :mod:`lockgate.fs`); ``format``: ``"jsonl"`` or ``"parquet"``.
+
+        ``mode``: what a job that starts without state for this sink (a new
+        job, not a resumed one) does with committed part files of this sink
+        (its uid) already in the folder: ``"error"`` (the default) refuses to
+        start, naming the choices; ``"overwrite"`` deletes them first;
+        ``"append"`` adds new files beside them. A job that resumes or
+        restores the sink's state keeps its files whatever the mode."""
         if format not in _SINK_FORMATS:
             raise LockgateError(
                 f"FileSink: unknown format {format!r}; use one of {sorted(_SINK_FORMATS)}"
             )
+        if mode not in SINK_MODES:
+            raise LockgateError(
+                f"FileSink: unknown mode {mode!r}; use \"error\" (refuse a folder holding this "
+                "sink's output from an earlier run), \"overwrite\" or \"append\"")
+        self.mode = mode
         # resolved here, in the driver: a task on a cluster runs in its
         # executor's working folder
         self.path = fs.absolute(path)
@@ -334,4 +349,13 @@ class FileSink(Sink[Any]):
         return FileSinkWriter(info, self.path, _SINK_FORMATS[self.format]())
 
     def __repr__(self) -> str:
-        return f"FileSink({self.path!r}, format={self.format!r})"
+        return f"FileSink({self.path!r}, format={self.format!r}, mode={self.mode!r})"
+
+
+def existing_parts(folder: str, uid: str) -> tuple[list[str], list[str]]:
+    """The part files of sink ``uid`` in ``folder``: (committed, hidden)."""
+    if not fs.is_dir(folder):
+        return [], []
+    parts = [(name, p) for name in fs.listdir(folder)
+             if (p := parse_part_name(name)) is not None and p.uid == uid]
+    return ([n for n, p in parts if not p.hidden], [n for n, p in parts if p.hidden])

@@ -1,0 +1,116 @@
+"""Ctrl-C while a job runs in the foreground (``Pipeline.run``, ``lockgate run``).
+
+The first SIGINT cancels the job: its tasks end at once, and the committed
+output is what its latest completed checkpoint committed (two-phase-commit
+sinks' later transactions stay pending, for a resume to decide). When the
+job has ended, one line names that checkpoint and the command that resumes
+it, and :class:`~lockgate.errors.JobInterrupted` ends the program with code
+130. A second SIGINT kills the job's task processes and the driver at once.
+Only the main thread receives signals: elsewhere (``Pipeline.start``, a
+job run from another thread) nothing is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from lockgate import fs
+
+if TYPE_CHECKING:
+    from lockgate.cluster.jobmaster import JobMaster
+
+__all__ = ["on_ctrl_c", "python_command", "resume_line"]
+
+
+class _CtrlC:
+    """The SIGINT handler while one job runs."""
+
+    def __init__(self, master: JobMaster) -> None:
+        self.master = master
+        self.pressed = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.pressed += 1
+        if self.pressed > 1:
+            self._kill_now()
+        # no print() here: the interrupted code may be writing to stderr
+        _say(f"\nstopping job {self.master.job_id} (Ctrl-C again to kill it at once)\n")
+        threading.Thread(target=self._cancel, daemon=True, name="lockgate-ctrl-c").start()
+
+    def _cancel(self) -> None:
+        try:
+            self.master.submit("cancel")
+        except Exception as e:  # the job ended meanwhile
+            _say(f"could not cancel job {self.master.job_id}: {e}\n")
+
+    def _kill_now(self) -> None:
+        launcher = self.master.launcher
+        try:
+            pids = list(launcher.pids().values()) if launcher is not None else []
+        except Exception:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _say(f"\njob {self.master.job_id} killed\n")
+        os._exit(130)
+
+
+def _say(text: str) -> None:
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
+
+
+@contextmanager
+def on_ctrl_c(master: JobMaster) -> Iterator[_CtrlC | None]:
+    """Ctrl-C cancels ``master``'s job while the block runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    handler = _CtrlC(master)
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def python_command(path: str | None) -> str:
+    """``python app.py args``: this process's command line; it resumes the
+    job by itself when the job names no checkpoint (``path`` is ignored)."""
+    return " ".join(["python", *(shlex.quote(a) for a in sys.argv)])
+
+
+def resume_line(master: JobMaster) -> str:
+    """The one line printed when Ctrl-C ended the job."""
+    latest = master.coordinator.latest
+    path = fs.redact(str(latest.path)) if latest is not None else None
+    options = master.options
+    if options.resume_command is not None:
+        command = options.resume_command(path)
+    elif options.from_checkpoint or options.from_savepoint or options.fresh:
+        if options.resumed:
+            command = python_command(path)
+        else:  # the script starts from a fixed point: name the latest one instead
+            script = sys.argv[0] if sys.argv and sys.argv[0] else "app.py"
+            command = shlex.join(["lockgate", "run", script, "--from-checkpoint", path]) \
+                if path else python_command(None)
+    else:
+        command = python_command(path)
+    if path is None:
+        return (f"job {master.job_id} interrupted before its first checkpoint completed "
+                f"(nothing committed); run it again with: {command}")
+    return (f"job {master.job_id} interrupted; latest completed checkpoint: {path}; "
+            f"resume with: {command}")
