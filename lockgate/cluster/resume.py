@@ -167,6 +167,15 @@ def resume_earlier_run(pipeline: Pipeline, options: RunOptions) -> EarlierRun | 
     run = next((r for r in runs if r.resume_from is not None), None)
     if run is None or run.resume_from is None:
         return None
+    from lockgate.web import discovery
+
+    running = next((j for j in discovery.discover() if j.job_id == run.job_id), None)
+    if running is not None:  # its driver on this machine still runs it
+        raise PipelineDefinitionError(
+            f"job {run.job_id} still runs (driver pid {running.pid}): a second run of it "
+            "would resume from the same checkpoint and write its output again. Wait for it, "
+            f"end it (lockgate stop {run.job_id} --savepoint, or lockgate cancel "
+            f"{run.job_id}), or start this one with {FRESH} and another output folder")
     if run.kind == CheckpointKind.SAVEPOINT:
         options.from_savepoint = run.resume_from
     else:
@@ -182,8 +191,8 @@ def announce(run: EarlierRun) -> None:
     done = "; it had read all its input, so nothing new is read" if run.finished else ""
     read = f", {meta.progress.read:,} records read" if meta else ""
     print(f"job {run.job_id} resumes from its latest completed {run.kind} "
-          f"{fs.redact(run.resume_from or '')}{read}{done} "
-          f"(to start from nothing instead: {FRESH})", file=sys.stderr, flush=True)
+          f"{fs.redact(run.resume_from or '')}{read}{done}; to start from nothing "
+          "instead: fresh=True, or lockgate run --fresh", file=sys.stderr, flush=True)
 
 
 def refused_resume(run: EarlierRun, error: LockgateError) -> LockgateError:

@@ -219,6 +219,31 @@ def test_a_resume_the_checkpoint_refuses_names_the_choices(tmp_path: Path) -> No
     one_run_committed(tmp_path, 3_000)
 
 
+def test_a_job_stopped_with_a_savepoint_resumes_from_it(tmp_path: Path) -> None:
+    """A stop's savepoint is newer than the job's checkpoints: the next run
+    resumes from it (never from an older checkpoint, which would write again
+    what the stop committed); a second run while the first still runs is
+    refused."""
+    n = 20_000
+    app = write_app(tmp_path, n=n, interval=0.3, rate=2_000, run='launcher="local"')
+    driver = _start(python(app), tmp_path)
+    _wait_for_checkpoint(tmp_path, driver, timeout=120)
+    job = job_dirs(tmp_path)[0].name
+    twice = run(python(app), tmp_path)
+    assert twice.returncode == 1 and f"job {job} still runs" in twice.stderr, twice.stderr
+    stop = run([*LOCKGATE, "stop", job, "--savepoint", "--dir", "savepoints"], tmp_path)
+    assert stop.returncode == 0, stop.stderr
+    driver.communicate(timeout=60)
+    assert driver.returncode == 0
+    savepoint = stop.stdout.strip().splitlines()[-1]
+    assert len(committed_lines(tmp_path / "out")) < n
+    done = run(python(app), tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"job {job} resumes from its latest completed savepoint {savepoint}" \
+        in done.stderr, done.stderr
+    one_run_committed(tmp_path, n)
+
+
 # ---------------------------------------------------------------- Ctrl-C
 
 
