@@ -322,8 +322,10 @@ def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     _wait_for_checkpoint(tmp_path, driver, timeout=120)
     tasks = set(task_processes(driver.pid))
     assert len(tasks) == 4
-    server = next(pid for pid in descendants(driver.pid)
-                  if b"lockgate.runtime.forkserver" in _cmdline(pid))
+    servers = [pid for pid in descendants(driver.pid) - tasks  # (its forks share its cmdline)
+               if b"lockgate.runtime.forkserver" in _cmdline(pid)]
+    assert len(servers) == 1, servers
+    server = servers[0]
     os.kill(server, signal.SIGSTOP)
     try:
         os.killpg(driver.pid, signal.SIGINT)
