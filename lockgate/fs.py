@@ -34,6 +34,8 @@ import threading
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+from lockgate import private as _private
+
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
@@ -282,24 +284,29 @@ def walk_files(location: Location) -> dict[str, int]:
     return out
 
 
-def makedirs(location: Location) -> None:
+def makedirs(location: Location, private: bool = False) -> None:
     """Create the folder ``location`` and its parents (nothing in an object
-    store, where folders do not exist)."""
+    store, where folders do not exist). ``private``: local folders made are
+    0700 (:mod:`lockgate.private`)."""
     path = local_path(location)
     if path is not None:
-        os.makedirs(path, exist_ok=True)
+        if private:
+            _private.make_dir(path)
+        else:
+            os.makedirs(path, exist_ok=True)
         return
     fs, p = resolve(location)
     if fs.type_name not in _OBJECT_STORES:
         fs.create_dir(p, recursive=True)
 
 
-def open_write(location: Location) -> IO[bytes]:
+def open_write(location: Location, private: bool = False) -> IO[bytes]:
     """A new file for writing (replaces an existing one). Close it with
-    :func:`finish_write`. In an object store nothing is visible before that."""
+    :func:`finish_write`. In an object store nothing is visible before that.
+    ``private``: a local file is 0600 and never written through a link."""
     path = local_path(location)
     if path is not None:
-        return open(path, "wb")
+        return _private.open_new(path) if private else open(path, "wb")
     fs, p = resolve(location)
     return fs.open_output_stream(p)  # type: ignore[no-any-return]
 
@@ -315,8 +322,9 @@ def finish_write(f: IO[bytes]) -> None:
         f.close()
 
 
-def write_atomic(location: Location, data: bytes) -> None:
-    """Write a whole file so that readers see all of it or nothing.
+def write_atomic(location: Location, data: bytes, private: bool = False) -> None:
+    """Write a whole file so that readers see all of it or nothing
+    (``private``: a local file is 0600).
 
     Local: a hidden temp file, fsync, rename, fsync of the folder; on a failure
     nothing it wrote stays. Object store: ONE object write (an object appears
@@ -328,7 +336,7 @@ def write_atomic(location: Location, data: bytes) -> None:
         tmp = os.path.join(folder, f".{name}.tmp")
         done = tmp
         try:
-            with open(tmp, "wb") as f:
+            with _private.open_new(tmp) if private else open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

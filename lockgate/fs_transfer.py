@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import zlib
 
 from lockgate.fs import (
     Location,
@@ -43,23 +44,30 @@ def same_filesystem(a: Location, b: Location) -> bool:
     return resolve(a)[0] is resolve(b)[0]
 
 
-def copy(src: Location, dst: Location) -> int:
+def copy(src: Location, dst: Location, private: bool = False) -> int:
     """Copy the file ``src`` to ``dst`` (replacing it), between any two
     locations, streamed (:data:`CHUNK`) and as durable as
     :func:`lockgate.fs.finish_write` makes it; returns the bytes copied. On an
-    error ``dst`` may exist in part: the caller removes it."""
-    size = 0
+    error ``dst`` may exist in part: the caller removes it. ``private``: a
+    local ``dst`` is 0600."""
+    return copy_with_crc(src, dst, private)[0]
+
+
+def copy_with_crc(src: Location, dst: Location, private: bool = False) -> tuple[int, int]:
+    """:func:`copy`, returning ``(bytes copied, their CRC-32)``."""
+    size, crc = 0, 0
     with open_read(src) as f:
-        out = open_write(dst)
+        out = open_write(dst, private)
         try:
             while chunk := f.read(CHUNK):
                 out.write(chunk)
                 size += len(chunk)
+                crc = zlib.crc32(chunk, crc)
         except BaseException:
             out.close()
             raise
         finish_write(out)
-    return size
+    return size, crc
 
 
 def move_or_copy(src: Location, dst: Location) -> None:

@@ -56,10 +56,16 @@ def shared_checkpoint_id(name: str) -> int | None:
 
 @dataclass(frozen=True)
 class SharedFile:
-    """A file in ``<job>/shared/`` and its size."""
+    """A file in ``<job>/shared/``, its size and the CRC-32 of its bytes
+    (None in checkpoints written before it was recorded)."""
 
     name: str
     size: int
+    crc32: int | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.size] if self.crc32 is None else [self.name, self.size,
+                                                                   self.crc32]
 
 
 @dataclass(frozen=True)
@@ -91,10 +97,10 @@ class IncrementalState:
             "backend": self.backend,
             "key_groups": list(self.key_groups),
             "private": {n: [o, ln] for n, (o, ln) in self.private.items()},
-            "shared": {n: [f.name, f.size] for n, f in self.shared.items()},
+            "shared": {n: f.to_json() for n, f in self.shared.items()},
         }
         if self.changelog:
-            out["changelog"] = [[f.name, f.size] for f in self.changelog]
+            out["changelog"] = [f.to_json() for f in self.changelog]
         return out
 
     @classmethod
@@ -139,7 +145,7 @@ MAX_CHANGELOG = 10_000
 
 
 def _shared_ref(ref: object, what: str) -> SharedFile:
-    if not (isinstance(ref, list) and len(ref) == 2):
+    if not (isinstance(ref, list) and len(ref) in (2, 3)):
         raise CheckpointCorruptError(f"{what} is {ref!r:.60}: it is corrupt")
     target = plain_name(ref[0], what)
     if shared_checkpoint_id(target) is None:
@@ -147,7 +153,11 @@ def _shared_ref(ref: object, what: str) -> SharedFile:
     size = ref[1]
     if type(size) is not int or size < 0:
         raise CheckpointCorruptError(f"{what}: {target!r} has size {size!r:.40}: it is corrupt")
-    return SharedFile(target, size)
+    crc = ref[2] if len(ref) == 3 else None
+    if crc is not None and not (type(crc) is int and 0 <= crc < 1 << 32):
+        raise CheckpointCorruptError(f"{what}: {target!r} has the checksum {crc!r:.40}, not a "
+                                     "CRC-32: it is corrupt")
+    return SharedFile(target, size, crc)
 
 
 def _local(name: object, what: str) -> str:

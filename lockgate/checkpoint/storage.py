@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from lockgate import fs, fs_transfer
+from lockgate.checkpoint.files import read_checked, refuse_unless_regular
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.metadata import CheckpointMetadata, StateHandle
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
@@ -67,8 +68,8 @@ def prepare_job_dir(storage: Location, job_id: str) -> str:
     job_dir = fs.join(fs.absolute(storage), job_id)
     probe = fs.join(job_dir, ".lockgate-probe-driver")
     try:
-        fs.makedirs(job_dir)
-        fs.write_atomic(probe, b"")
+        fs.makedirs(job_dir, private=True)
+        fs.write_atomic(probe, b"", private=True)
         fs.remove(probe)
     except (OSError, ValueError) as e:
         raise ConfigurationError(
@@ -89,15 +90,15 @@ ended after its sinks committed every transaction it names."""
 def mark_committed(savepoint: Location, checkpoint_id: int) -> None:
     """Say in ``savepoint`` that its sinks committed everything it names."""
     fs.write_atomic(fs.join(savepoint, COMMITTED),
-                    json.dumps({"checkpoint_id": checkpoint_id}).encode())
+                    json.dumps({"checkpoint_id": checkpoint_id}).encode(), private=True)
 
 
 def committed_marker(savepoint: Location) -> int | None:
     """The checkpoint id of ``savepoint``'s :data:`COMMITTED` marker, or None
     (none, or not one Lockgate wrote: read back, so untrusted)."""
     try:
-        raw = fs.read_bytes(fs.join(savepoint, COMMITTED))
-    except OSError:
+        raw = read_checked(fs.join(savepoint, COMMITTED), "commit marker", limit=1024)
+    except (OSError, CheckpointCorruptError):
         return None
     try:
         value = json.loads(raw[:1024]).get("checkpoint_id")
@@ -110,7 +111,7 @@ def write_metadata(chk_dir: Location, metadata: CheckpointMetadata) -> None:
     """Write ``_metadata`` atomically (see :func:`lockgate.fs.write_atomic`):
     temp file, fsync, rename, fsync the folder; one object write on S3."""
     fs.write_atomic(fs.join(chk_dir, METADATA),
-                    json.dumps(metadata.to_json(), sort_keys=True).encode())
+                    json.dumps(metadata.to_json(), sort_keys=True).encode(), private=True)
 
 
 EARLIER = (
@@ -131,7 +132,7 @@ def read_metadata(chk_dir: Location,
     shown = fs.redact(chk)
     path = fs.join(chk, METADATA)
     try:
-        raw = fs.read_bytes(path)
+        raw = read_checked(path, "checkpoint metadata")
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         if not fs.is_dir(chk):
             raise CheckpointCorruptError(f"{kind} folder {shown} does not exist") from None
@@ -163,11 +164,14 @@ def read_metadata(chk_dir: Location,
 
 def verify_files(chk_dir: Location, files: Iterable[tuple[str, StateHandle]]) -> None:
     """Check that every state file (``(operator uid, handle)``, e.g. a
-    checkpoint's ``state_files()``) exists with its size (one listing of the folder)."""
+    checkpoint's ``state_files()``) exists with its size (one listing of the
+    folder), and is a regular file (no link, pipe or device)."""
     sizes = fs.list_sizes(chk_dir)
     for uid, handle in files:
         p = fs.redact(fs.join(chk_dir, handle.file))
         size = sizes.get(handle.file)
+        if size is not None:
+            refuse_unless_regular(fs.join(chk_dir, handle.file), "state file")
         if size is None:
             raise CheckpointCorruptError(
                 f"state file {p} of operator {uid!r} is missing: the checkpoint is damaged; "
@@ -186,7 +190,7 @@ def write_state_file(chk_dir: Location, name: str,
     """Write the state file ``name`` durably: ``write(out)`` writes its bytes
     into a :class:`ChecksumWriter`; returns ``(size, crc32)``. Local: fsynced.
     Object store: one object, visible only once complete."""
-    f = fs.open_write(fs.join(chk_dir, name))
+    f = fs.open_write(fs.join(chk_dir, name), private=True)
     try:
         out = ChecksumWriter(f)
         write(out)
@@ -202,17 +206,11 @@ def read_state_file(chk_dir: Location, handle: StateHandle) -> bytes:
     location = fs.join(chk_dir, handle.file)
     p = fs.redact(location)
     try:
-        data = fs.read_bytes(location)
-    except FileNotFoundError:
+        return read_checked(location, "state file", size=handle.size, crc32=handle.crc32)
+    except (FileNotFoundError, NotADirectoryError):
         raise CheckpointCorruptError(
             f"state file {p} is missing: the checkpoint is damaged"
         ) from None
-    if len(data) != handle.size or zlib.crc32(data) != handle.crc32:
-        raise CheckpointCorruptError(
-            f"state file {p} is truncated or damaged (size {len(data)}, expected "
-            f"{handle.size}; checksum mismatch); {EARLIER}"
-        )
-    return data
 
 
 def checkpoint_folders(job_dir: Location) -> dict[int, bool]:

@@ -27,6 +27,7 @@ from lockgate.errors import (
     UnsendableRecordError,
 )
 from lockgate.protocol import Failed
+from lockgate.redact import redact
 from lockgate.state.backend import StateTypeError
 from lockgate.state.serde import StateSerializationError
 
@@ -60,6 +61,7 @@ REPEAT_BACKOFF_MAX = 5.0
 class AttemptFailed(Exception):
     def __init__(self, reason: str, task: int | None = None, error_type: str | None = None,
                  reported: bool = False):
+        reason = redact(reason)  # a failure cause is shown and logged: no secrets
         super().__init__(reason)
         self.reason = reason
         self.task = task

@@ -4,11 +4,11 @@ its name, its columns and how a record becomes a row."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lockgate.errors import ConfigurationError, LockgateError
+from lockgate.redact import redact
 
 if TYPE_CHECKING:
     import psycopg
@@ -29,15 +29,10 @@ def import_psycopg() -> Any:
     return psycopg
 
 
-_PASSWORDS = ((re.compile(r"(://[^:/@]*:)[^@]*@"), r"\1***@"),
-              (re.compile(r"(password\s*=\s*)\S+", re.I), r"\1***"))
-
-
 def redact_dsn(dsn: str) -> str:
-    """``dsn`` without its password (for messages and logs)."""
-    for pattern, replacement in _PASSWORDS:
-        dsn = pattern.sub(replacement, dsn)
-    return dsn
+    """``dsn`` without its password (for messages and logs): quoted
+    (``password='two words'``), plain, or in a URL (:func:`lockgate.redact.redact`)."""
+    return redact(dsn)
 
 
 def connect(dsn: str, *, autocommit: bool, application_name: str) -> psycopg.Connection[Any]:

@@ -80,9 +80,12 @@ class SocketReader(SourceReader[str]):
             if not data:
                 self._eof = True
             self._rest += data
-            if len(self._rest) > MAX_LINE and b"\n" not in self._rest:
+            # the line still open (after the last newline) is bounded, whatever came before
+            if len(self._rest) - (self._rest.rfind(b"\n") + 1) > MAX_LINE:
                 raise LockgateError(f"socket source: a line longer than {MAX_LINE} bytes")
         *lines, self._rest = self._rest.split(b"\n", max_records)
+        if any(len(line) > MAX_LINE for line in lines):
+            raise LockgateError(f"socket source: a line longer than {MAX_LINE} bytes")
         if self._eof and len(lines) < max_records and self._rest:
             lines.append(self._rest)
             self._rest = b""
@@ -107,7 +110,11 @@ class HttpPushSource(Source[Any]):
     answered ``200`` once its records are queued
     in the task (not yet checkpointed: at-most-once, see the module), ``503``
     when the queue stays full for ``timeout`` seconds (the sender may retry),
-    ``400`` for a body that is not JSON. Unbounded.
+    ``400`` for a body that is not JSON (or nested too deeply to parse) and
+    for a ``Content-Length`` that is not a count; a connection that sends
+    nothing for ``read_timeout`` seconds is closed, and beyond
+    ``max_connections`` open at once a new one is answered ``503`` and
+    closed. Unbounded.
 
     Args:
         port: the first task's port (``port + i`` for task ``i``).
@@ -115,18 +122,60 @@ class HttpPushSource(Source[Any]):
         capacity: records queued per task before senders wait.
         timeout: seconds a request may wait for room.
         max_body: largest body accepted (bytes).
+        read_timeout: seconds a connection may stay silent (headers or body).
+        max_connections: connections served at once, per task.
     """
 
     replayable = False
     bounded = False
 
     def __init__(self, port: int, *, host: str = "127.0.0.1", capacity: int = 10_000,
-                 timeout: float = 5.0, max_body: int = 16 << 20) -> None:
+                 timeout: float = 5.0, max_body: int = 16 << 20, read_timeout: float = 10.0,
+                 max_connections: int = 64) -> None:
         self.host, self.port = host, port
         self.capacity, self.timeout, self.max_body = capacity, timeout, max_body
+        self.read_timeout, self.max_connections = read_timeout, max_connections
 
     def create_reader(self, info: TaskInfo) -> HttpPushReader:
         return HttpPushReader(self, info)
+
+
+class _CappedServer(ThreadingHTTPServer):
+    """At most ``cap`` connections served at once (one thread each); one
+    more is answered ``503`` and closed. Errors of a connection (a timeout, a
+    reset) end it quietly."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 cap: int) -> None:
+        self._slots = threading.BoundedSemaphore(cap)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
 
 
 class HttpPushReader(SourceReader[Any]):
@@ -145,8 +194,14 @@ class HttpPushReader(SourceReader[Any]):
         port = src.port + self.info.task_index
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = src.read_timeout  # a silent sender is dropped
+
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or -1)
+                raw = self.headers.get("Content-Length")
+                if raw is not None and not raw.strip().isdigit():
+                    self.send_error(400, "Content-Length is not a count of bytes")
+                    return
+                length = int(raw) if raw is not None else -1
                 if not 0 <= length <= src.max_body:
                     self.send_error(411 if length < 0 else 413)
                     return
@@ -158,6 +213,9 @@ class HttpPushReader(SourceReader[Any]):
                            else [json.loads(line) for line in text.splitlines() if line.strip()])
                 except ValueError as e:
                     self.send_error(400, f"not JSON: {e}")
+                    return
+                except RecursionError:
+                    self.send_error(400, "not JSON this task parses: nested too deeply")
                     return
                 if not isinstance(got, list):
                     self.send_error(400, "application/json: the body must be an array")
@@ -176,7 +234,7 @@ class HttpPushReader(SourceReader[Any]):
                 pass
 
         try:
-            self._server = ThreadingHTTPServer((src.host, port), Handler)
+            self._server = _CappedServer((src.host, port), Handler, src.max_connections)
         except OSError as e:
             raise ConfigurationError(
                 f"HTTP push source: task {self.info.task_index} cannot listen on "

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.errors import ConfigurationError, LockgateError
+from lockgate.redact import redact
 
 if TYPE_CHECKING:
     import redis
@@ -40,13 +41,8 @@ def import_redis() -> Any:
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its password."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        userinfo, _, host = rest.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in userinfo else url
-    return url
+    """``url`` without its password (:func:`lockgate.redact.redact`)."""
+    return redact(url)
 
 
 def redis_client(url: str) -> redis.Redis:

@@ -127,7 +127,7 @@ class SnapshotWriter:
                submitted: float = 0.0) -> None:
         try:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
-            fs.makedirs(chk)
+            fs.makedirs(chk, private=True)
             handles = {op.uid: self._write_state_file(chk, op.uid, snap, checkpoint_id)
                        for op, snap in snaps}
             in_flight = self.in_flight.pop(checkpoint_id, None)

@@ -57,6 +57,7 @@ from lockgate.protocol import (
     StreamElement,
     Watermark,
 )
+from lockgate.redact import redact
 from lockgate.runtime import channel_state, channels, handshake, wire
 from lockgate.runtime.barriers import BarrierHandler
 from lockgate.runtime.chain import OperatorChain
@@ -395,8 +396,9 @@ class Task(TaskControl):
             trace = ("".join(traceback.format_exception(cause)) if cause is not None
                      else traceback.format_exc())
             origin = e.__cause__
-            self._send(Failed(f"{type(e).__name__}: {e}", type(e).__name__,
-                              getattr(e, "where", None), trace,
+            # a connector's error may quote its settings: no secret leaves the task
+            self._send(Failed(redact(f"{type(e).__name__}: {e}"), type(e).__name__,
+                              getattr(e, "where", None), redact(trace),
                               type(origin).__name__ if origin is not None else None))
         except OSError:
             pass

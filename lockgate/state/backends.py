@@ -125,7 +125,7 @@ class RocksDBStateBackend:
     def directory(self) -> str:
         import tempfile
 
-        return self.local_dir or os.path.join(tempfile.gettempdir(), "lockgate-rocksdb")
+        return self.local_dir or tempfile.gettempdir()
 
 
 StateBackend = HeapStateBackend | RocksDBStateBackend

@@ -9,11 +9,11 @@ job uses the RocksDB backend (``pip install 'lockgate[rocksdb]'``).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lockgate import fs, fs_transfer
+from lockgate import fs, fs_transfer, private
+from lockgate.checkpoint.files import copy_checked
 from lockgate.checkpoint.incremental import SHARED_DIR, IncrementalState, SharedFile
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 from lockgate.state.backends import RocksDBStateBackend
@@ -97,28 +97,31 @@ def open_db(path: str, config: RocksDBStateBackend, read_only: bool = False) -> 
 
 
 def upload(local: str, job_dir: str, name: str) -> SharedFile:
-    """Copy the SST file ``local`` into the job's shared folder as ``name``."""
+    """Copy the SST file ``local`` into the job's shared folder as ``name``
+    (private: 0600 in a 0700 folder, on a local filesystem); its size and
+    CRC-32 go into the handle."""
     folder = fs.join(job_dir, SHARED_DIR)
-    fs.makedirs(folder)
-    size = fs_transfer.copy(local, fs.join(folder, name))
-    return SharedFile(name, size)
+    fs.makedirs(folder, private=True)
+    size, crc = fs_transfer.copy_with_crc(local, fs.join(folder, name), private=True)
+    return SharedFile(name, size, crc)
 
 
 def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: str) -> None:
-    """Make ``dest`` a RocksDB folder with the files of ``state``: the private
-    ones from the state file's bytes ``data``, the shared ones hard-linked
-    from the checkpoint's job folder (a local filesystem) or downloaded;
-    every size checked. A changelog is not applied here
-    (:func:`apply_changelog`, once the database is open)."""
-    os.makedirs(dest, exist_ok=True)
+    """Make ``dest`` a private RocksDB folder with the files of ``state``:
+    the private ones from the state file's bytes ``data``, the shared ones
+    hard-linked from the checkpoint's job folder (a local filesystem) or
+    copied, each checked as untrusted (:mod:`lockgate.checkpoint.files`). A
+    changelog is not applied here (:func:`apply_changelog`, once the
+    database is open)."""
+    private.make_dir(dest)
     for name, (offset, length) in state.private.items():
         if offset + length > len(data):
             raise CheckpointCorruptError(
                 f"private file {name} lies beyond the state file's end: it is corrupt")
-        with open(os.path.join(dest, name), "wb") as f:
+        with private.open_new(os.path.join(dest, name)) as f:
             f.write(data[offset:offset + length])
     for name, ref in state.shared.items():
-        _fetch(ref, restore_dir, os.path.join(dest, name), link=True)
+        _fetch(ref, restore_dir, os.path.join(dest, name), "shared file", link=True)
 
 
 def apply_changelog(db: Any, state: IncrementalState, restore_dir: str, folder: str) -> None:
@@ -132,7 +135,7 @@ def apply_changelog(db: Any, state: IncrementalState, restore_dir: str, folder: 
     opts.set_move_files(True)
     for i, ref in enumerate(state.changelog):
         local = os.path.join(folder, f"changelog-{i}.sst")
-        _fetch(ref, restore_dir, local, link=False)
+        _fetch(ref, restore_dir, local, "changelog file", link=False)
         try:
             db.ingest_external_file([local], opts)
         finally:
@@ -142,38 +145,20 @@ def apply_changelog(db: Any, state: IncrementalState, restore_dir: str, folder: 
                 pass
 
 
-def _fetch(ref: SharedFile, restore_dir: str, target: str, link: bool) -> None:
-    """The shared file ``ref`` of the checkpoint at ``restore_dir`` as
-    ``target``: hard-linked (``link``) or copied from a local filesystem,
-    downloaded otherwise; its size checked."""
-    shared = fs.join(fs.parent(restore_dir), SHARED_DIR)
-    local_shared = fs.local_path(shared)
-    source = fs.join(shared, ref.name)
+def _fetch(ref: SharedFile, restore_dir: str, target: str, what: str, link: bool) -> None:
+    """The shared file ``ref`` of the checkpoint at ``restore_dir`` as the
+    new local file ``target``: the checked file itself hard-linked
+    (``link``, where possible) or copied; a regular file of its recorded
+    size and CRC-32, or refused (:func:`lockgate.checkpoint.files.copy_checked`)."""
+    source = fs.join(fs.parent(restore_dir), SHARED_DIR, ref.name)
     try:
-        if local_shared is not None:
-            local = os.path.join(local_shared, ref.name)
-            try:
-                if not link:
-                    shutil.copyfile(local, target)
-                else:
-                    os.link(local, target)
-            except FileNotFoundError:
-                raise
-            except OSError:  # another device: a copy
-                shutil.copyfile(local, target)
-        else:
-            fs_transfer.copy(source, target)
-    except FileNotFoundError:
+        copy_checked(source, target, what, size=ref.size, crc32=ref.crc32, link=link)
+    except (FileNotFoundError, NotADirectoryError):
         raise CheckpointCorruptError(
-            f"shared file {fs.redact(source)} of the checkpoint {fs.redact(restore_dir)} "
+            f"{what} {fs.redact(source)} of the checkpoint {fs.redact(restore_dir)} "
             "is missing: the checkpoint is damaged (a retained checkpoint needs its "
             "job folder's shared/ files; to move a job elsewhere, take a savepoint)"
         ) from None
-    size = os.path.getsize(target)
-    if size != ref.size:
-        raise CheckpointCorruptError(
-            f"shared file {fs.redact(source)} has {size} bytes, the checkpoint recorded "
-            f"{ref.size}: it is truncated or damaged")
 
 
 def state_names(db: Any) -> dict[bytes, tuple[str, str]]:

@@ -54,8 +54,8 @@ def check_incremental_and_retention(storage: Path) -> None:
     for meta in metas:
         for h in meta["operators"]["sums"]["subtasks"]:
             assert h is not None and "incremental" in h, h
-            referenced |= {name for name, _ in h["incremental"]["shared"].values()}
-            referenced |= {name for name, _ in h["incremental"].get("changelog", [])}
+            referenced |= {ref[0] for ref in h["incremental"]["shared"].values()}
+            referenced |= {ref[0] for ref in h["incremental"].get("changelog", [])}
     assert referenced
     assert set(os.listdir(job_dir / "shared")) == referenced
 
