@@ -112,14 +112,20 @@ class ScriptRun:
         return master
 
     def run(self, pipeline: Pipeline, script_args: dict[str, Any]) -> JobResult:
+        from lockgate.cluster import interrupt
         from lockgate.cluster.progress import run_with_progress
+        from lockgate.cluster.submission import interrupted_before_start
 
-        master = self.prepare(pipeline, script_args)
-        # as Pipeline.run: the start, the dashboard, a status line on a terminal
-        # (a line per checkpoint and one every 10 s elsewhere), none with --quiet;
-        # the summary on stdout in any case
-        return run_with_progress(master, False if self.args.quiet else None,
-                                 verbose=self.args.verbose, summary=sys.stdout)
+        with interrupt.on_ctrl_c():  # from here: Ctrl-C ends the job cleanly
+            master = self.prepare(pipeline, script_args)
+            if interrupt.pressed():  # during the checks: nothing runs
+                master.server.close()
+                raise interrupted_before_start(pipeline.name)
+            # as Pipeline.run: the start, the dashboard, a status line on a
+            # terminal (a line per checkpoint and one every 10 s elsewhere), none
+            # with --quiet; the summary on stdout in any case
+            return run_with_progress(master, False if self.args.quiet else None,
+                                     verbose=self.args.verbose, summary=sys.stdout)
 
     def start(self, pipeline: Pipeline, script_args: dict[str, Any]) -> JobClient:
         from lockgate.cluster.client import JobClient

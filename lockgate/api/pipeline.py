@@ -299,16 +299,21 @@ class Pipeline:
         ``lockgate run`` the command line runs it (:func:`launched_by`)."""
         if _launch_hook:
             return _launch_hook[-1](self, args, wait)
-        if args.get("launcher", "spark") != "spark":
-            return self._submit_now(args, wait)
-        from lockgate.cluster import spark_session
-
-        spark_session.prestart_job(self, args.get("spark"), args.get("master"))
         try:
-            return self._submit_now(args, wait)
-        except BaseException:
-            spark_session.cancel_prestart()  # (none is left once the job started)
-            raise
+            if args.get("launcher", "spark") != "spark":
+                return self._submit_now(args, wait)
+            from lockgate.cluster import spark_session
+
+            spark_session.prestart_job(self, args.get("spark"), args.get("master"))
+            try:
+                return self._submit_now(args, wait)
+            except BaseException:
+                spark_session.cancel_prestart()  # (none is left once the job started)
+                raise
+        except KeyboardInterrupt:  # Ctrl-C before the job started: one line, code 130
+            from lockgate.cluster.submission import interrupted_before_start
+
+            raise interrupted_before_start(self.name) from None
 
     def _submit_now(self, args: dict[str, Any], wait: bool) -> Any:
         from lockgate.cluster.options import RunOptions

@@ -133,6 +133,17 @@ class Commands:
             if cmd.kind == CommandKind.STOP:
                 self._stop_id = started
 
+    def serve_cancel(self) -> None:
+        """While an attempt starts (its tasks not all registered): a cancel
+        ends the job now (Ctrl-C during a slow start); every other request
+        waits for :meth:`serve`."""
+        cmds = self.pending()
+        cancel = next((c for c in cmds if c.kind == CommandKind.CANCEL), None)
+        self._deferred = [c for c in cmds if c is not cancel]
+        if cancel is not None:
+            self.end_futures.append((cancel.future, {"status": JobStatus.CANCELLED.value}))
+            raise JobEnds(JobStatus.CANCELLED)
+
     def attempt_ended(self) -> bool:
         """The attempt's tasks all ended: whether a stop ended them (then the
         job is stopped, with its savepoint)."""

@@ -27,32 +27,44 @@ from lockgate import fs
 if TYPE_CHECKING:
     from lockgate.cluster.jobmaster import JobMaster
 
-__all__ = ["on_ctrl_c", "python_command", "resume_line"]
+__all__ = ["CtrlC", "on_ctrl_c", "pressed", "python_command", "reassert", "resume_line"]
 
 
-class _CtrlC:
-    """The SIGINT handler while one job runs."""
+class CtrlC:
+    """The SIGINT handler from a job's submission to its end."""
 
-    def __init__(self, master: JobMaster) -> None:
-        self.master = master
+    def __init__(self) -> None:
         self.pressed = 0
+        self.master: JobMaster | None = None
+
+    def attach(self, master: JobMaster) -> None:
+        """The job now has its master: a Ctrl-C pressed before cancels it."""
+        self.master = master
+        if self.pressed:
+            self._start_cancel()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.pressed += 1
         if self.pressed > 1:
             self._kill_now()
         # no print() here: the interrupted code may be writing to stderr
-        _say(f"\nstopping job {self.master.job_id} (Ctrl-C again to kill it at once)\n")
+        job = f"job {self.master.job_id}" if self.master is not None else "the job"
+        _say(f"\nstopping {job} (Ctrl-C again to kill it at once)\n")
+        if self.master is not None:
+            self._start_cancel()
+
+    def _start_cancel(self) -> None:
         threading.Thread(target=self._cancel, daemon=True, name="lockgate-ctrl-c").start()
 
     def _cancel(self) -> None:
+        assert self.master is not None
         try:
             self.master.submit("cancel")
         except Exception as e:  # the job ended meanwhile
             _say(f"could not cancel job {self.master.job_id}: {e}\n")
 
     def _kill_now(self) -> None:
-        launcher = self.master.launcher
+        launcher = self.master.launcher if self.master is not None else None
         try:
             pids = list(launcher.pids().values()) if launcher is not None else []
         except Exception:
@@ -62,7 +74,8 @@ class _CtrlC:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        _say(f"\njob {self.master.job_id} killed\n")
+        job = f"job {self.master.job_id}" if self.master is not None else "the job"
+        _say(f"\n{job} killed\n")
         os._exit(130)
 
 
@@ -73,18 +86,40 @@ def _say(text: str) -> None:
         pass
 
 
+_active: list[CtrlC] = []
+
+
 @contextmanager
-def on_ctrl_c(master: JobMaster) -> Iterator[_CtrlC | None]:
-    """Ctrl-C cancels ``master``'s job while the block runs (main thread only)."""
+def on_ctrl_c() -> Iterator[CtrlC | None]:
+    """Ctrl-C handling while the block runs (main thread only; None
+    elsewhere). Nested blocks share the outermost handler."""
     if threading.current_thread() is not threading.main_thread():
         yield None
         return
-    handler = _CtrlC(master)
+    if _active:
+        signal.signal(signal.SIGINT, _active[-1])
+        yield _active[-1]
+        return
+    handler = CtrlC()
     previous = signal.signal(signal.SIGINT, handler)
+    _active.append(handler)
     try:
         yield handler
     finally:
+        _active.remove(handler)
         signal.signal(signal.SIGINT, previous)
+
+
+def reassert() -> None:
+    """After something installed its own SIGINT handler (PySpark's context
+    does: it raises ``KeyboardInterrupt`` anywhere): ours again."""
+    if _active and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _active[-1])
+
+
+def pressed() -> bool:
+    """Whether Ctrl-C was pressed since the handler was installed."""
+    return bool(_active) and _active[-1].pressed > 0
 
 
 def python_command(path: str | None) -> str:

@@ -290,6 +290,8 @@ class JobMaster(RestartHandler):
                 # would never take it (and never stop).
                 self.commands.serve()
                 self.coordinator.tick()
+            else:
+                self.commands.serve_cancel()
             if self.coordinator.completed_count != self._reported:
                 self._report_progress()
 

@@ -279,7 +279,9 @@ def run_with_progress(master: JobMaster, setting: bool | None = None,
         reporter.line(start_text(master))
         if verbose or not tty:
             _also_on_checkpoint(master, reporter.checkpoint)
-    with on_ctrl_c(master) as ctrl_c:
+    with on_ctrl_c() as ctrl_c:
+        if ctrl_c is not None:
+            ctrl_c.attach(master)
         if reporter is not None:
             reporter.start()
         try:

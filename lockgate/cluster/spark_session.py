@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from lockgate.cluster import spark_gateway, spark_warm
+from lockgate.cluster import interrupt, spark_gateway, spark_warm
 from lockgate.cluster.java import ensure_java
 from lockgate.errors import ConfigurationError
 
@@ -136,6 +136,7 @@ def spark_context(spark: Any, master: str | None, num_tasks: int,
         sc = SparkContext(conf=conf, gateway=gateway)
         if gateway is None:
             spark_gateway.learn(SparkContext._gateway, dict(conf.getAll()), learned, before)
+    interrupt.reassert()  # the context's SIGINT handler raises anywhere: ours again
     sc.setLogLevel(spark_log_level())
     return sc
 

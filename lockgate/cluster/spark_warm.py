@@ -76,7 +76,10 @@ def start() -> dict[str, str]:
     try:
         proc = subprocess.Popen([sys.executable, "-m", "lockgate.cluster.spark_warm", path],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
-                                close_fds=True)
+                                close_fds=True,
+                                # the terminal's Ctrl-C is the driver's, from the start
+                                # (its imports too)
+                                preexec_fn=_ignore_sigint)
     except OSError as e:
         log.debug("no warm Spark daemon: %s", e)
         shutil.rmtree(folder, ignore_errors=True)
@@ -111,6 +114,10 @@ def _reap(proc: subprocess.Popen[bytes], folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     if proc in _started:
         _started.remove(proc)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # ------------------------------------------------------- the warm process

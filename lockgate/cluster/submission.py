@@ -48,13 +48,18 @@ log = logging.getLogger("lockgate.driver")
 def run_pipeline(pipeline: Pipeline, options: RunOptions) -> JobResult:
     """Run a job to its end in this thread (``Pipeline.run``), its progress
     on stderr (:func:`~lockgate.cluster.progress.run_with_progress`)."""
+    from lockgate.cluster import interrupt
     from lockgate.cluster.progress import run_with_progress
 
-    try:
-        master = prepare_job(pipeline, options)
-    except KeyboardInterrupt:
-        raise interrupted_before_start(pipeline.name) from None
-    return run_with_progress(master, options.progress)
+    with interrupt.on_ctrl_c():  # from here: Ctrl-C ends the job cleanly
+        try:
+            master = prepare_job(pipeline, options)
+        except KeyboardInterrupt:
+            raise interrupted_before_start(pipeline.name) from None
+        if interrupt.pressed():  # during the checks: nothing runs
+            master.server.close()
+            raise interrupted_before_start(pipeline.name)
+        return run_with_progress(master, options.progress)
 
 
 def interrupted_before_start(name: str) -> JobInterrupted:

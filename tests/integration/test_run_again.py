@@ -370,3 +370,30 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("moment", ["jvm", "job"])
+def test_ctrl_c_while_a_spark_job_starts(tmp_path: Path, moment: str) -> None:
+    """Ctrl-C while Spark's JVM starts (the job's checks) or while the job's
+    stage starts: the same one line, no traceback, exit code 130."""
+    app = write_app(tmp_path, n=30_000, interval=0.3, rate=2_000, run='launcher="spark"')
+    driver = _start(python(app), tmp_path)
+
+    def started() -> bool:
+        if moment == "job":
+            root = tmp_path / "checkpoints"
+            return root.exists() and any(root.iterdir())
+        return any(b"java" in _cmdline(pid) for pid in descendants(driver.pid))
+
+    deadline = time.monotonic() + 120
+    while not started():
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, f"the {moment} did not start"
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGINT)
+    sent = time.monotonic()
+    _, stderr = driver.communicate(timeout=60)
+    assert driver.returncode == 130, stderr
+    assert time.monotonic() - sent < 30
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert len([line for line in stderr.splitlines() if "interrupted" in line]) == 1, stderr
