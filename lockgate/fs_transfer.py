@@ -70,9 +70,10 @@ def copy_with_crc(src: Location, dst: Location, private: bool = False) -> tuple[
     return size, crc
 
 
-def move_or_copy(src: Location, dst: Location) -> None:
+def move_or_copy(src: Location, dst: Location, private: bool = False) -> None:
     """Give the file ``src`` the name ``dst``: a rename on one filesystem, a
-    copy (:func:`copy`) across filesystems, where ``src`` stays."""
+    copy (:func:`copy`; ``private``: a local ``dst`` 0600) across
+    filesystems, where ``src`` stays."""
     if same_filesystem(src, dst):
         try:
             move(src, dst)
@@ -80,7 +81,7 @@ def move_or_copy(src: Location, dst: Location) -> None:
         except OSError as e:
             if e.errno != errno.EXDEV:  # two local devices
                 raise
-    copy(src, dst)
+    copy(src, dst, private)
 
 
 def rename_dir(src: Location, dst: Location) -> None:

@@ -170,7 +170,7 @@ def verify_files(chk_dir: Location, files: Iterable[tuple[str, StateHandle]]) ->
     for uid, handle in files:
         p = fs.redact(fs.join(chk_dir, handle.file))
         size = sizes.get(handle.file)
-        if size is not None:
+        if handle.file in sizes:
             refuse_unless_regular(fs.join(chk_dir, handle.file), "state file")
         if size is None:
             raise CheckpointCorruptError(
@@ -348,11 +348,12 @@ def write_savepoint(chk_dir: Location, savepoint_dir: Location, job_id: str,
         if fs.exists(target):
             raise FileExistsError(f"{fs.redact(target)} already exists")
         # Step 1.
-        fs.makedirs(staging)
+        fs.makedirs(staging, private=True)
         # Step 2.
         files = {h.file: h.size for _, h in metadata.state_files()}
         for file in files:
-            fs_transfer.move_or_copy(fs.join(chk_dir, file), fs.join(staging, file))
+            fs_transfer.move_or_copy(fs.join(chk_dir, file), fs.join(staging, file),
+                                     private=True)
         _check_sizes(staging, files)
         # Step 3.
         write_metadata(staging, metadata)

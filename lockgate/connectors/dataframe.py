@@ -260,4 +260,4 @@ class DataFrameSource(Source[dict[str, Any]]):
 
     def __repr__(self) -> str:
         what = f"table {self.table!r}" if self.table else "DataFrame"
-        return f"DataFrameSource({what}, path={self.path!r})"
+        return f"DataFrameSource({what}, path={fs.redact(self.path) if self.path else None!r})"

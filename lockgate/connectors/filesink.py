@@ -349,7 +349,7 @@ class FileSink(Sink[Any]):
         return FileSinkWriter(info, self.path, _SINK_FORMATS[self.format]())
 
     def __repr__(self) -> str:
-        return f"FileSink({self.path!r}, format={self.format!r}, mode={self.mode!r})"
+        return f"FileSink({fs.redact(self.path)!r}, format={self.format!r}, mode={self.mode!r})"
 
 
 def existing_parts(folder: str, uid: str) -> tuple[list[str], list[str]]:

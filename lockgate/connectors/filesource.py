@@ -420,4 +420,4 @@ class FileSource(Source[Any]):
         return FileSourceReader(self, info)
 
     def __repr__(self) -> str:
-        return f"FileSource({self.path!r}, format={self.format!r}, watch={self.watch})"
+        return f"FileSource({fs.redact(self.path)!r}, format={self.format!r}, watch={self.watch})"

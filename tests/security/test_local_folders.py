@@ -191,3 +191,9 @@ def test_a_job_leaves_local_dir_as_it_was(tmp_path, victim, launcher):
     check_exact_sums(tmp_path / "out", n, keys)
     assert snapshot(d) == before
     assert snapshot(victim) == victim_before
+    # checkpoint storage is private too: folders 0700, files 0600 (the umask is 022)
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode)
+             for p in (tmp_path / "chk").rglob("*")}
+    assert any("/shared/" in k for k in modes) and any(k.endswith("_metadata") for k in modes)
+    assert {k: m for k, m in modes.items()
+            if m != (0o700 if (tmp_path / k).is_dir() else 0o600)} == {}
