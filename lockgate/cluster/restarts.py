@@ -27,6 +27,7 @@ from lockgate.cluster.failures import (
 from lockgate.cluster.metrics import JobMetrics
 from lockgate.config import RestartStrategy
 from lockgate.errors import JobFailedError
+from lockgate.redact import redact
 from lockgate.runtime.script_classes import script_traceback
 
 log = logging.getLogger("lockgate.driver")
@@ -52,7 +53,7 @@ class RestartHandler:
 
     def _restart_after(self, e: AttemptFailed | CheckpointFailureError) -> None:
         """Fail the job, or wait for the restart strategy and count the attempt."""
-        reason = e.reason if isinstance(e, AttemptFailed) else str(e)
+        reason = e.reason if isinstance(e, AttemptFailed) else redact(str(e))
         self.failures.append(reason)
         self.monitor.on_restart(self.attempt, reason, getattr(e, "task", None), self._task_name)
         if isinstance(e, AttemptFailed) and e.fatal:

@@ -30,6 +30,7 @@ from lockgate.checkpoint.storage import (
     write_state_file,
 )
 from lockgate.protocol import Ack, ControlMessage, Decline
+from lockgate.redact import redact
 from lockgate.runtime.channel_state import InFlight, write_channel_state
 from lockgate.runtime.faults import FaultInjector
 from lockgate.runtime.keyed_state import restore_keyed, write_keyed
@@ -141,7 +142,7 @@ class SnapshotWriter:
         except Exception as e:
             log.exception("snapshot %d failed", checkpoint_id)
             _discard(snaps)  # those it did not reach
-            reason = f"writing the snapshot failed: {type(e).__name__}: {e}"
+            reason = redact(f"writing the snapshot failed: {type(e).__name__}: {e}")
             try:
                 self.send(Decline(checkpoint_id, reason[:4000], type(e).__name__))
             except Exception:

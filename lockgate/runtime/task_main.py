@@ -38,7 +38,9 @@ def run_payload(payload: bytes, steps: dict[str, float]) -> int:
     try:
         run_task(spec, coordinator, secret, steps=steps)
     except BaseException as e:
-        logging.getLogger("lockgate.task").debug("task failed: %r", e)
+        from lockgate.redact import redact
+
+        logging.getLogger("lockgate.task").debug("task failed: %s", redact(repr(e)))
         return 1
     return 0
 

@@ -5,11 +5,13 @@ Kafka's ``sasl.password`` and ``ssl.key.password``."""
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 
 import pytest
 
-from lockgate import NoRestart, Pipeline
+from lockgate import FixedDelayRestart, NoRestart, Pipeline
 from lockgate.connectors import CollectSink, PostgresSink, SequenceSource
 from lockgate.connectors.nats.client import redact_url as nats_redact
 from lockgate.connectors.postgres_common import redact_dsn
@@ -85,3 +87,24 @@ def test_a_task_failure_quoting_settings_is_masked_in_the_cause(caplog):
     assert "postgresql://u:***@db/x" in str(e.value), e.value
     for s in SECRETS:
         assert s not in str(e.value) and s not in caplog.text
+
+
+def test_the_rest_apis_exceptions_hold_no_secret():
+    """The job restarts after each failure: its restarts, as the REST API's
+    ``/jobs/<id>/exceptions`` and the dashboard show them, are masked."""
+    p = Pipeline("leaky-rest", parallelism=1, restart=FixedDelayRestart(max_attempts=50,
+                                                                         delay_s=0.2))
+    p.source(SequenceSource(1, 10), uid="n").map(Leaky(), uid="leak").sink(
+        CollectSink(), uid="out")
+    client = p.start(launcher="local")
+    try:
+        deadline = time.monotonic() + 60
+        while not (restarts := client.master.metrics()["restarts"]):
+            assert time.monotonic() < deadline, "no restart within 60 s"
+            time.sleep(0.1)
+        shown = json.dumps(restarts) + json.dumps(client.status(), default=str)
+        assert "postgresql://u:***@db/x" in shown, shown
+        for s in SECRETS:
+            assert s not in shown, shown
+    finally:
+        client.cancel()
