@@ -130,6 +130,33 @@ def test_lockgate_run_an_unguarded_script_on_spark(tmp_path: Path) -> None:
     one_run_committed(tmp_path, 5_000)
 
 
+def test_lockgate_run_of_start_and_of_a_main_that_runs(tmp_path: Path) -> None:
+    """p.start() at module level, and a main() that calls p.run(): each runs
+    once, with the command line's options, and the script gets the result."""
+    app = write_app(tmp_path, n=3_000, guarded=False, run="")
+    text = app.read_text().replace("p.run()\n", "")
+    app.write_text(text + 'job = p.start(launcher="spark")\n'
+                   'print("STARTED", job.result().status)\n')
+    done = run([*LOCKGATE, "run", "first.py", "--launcher", "local", "--parallelism", "3"],
+               tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "STARTED finished" in done.stdout and done.stdout.count(" finished in ") == 1
+    one_run_committed(tmp_path, 3_000)
+    assert len(os.listdir(tmp_path / "out")) == 3
+    other = tmp_path / "other"
+    other.mkdir()
+    app2 = write_app(other, n=2_000, guarded=False, run="")
+    body = app2.read_text().replace("p.run()\n", "").strip().splitlines()
+    imports, build = body[:2], body[2:]
+    app2.write_text("\n".join(imports + ["def main():"] + ["    " + line for line in build]
+                              + ["    result = p.run()", "    print('RAN', result.records_out)"])
+                    + "\n")
+    done = run([*LOCKGATE, "run", "first.py", "--launcher", "local"], other)
+    assert done.returncode == 0, done.stderr
+    assert "RAN 2000" in done.stdout and done.stdout.count(" finished in ") == 1, done.stdout
+    one_run_committed(other, 2_000)
+
+
 def test_two_pipelines_run_by_one_script_are_refused(tmp_path: Path) -> None:
     app = write_app(tmp_path, n=2_000, guarded=False, run='launcher="local"')
     app.write_text(app.read_text() + (
