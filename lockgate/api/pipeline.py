@@ -237,7 +237,8 @@ class Pipeline:
             on_progress: Callable[[Progress], None] | None = None,
             spark: Any = None, master: str | None = None,
             rest: RestConfig | bool | None = None,
-            progress: bool | None = None, fresh: bool = False) -> JobResult:
+            progress: bool | None = None, fresh: bool = False,
+            start_timeout: float = 120.0) -> JobResult:
         """Run the job and block until it ends (bounded input done, stopped,
         cancelled, or failed).
 
@@ -280,6 +281,10 @@ class Pipeline:
                 ``from_savepoint``) the job resumes from the latest completed
                 checkpoint of that run, and says so (docs/checkpoints.md,
                 *Running a job again*).
+            start_timeout: seconds every task of an attempt has to start and
+                register (default 120); an attempt that takes longer (a task
+                or a Spark host that never comes up) fails with the reason in
+                the log, and the job restarts under its restart strategy.
         """
         args = {k: v for k, v in locals().items() if k != "self"}
         result: JobResult = self._submit(args, wait=True)

@@ -5,8 +5,11 @@ attempt and job of the process, so that restarting a task is a fork.
 
 :meth:`ForkServer.spawn` starts a task and calls back with its exit code
 when it ends (``None``: unknown, the server died first); :meth:`ForkServer.kill`
-SIGKILLs it. A server that dies is replaced by the next :func:`server`
-call; the tasks it had started are watched until they are gone.
+SIGKILLs it. The server is part of the job's fault model: its tasks die with
+it (``PR_SET_PDEATHSIG``), a spawn it does not answer within
+:data:`SPAWN_TIMEOUT` raises :class:`OSError` (and the server, stuck, is
+killed), and a server that died or was killed is replaced by the next
+:func:`server` call; the tasks it had started are watched until they are gone.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import itertools
 import logging
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -61,31 +65,62 @@ class ForkServer:
             self._pending[request] = (done, pid, on_exit)
         path = [p or os.getcwd() for p in sys.path]
         environ = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-        self._send(("spawn", request, payload, environ, path))
-        if not done.wait(SPAWN_TIMEOUT) or not pid:
+        deadline = time.monotonic() + SPAWN_TIMEOUT
+        try:
+            self._send(("spawn", request, payload, environ, path), deadline)
+        except OSError:
             with self._lock:
                 self._pending.pop(request, None)
-            raise OSError("the fork server did not start the task")
+            raise
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            self.end(f"it did not answer a spawn within {SPAWN_TIMEOUT:.0f} s")
+        if not pid:
+            with self._lock:
+                self._pending.pop(request, None)
+            raise OSError(f"the fork server did not start the task (it ended: exit code "
+                          f"{self.proc.poll()})")
         return pid[0]
+
+    def end(self, why: str) -> None:
+        """SIGKILL a server that stopped answering (its tasks die with it); the
+        next :func:`server` call starts another."""
+        log.warning("killing the local launcher's fork server (pid %d): %s", self.proc.pid, why)
+        with self._lock:
+            self.alive = False
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
 
     def kill(self, pid: int) -> None:
         """SIGKILL task ``pid`` if it has not ended (the server knows: no
         recycled pid is ever hit)."""
         try:
-            self._send(("kill", pid))
+            self._send(("kill", pid), time.monotonic() + 1.0)
         except OSError:  # the server is gone: its tasks are watched directly
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
-    def _send(self, request: tuple[object, ...]) -> None:
+    def _send(self, request: tuple[object, ...], deadline: float) -> None:
+        """Write one request; :class:`OSError` when the server is gone or has
+        not read it by ``deadline`` (a stopped server: never block on it)."""
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(HEADER.pack(len(data)) + data)
         stdin = self.proc.stdin
         assert stdin is not None
         with self._lock:
-            stdin.write(HEADER.pack(len(data)) + data)
-            stdin.flush()
+            fd = stdin.fileno()
+            os.set_blocking(fd, False)
+            while view:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([], [fd], [], left)[1]:
+                    raise OSError("the fork server does not read its requests")
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
 
     def _read(self) -> None:
         try:
@@ -142,6 +177,8 @@ def server() -> ForkServer:
     global _server
     with _server_lock:
         if _server is None or not _server.alive or _server.proc.poll() is not None:
+            if _server is not None:  # it died or was killed: reaped, no zombie
+                _server.proc.poll()
             _server = ForkServer()
         return _server
 

@@ -272,6 +272,7 @@ class JobMaster(RestartHandler):
             script_classes=self.script_classes, faults=self.options.fault_injection or [])
         self.startup.begin(self.attempt)
         self.launcher.start(specs, self.server.address, self.secret)
+        start_deadline = time.monotonic() + self.options.start_timeout
         running = False
         while len(self._finished) < n:
             try:
@@ -283,6 +284,8 @@ class JobMaster(RestartHandler):
                 if not running and len(self._registered) == n:
                     self._start_tasks()
                     running = True
+            if not running and time.monotonic() > start_deadline:
+                raise self._stalled()
             if running:
                 # Commands first: a savepoint waiting for the pending
                 # checkpoint must start before the next periodic one, or a
@@ -311,6 +314,20 @@ class JobMaster(RestartHandler):
                 raise failure
             case TaskDisconnected(task=task):
                 raise self._gone(task, self.exit_codes.get(task))
+
+    def _stalled(self) -> AttemptFailed:
+        """The start-up watchdog: the attempt's tasks did not all register
+        within ``start_timeout`` (a task or a host that never came up). The
+        launcher drops what the attempt ran on (Spark: its stage)."""
+        missing = [t for t in range(self.graph.num_tasks) if t not in self._registered]
+        names = ", ".join(self._task_name(t) for t in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        assert self.launcher is not None
+        self.launcher.stalled()
+        return AttemptFailed(
+            f"attempt {self.attempt} did not start: {len(missing)} of {self.graph.num_tasks} "
+            f"task(s) not registered {self.options.start_timeout:g} s after the launch "
+            f"({names}{more}); start_timeout sets the limit", missing[0])
 
     def _gone(self, task: int, exit_code: int | None) -> AttemptFailed:
         what = ("lost its connection to the coordinator" if exit_code is None

@@ -26,6 +26,11 @@ class Launcher(Protocol):
         """End every task of the attempt; when it returns none of them runs."""
         ...
 
+    def stalled(self) -> None:
+        """The attempt did not start in time: what it ran on is not to be
+        reused by the next attempt (called before :meth:`stop`)."""
+        ...
+
 
 def make_launcher(name: str, events: queue.Queue[TaskEvent]) -> Launcher:
     if name == "local":

@@ -4,22 +4,35 @@ Tasks are forked by the driver's fork server (:mod:`lockgate.cluster.forks`),
 which imported the task code once: a restart after a failure costs a fork,
 not an interpreter and its imports. Without a fork server (it cannot start,
 or ``fork_server = False``) each task is ``python -m lockgate.runtime.task_main``.
+
+The fork server is one of the job's processes: when it dies (or stops
+answering) while it starts an attempt's tasks, the tasks it could not start
+are reported as exited (exit code unknown), so the attempt fails and the job
+restarts on a new server, as after any task's death.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import cloudpickle
 
 from lockgate.cluster import forks
 from lockgate.cluster.events import TaskEvent, TaskExited
 from lockgate.runtime.spec import TaskSpec
+
+log = logging.getLogger("lockgate.driver")
+
+STOP_TIMEOUT = 10.0
+"""Seconds ``stop`` waits for the killed tasks of the fork server before it
+kills the server itself (a server that no longer answers; its tasks die with it)."""
 
 
 class LocalLauncher:
@@ -48,7 +61,13 @@ class LocalLauncher:
             payload = cloudpickle.dumps((spec, coordinator, secret))
             if server is not None:
                 gone = threading.Event()
-                pid = server.spawn(payload, self._on_exit(spec.attempt, spec.task_id, gone))
+                try:
+                    pid = server.spawn(payload, self._on_exit(spec.attempt, spec.task_id, gone))
+                except OSError as e:  # the server died: the attempt fails, not the job
+                    log.warning("task %d of attempt %d not started: %s", spec.task_id,
+                                spec.attempt, e)
+                    self.events.put(TaskExited(spec.attempt, spec.task_id, None))
+                    return
                 self._forked[spec.task_id] = (pid, gone)
                 continue
             proc = subprocess.Popen(
@@ -78,6 +97,10 @@ class LocalLauncher:
         pids.update({t: pid for t, (pid, gone) in self._forked.items() if not gone.is_set()})
         return pids
 
+    def stalled(self) -> None:
+        """Nothing to drop: a fork server that stops answering is replaced
+        when a spawn times out (:mod:`lockgate.cluster.forks`)."""
+
     def stop(self) -> None:
         """Kill every task of the attempt and wait until all are gone: no zombie
         of this attempt can write after ``stop`` returns."""
@@ -91,8 +114,13 @@ class LocalLauncher:
                     os.kill(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        deadline = time.monotonic() + STOP_TIMEOUT
         for _, gone in self._forked.values():
-            gone.wait()
+            if not gone.wait(max(0.0, deadline - time.monotonic())):
+                assert self._server is not None
+                self._server.end(f"its tasks were not gone {STOP_TIMEOUT:.0f} s after they "
+                                 "were killed")
+                gone.wait()
         for proc in self._procs.values():
             proc.wait()
         self._procs.clear()

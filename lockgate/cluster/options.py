@@ -41,11 +41,18 @@ class RunOptions:
     resumed: bool = False
     """Set when the job resumes an earlier run of itself (not a start from a
     checkpoint or savepoint the user named)."""
+    start_timeout: float = 120.0
+    """Seconds an attempt's tasks have to start and register with the job
+    master (the start-up watchdog); an attempt that takes longer fails, and
+    the job restarts under its restart strategy."""
     bind_host: str = "127.0.0.1"
     """Set by the job master: the host the control server binds (tasks on
     other machines must reach it)."""
 
     def __post_init__(self) -> None:
+        if not self.start_timeout > 0:
+            raise PipelineDefinitionError(
+                f"start_timeout must be > 0 seconds, got {self.start_timeout}")
         if self.from_checkpoint and self.from_savepoint:
             raise PipelineDefinitionError("give from_checkpoint or from_savepoint, not both")
         if self.launcher not in ("local", "spark"):

@@ -23,7 +23,6 @@ cancelled stage, a lost executor), no task outlives it.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import pickle
@@ -49,7 +48,7 @@ from lockgate.protocol import (
     TaskEnded,
 )
 from lockgate.runtime import handshake, wire
-from lockgate.runtime.forkserver import end_child
+from lockgate.runtime.forkserver import die_with_parent, end_child
 from lockgate.runtime.spec import TaskSpec, process_name
 from lockgate.runtime.steps import Steps, mark
 
@@ -57,8 +56,6 @@ log = logging.getLogger("lockgate.task")
 
 HOST_PROCESS_PREFIX = "lghost-"
 """What ``ps -o comm`` shows for a host: ``lghost-<generation>-<slot>``."""
-
-_PR_SET_PDEATHSIG = 1
 
 
 def host_partition(payloads: Iterable[bytes]) -> Iterator[int]:
@@ -155,12 +152,7 @@ def _run_child(payload: bytes, host: int, link: wire.Link) -> None:
     code = 1
     try:
         entry = time.time()
-        try:  # die with the host (its Python worker killed by Spark)
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):  # pragma: no cover - not Linux
-            pass
-        if os.getppid() != host:  # the host died before the line above
-            os._exit(1)
+        die_with_parent(host)  # its Python worker killed by Spark
         os.close(link.sock.detach())  # the host's connection is the host's alone
         run_leased(pickle.loads(payload), {"entry": entry})
         code = 0

@@ -76,6 +76,7 @@ class SparkLauncher:
         self._reported: set[int] = set()
         """Tasks whose exit was reported without a lease (they never took one)."""
         self._stopping = False
+        self._stalled = False
         self._stage: BarrierStage | None = None
         self._listener: socket.socket | None = None
         self._local = True
@@ -137,6 +138,12 @@ class SparkLauncher:
         return {self._tasks[slot]: pid for slot, pid in self._stage.host_pids().items()
                 if slot < len(self._tasks)}
 
+    def stalled(self) -> None:
+        """The attempt did not start in time (a host or task never came up):
+        ``stop`` cancels the stage, and the next attempt runs on a new one."""
+        with self._lock:
+            self._stalled = True
+
     def stop(self) -> None:
         """Make sure no task of the attempt runs any more: tasks that are
         ending by themselves (they sent ``finished``) may; the others are
@@ -152,6 +159,8 @@ class SparkLauncher:
             live = [(t, lease) for t, lease in self._leases.items()
                     if t in doomed and not lease.gone]
         stage = self._stage
+        if self._stalled and stage is not None:
+            stage.abort()  # its hosts never all came up: the next attempt gets a new stage
         for t, lease in live:
             if self._local:
                 try:

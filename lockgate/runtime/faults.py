@@ -5,7 +5,13 @@ A fault is a dict ``{"point": str, "task": int | None, "attempt": int | None,
 "count": int, "signal": str}``: the task with global number ``task`` (any if None), in job
 attempt ``attempt`` (any if None), dies the ``count``-th time it reaches
 ``point``. ``"signal": "SIGSTOP"`` freezes it there instead (a zombie-to-be:
-a task the driver can no longer reach, resumed later by a test). Points:
+a task the driver can no longer reach, resumed later by a test);
+``"signal": "hang"`` blocks the thread that reached the point for good while
+the process runs on (as a read from a storage that never answers). Points:
+
+- ``register``: connected to the coordinator, before it registers (a task
+  that never registers: the attempt cannot start)
+- ``restore``: registered, about to restore its operators' state
 
 - ``batch``: in the middle of a batch (after the chain ran, before its output is sent)
 - ``alignment``: a channel was blocked while other barriers are still awaited
@@ -40,11 +46,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
 from typing import Any
 
-POINTS = ("batch", "alignment", "snapshot", "acked", "commit", "end_of_data", "final_snapshot",
-          "finish", "unaligned_barrier", "channel_state", "replay", "materialize", "changelog")
+POINTS = ("register", "restore", "batch", "alignment", "snapshot", "acked", "commit",
+          "end_of_data", "final_snapshot", "finish", "unaligned_barrier", "channel_state",
+          "replay", "materialize", "changelog")
 
 
 class FaultInjector:
@@ -56,7 +64,7 @@ class FaultInjector:
         for f in self._faults:
             if f["point"] not in POINTS:
                 raise ValueError(f"unknown fault point {f['point']!r}; known: {POINTS}")
-        self._signals = {id(f): signal.Signals[f.get("signal", "SIGKILL")] for f in self._faults}
+        self._signals = {id(f): _signal(f.get("signal", "SIGKILL")) for f in self._faults}
         self._hits: Counter[str] = Counter()
         self.active = bool(self._faults)
 
@@ -66,4 +74,19 @@ class FaultInjector:
         self._hits[point] += 1
         for f in self._faults:
             if f["point"] == point and self._hits[point] == f.get("count", 1):
-                os.kill(os.getpid(), self._signals[id(f)])
+                sig = self._signals[id(f)]
+                if sig is None:
+                    while True:  # hang
+                        time.sleep(3600)
+                os.kill(os.getpid(), sig)
+
+
+def _signal(name: str) -> signal.Signals | None:
+    """The signal a fault sends (None: ``"hang"``)."""
+    if name == "hang":
+        return None
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise ValueError(f"unknown fault signal {name!r}; use a signal name such as "
+                         "'SIGKILL' or 'SIGSTOP', or 'hang'") from None

@@ -17,12 +17,15 @@ task code, as ``python -m lockgate.runtime.task_main`` would.
 
 The server stays single-threaded (forking a process with threads is unsafe),
 reaps its children, kills only children it has not reaped (so a kill never
-reaches a recycled pid), and exits when the driver closes its stdin; the
-tasks it started then notice the lost driver themselves.
+reaches a recycled pid), and exits when the driver closes its stdin (the
+driver ended, or was killed). A task it forked dies with it
+(``PR_SET_PDEATHSIG``): no task outlives the server that started it, and the
+driver counts a dead server as a failure of every task it ran.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import select
@@ -35,6 +38,18 @@ from typing import Any, NoReturn
 
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 1 << 30
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """In a forked child: be SIGKILLed when ``parent`` (the process that forked
+    this one, single-threaded) ends; end now if it already has."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    if os.getppid() != parent:  # it ended before the line above
+        os._exit(1)
 
 
 def preload() -> None:
@@ -51,11 +66,12 @@ def preload() -> None:
     import lockgate.runtime.task_main  # noqa: F401
 
 
-def _child(request: tuple[Any, ...], closing: list[int]) -> None:
+def _child(request: tuple[Any, ...], closing: list[int], server: int) -> None:
     """In the forked child: become the task, never return."""
     code = 1
     try:
         entry = time.time()
+        die_with_parent(server)
         os.setsid()  # as start_new_session: no signal of the driver's group
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -96,6 +112,7 @@ def serve(replies: int) -> None:
     out = os.fdopen(replies, "w", buffering=1)
     out.write("ready\n")
     children: set[int] = set()
+    me = os.getpid()
     buffer = b""
     open_input = True
     while open_input:
@@ -117,7 +134,7 @@ def serve(replies: int) -> None:
                 if request[0] == "spawn":
                     pid = os.fork()
                     if pid == 0:
-                        _child(request, [wake_r, wake_w, replies])
+                        _child(request, [wake_r, wake_w, replies], me)
                     children.add(pid)
                     out.write(f"spawned {request[1]} {pid}\n")
                 elif request[0] == "kill" and request[1] in children:

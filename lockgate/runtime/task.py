@@ -78,6 +78,11 @@ from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")
 
+ORPHAN_GRACE = 3.0
+"""Seconds a task that lost its control connection (its driver is gone) has
+to end by itself before it exits on the spot, wherever its main thread is
+(e.g. blocked restoring state): no task outlives its driver."""
+
 
 class Task(TaskControl):
     def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
@@ -108,6 +113,8 @@ class Task(TaskControl):
             spec, secret, {t: i for i, t in enumerate(self.channels)}, self.mailbox)
         self.snapshots = SnapshotWriter(spec, self.serializer, self.faults, self._send)
         self.control: wire.ControlChannel | None = None
+        self._closing = False
+        """Set when the task ends: its control connection closes by its own hand."""
         self.ended_channels: set[int] = set()
         self.reached_end = False
         self.drained = False
@@ -136,6 +143,7 @@ class Task(TaskControl):
             mark(self.steps, "connected")
             # Step 2. Open operators and restore their state.
             self._open_operators()
+            self.faults.hit("restore")
             skipped = restore_operators(self.spec, self.ops, self.serializer)
             recovered = channel_state.recover(self.spec, self.serializer)
             mark(self.steps, "restored")
@@ -183,8 +191,9 @@ class Task(TaskControl):
         self.control = wire.ControlChannel(handshake.open_link(
             self.coordinator, self.secret, Hello("task", spec.job_id, spec.attempt, spec.task_id),
             encrypt=spec.encrypt_traffic, buffering=65536))
-        self._send(Register(spec.bind_host, data_port, os.getpid()))
         threading.Thread(target=self._read_control, daemon=True, name="control").start()
+        self.faults.hit("register")
+        self._send(Register(spec.bind_host, data_port, os.getpid()))
 
     def _read_control(self) -> None:
         assert self.control is not None
@@ -195,6 +204,8 @@ class Task(TaskControl):
             if not isinstance(e, OSError | EOFError | ValueError):
                 log.error("the control channel failed: %s: %s", type(e).__name__, e)
             self.mailbox.put_control(ControlLost())
+        if not self._closing:
+            threading.Thread(target=_exit_orphan, daemon=True, name="orphan-watchdog").start()
 
     def _open_operators(self) -> None:
         spec = self.spec
@@ -416,6 +427,7 @@ class Task(TaskControl):
                 log.exception("closing %s failed", op.uid)
 
     def _close(self) -> None:
+        self._closing = True
         self.meter.stop()
         self.mailbox.close()
         self._close_operators()
@@ -424,6 +436,16 @@ class Task(TaskControl):
         self.inputs.close()
         if self.control is not None:
             self.control.close()
+
+
+def _exit_orphan() -> None:
+    """The control connection was lost: the main thread notices it at its next
+    look at the mailbox; if it has not ended :data:`ORPHAN_GRACE` seconds
+    later (it is blocked elsewhere), the process ends here."""
+    time.sleep(ORPHAN_GRACE)
+    log.warning("lost the driver %.0f s ago and still running: exiting", ORPHAN_GRACE)
+    logging.shutdown()
+    os._exit(1)
 
 
 def run_task(spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,

@@ -106,6 +106,31 @@ def wait_stopped(pid: int, timeout: float = 30.0) -> None:
     raise AssertionError(f"process {pid} did not stop within {timeout} s")
 
 
+def fork_servers(driver_pid: int) -> set[int]:
+    """The local launcher's fork server(s) of the driver: its direct children
+    named ``lgforkserver`` (the tasks they fork are their children, not the
+    driver's)."""
+    found: set[int] = set()
+    try:
+        tids = os.listdir(f"/proc/{driver_pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{driver_pid}/task/{tid}/children") as f:
+                children = {int(p) for p in f.read().split()}
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "lgforkserver" and process_state(pid) != "Z":
+                        found.add(pid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return found
+
+
 def task_pids(driver_pid: int) -> set[int]:
     """The pids of :func:`task_processes`."""
     return set(task_processes(driver_pid))
@@ -117,8 +142,13 @@ class RandomKiller(threading.Thread):
 
     def __init__(self, driver: subprocess.Popen, kills: int, n_tasks: int, seed: int,
                  min_delay: float = 0.2, max_delay: float = 1.0,
-                 hosts: float = 0.0) -> None:
+                 hosts: float = 0.0, fork_server: float = 0.0) -> None:
         super().__init__(daemon=True)
+        self.fork_server = fork_server
+        """The share of kills that strike the local launcher's fork server: half
+        of them at a random moment of a running attempt, half while it forks
+        the tasks of the attempt after a task's kill."""
+        self.fork_server_kills = 0
         self.hosts = hosts
         """The share of kills that strike the victim's Spark host (the Python
         worker whose child the task is) instead of the task itself."""
@@ -150,6 +180,11 @@ class RandomKiller(threading.Thread):
             if not alive:
                 continue
             victim = self.rng.choice(alive)
+            if self.fork_server and self.rng.random() < self.fork_server:
+                if self._kill_fork_server(victim, newest):
+                    self.kills += 1
+                    last_attempt = newest
+                continue
             if self.hosts and self.rng.random() < self.hosts:
                 host = spark_host_of(victim)
                 if host is not None:
@@ -162,29 +197,58 @@ class RandomKiller(threading.Thread):
             self.kills += 1
             last_attempt = newest
 
+    def _kill_fork_server(self, task: int, attempt: int) -> bool:
+        """SIGKILL the fork server now, or kill ``task`` and then the fork
+        server as soon as it forks a task of the next attempt (if it is fast
+        enough to fork them all first, it is killed while they run)."""
+        servers = fork_servers(self.driver.pid)
+        if not servers:
+            return False
+        if self.rng.random() < 0.5:
+            os.kill(servers.pop(), signal.SIGKILL)
+            self.fork_server_kills += 1
+            return True
+        try:
+            os.kill(task, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.driver.poll() is None:
+            newer = [pid for pid, (a, _) in task_processes(self.driver.pid).items()
+                     if a > attempt]
+            servers = fork_servers(self.driver.pid)
+            if newer and servers:
+                os.kill(servers.pop(), signal.SIGKILL)
+                self.fork_server_kills += 1
+                return True
+            time.sleep(0.001)
+        return True
+
 
 def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list | None = None,
             kills: int = 0, seed: int = 0, interval: float = 0.2, timeout: float = 300,
             extra: list[str] | None = None,
             kill_delays: tuple[float, float] = (0.2, 1.0),
-            launcher: str = "local", kill_hosts: float = 0.0) -> tuple[dict, int]:
+            launcher: str = "local", kill_hosts: float = 0.0,
+            kill_fork_server: float = 0.0) -> tuple[dict, int]:
     out, chk = tmp / "out", tmp / "chk"
     cmd = [sys.executable, str(HERE / "sums_job.py"), "--n", str(n), "--parallelism",
            str(parallelism), "--keys", str(keys), "--out", str(out), "--storage", str(chk),
            "--interval", str(interval), "--faults", json.dumps(faults or []),
            "--launcher", launcher] + (extra or [])
     return drive(cmd, kills=kills, tasks=parallelism * 2, seed=seed, kill_delays=kill_delays,
-                 timeout=timeout, kill_hosts=kill_hosts)
+                 timeout=timeout, kill_hosts=kill_hosts, kill_fork_server=kill_fork_server)
 
 
 def drive(cmd: list[str], *, kills: int, tasks: int, seed: int,
           kill_delays: tuple[float, float], timeout: float,
-          kill_hosts: float = 0.0) -> tuple[dict, int]:
+          kill_hosts: float = 0.0, kill_fork_server: float = 0.0) -> tuple[dict, int]:
     """Run the driver ``cmd`` while a :class:`RandomKiller` SIGKILLs ``kills``
     of its ``tasks`` tasks; return the JobResult it printed last (as a dict)
     and how many kills happened."""
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killer = RandomKiller(driver, kills, tasks, seed, *kill_delays, hosts=kill_hosts)
+    killer = RandomKiller(driver, kills, tasks, seed, *kill_delays, hosts=kill_hosts,
+                          fork_server=kill_fork_server)
     if kills:
         killer.start()
     try:
@@ -196,4 +260,5 @@ def drive(cmd: list[str], *, kills: int, tasks: int, seed: int,
     assert driver.returncode == 0, f"driver failed ({driver.returncode}):\n{stderr[-4000:]}"
     result = json.loads(stdout.strip().splitlines()[-1])
     result["host_kills"] = killer.host_kills  # of killer.kills
+    result["fork_server_kills"] = killer.fork_server_kills
     return result, killer.kills

@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int)
     ap.add_argument("--from-checkpoint")
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
+    ap.add_argument("--start-timeout", type=float, default=120.0)
     ap.add_argument("--progress", action="store_true",
                     help="print a JSON line after every completed checkpoint")
     args = ap.parse_args()
@@ -81,7 +82,8 @@ def main() -> None:
         print(json.dumps({"progress": dataclasses.asdict(pr)}), flush=True)
 
     result = p.run(fault_injection=json.loads(args.faults), from_checkpoint=args.from_checkpoint,
-                   on_progress=progress if args.progress else None, launcher=args.launcher)
+                   on_progress=progress if args.progress else None, launcher=args.launcher,
+                   start_timeout=args.start_timeout)
     print(json.dumps(dataclasses.asdict(result)), flush=True)
 
 
