@@ -3,6 +3,7 @@
 from lockgate.connectors.base import Sink, SinkWriter, Source, SourceReader, TaskInfo
 from lockgate.connectors.collect import CollectSink
 from lockgate.connectors.dataframe import DataFrameSource
+from lockgate.connectors.delta import DeltaSink
 from lockgate.connectors.filesink import FileSink
 from lockgate.connectors.filesource import FileSource
 from lockgate.connectors.kafka import KafkaRecord, KafkaSink, KafkaSource
@@ -19,6 +20,7 @@ from lockgate.connectors.writeahead import WriteAheadSinkWriter
 __all__ = [
     "CollectSink",
     "DataFrameSource",
+    "DeltaSink",
     "FileSink",
     "FileSource",
     "KafkaRecord",

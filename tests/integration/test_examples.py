@@ -222,3 +222,17 @@ def test_orders_payments_join(tmp_path, way):
                    for r in committed_lines(tmp_path / "out" / "paid")) == paid
     assert Counter((r["order"], r["hour"], r["amount"])
                    for r in committed_lines(tmp_path / "out" / "hourly")) == hourly
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_delta_orders(tmp_path, way):
+    deltalake = pytest.importorskip("deltalake")
+    run_example(way, "delta_orders.py", ["20000"], tmp_path)
+    orders = deltalake.DeltaTable(str(tmp_path / "lake" / "orders")).to_pyarrow_table()
+    assert sorted(orders.column("order").to_pylist()) == list(range(1, 20001))
+    totals = deltalake.DeltaTable(str(tmp_path / "lake" / "totals")).to_pyarrow_table()
+    got = {r["user"]: (r["orders"], r["total"]) for r in totals.to_pylist()}
+    want = {u: (200, sum(o / 100 for o in range(u or 100, 20001, 100))) for u in range(100)}
+    assert got.keys() == want.keys()
+    for u, (count, total) in want.items():
+        assert got[u][0] == count and got[u][1] == pytest.approx(total), u

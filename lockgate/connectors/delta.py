@@ -1,0 +1,221 @@
+"""``DeltaSink``: exactly-once writes to a Delta Lake table with delta-rs.
+
+Tasks stage Parquet files; when a checkpoint completes, task 0 makes one
+Delta commit of them that carries an application transaction (``txn``:
+app id ``lockgate/{job}/{sink uid}``, version = checkpoint id), which is how
+Spark Structured Streaming makes ``foreachBatch`` writes idempotent. The
+protocol is :mod:`lockgate.connectors.lakehouse`'s.
+
+``mode="append"``: the staged files are moved into the table folder and
+added as they are (no rewrite). ``mode="merge"``: the staged changes are
+read, the last change per key kept, and applied with Delta ``MERGE``
+(update or insert; a row whose ``delete_column`` is true deletes its key).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lockgate import fs
+from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
+from lockgate.connectors.lakehouse import (
+    LAKE_MODES,
+    LakeSinkWriter,
+    LakeTable,
+    StagedFile,
+    fault_point,
+    require_lost,
+)
+from lockgate.errors import ConfigurationError
+
+__all__ = ["DeltaSink"]
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError as e:  # pragma: no cover - the extra is installed in dev
+        raise ConfigurationError(
+            "DeltaSink needs the deltalake package: pip install 'lockgate[delta]'") from e
+    return deltalake
+
+
+def last_per_key(table: pa.Table, key: list[str]) -> pa.Table:
+    """The last row of ``table`` for each value of ``key`` (row order kept)."""
+    idx = pa.array(range(table.num_rows), pa.int64())
+    grouped = table.select(key).append_column("__lockgate_i", idx) \
+        .group_by(key, use_threads=False).aggregate([("__lockgate_i", "max")])
+    keep = grouped.column("__lockgate_i_max").to_pylist()
+    return table.take(pa.array(sorted(keep), pa.int64()))
+
+
+class DeltaTarget(LakeTable):
+    """The Delta table at ``uri`` (a local path)."""
+
+    def __init__(self, uri: str, mode: str, key: list[str], delete_column: str | None,
+                 uid: str, attempt: int = 0) -> None:
+        self.attempt = attempt
+        self.uri = uri
+        self.mode = mode
+        self.key = key
+        self.delete_column = delete_column
+        self.uid = uid
+
+    def _table(self) -> Any | None:
+        dl = _deltalake()
+        return dl.DeltaTable(self.uri) if dl.DeltaTable.is_deltatable(self.uri) else None
+
+    def committed_version(self, app: str) -> int | None:
+        table = self._table()
+        if table is None:
+            return None
+        v = table.transaction_version(app)
+        return None if v is None else int(v)
+
+    def _ensure_table(self, schema: pa.Schema) -> Any:
+        dl = _deltalake()
+        table = self._table()
+        if table is None:
+            fields = [f for f in schema if f.name != self.delete_column]
+            table = dl.DeltaTable.create(self.uri, schema=pa.schema(fields), mode="ignore")
+        names = [f.name for f in pa.schema(table.schema().to_arrow())]
+        written = [n for n in schema.names if n != self.delete_column]
+        if sorted(names) != sorted(written):
+            raise ConfigurationError(
+                f"DeltaSink {self.uid!r}: the table {fs.redact(self.uri)} has the columns "
+                f"{names}, the records have {written}; write records with the table's "
+                "columns (or give the sink a schema), or write to a new table")
+        return table
+
+    def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:
+        dl = _deltalake()
+        props = dl.CommitProperties(
+            app_transactions=[dl.Transaction(app_id=a, version=v) for a, v in versions.items()],
+            custom_metadata={"lockgate.sink": self.uid,
+                             "lockgate.checkpoints": json.dumps(versions)})
+        if self.mode == "append":
+            self._append(files, props)
+        else:
+            self._merge(files, props)
+
+    def _append(self, files: list[StagedFile], props: Any) -> None:
+        """Step 1. Move each staged file into the table folder (a retry finds it there).
+        Step 2. One commit adding them all, with the application transactions."""
+        from deltalake.transaction import AddAction
+        actions, schema = [], None
+        now = int(time.time() * 1000)
+        for f in files:
+            final = fs.join(self.uri, f.final_name)
+            if fs.exists(f.path):
+                fs.move(f.path, final)
+            elif not fs.exists(final):
+                raise require_lost(f.path, self.uid)
+            meta = pq.read_metadata(fs.local_path(final) or final)
+            schema = schema or meta.schema.to_arrow_schema()
+            size = fs.list_sizes(self.uri).get(f.final_name) or 0
+            actions.append(AddAction(path=f.final_name, size=int(size), partition_values={},
+                                     modification_time=now, data_change=True,
+                                     stats=json.dumps({"numRecords": meta.num_rows})))
+        fs.sync_dir(self.uri)
+        fault_point("moved", self.attempt)
+        assert schema is not None
+        table = self._ensure_table(schema)
+        table.create_write_transaction(actions, mode="append", schema=table.schema(),
+                                       commit_properties=props)
+
+    def _merge(self, files: list[StagedFile], props: Any) -> None:
+        """Step 1. Read the staged changes in order, keep the last per key.
+        Step 2. One MERGE with the application transactions.
+        Step 3. Delete the staged files (a restore deletes any left)."""
+        parts = []
+        for f in files:
+            if not fs.exists(f.path):
+                raise require_lost(f.path, self.uid)
+            parts.append(pq.read_table(fs.local_path(f.path) or f.path))
+        changes = last_per_key(pa.concat_tables(parts, promote_options="default"), self.key)
+        table = self._ensure_table(changes.schema)
+        cols = [n for n in changes.schema.names if n != self.delete_column]
+        on = " AND ".join(f"t.{k} = s.{k}" for k in self.key)
+        set_all = {c: f"s.{c}" for c in cols}
+        merger = table.merge(changes, predicate=on, source_alias="s", target_alias="t",
+                             commit_properties=props)
+        if self.delete_column:
+            gone = f"s.{self.delete_column} = true"
+            kept = f"s.{self.delete_column} = false"
+            merger = (merger.when_matched_delete(predicate=gone)
+                      .when_matched_update(updates=set_all, predicate=kept)
+                      .when_not_matched_insert(updates=set_all, predicate=kept))
+        else:
+            merger = merger.when_matched_update(updates=set_all) \
+                .when_not_matched_insert(updates=set_all)
+        fault_point("moved", self.attempt)
+        merger.execute()
+        for f in files:
+            fs.remove(f.path)
+
+
+class DeltaSink(Sink[Any]):
+    """Exactly-once writes to the Delta table at ``path`` (created at the
+    first commit if missing): one Delta commit per completed checkpoint."""
+
+    exactly_once = True
+
+    def __init__(self, path: str, mode: str = "append", key: list[str] | str | None = None,
+                 delete_column: str | None = None, schema: pa.Schema | None = None) -> None:
+        """``path``: the table's folder (a local path); ``mode``: ``"append"``
+        or ``"merge"`` (upsert by ``key``; rows whose ``delete_column`` is true
+        delete their key); ``schema``: the records' Arrow schema (default:
+        the first batch's)."""
+        if mode not in LAKE_MODES:
+            raise ConfigurationError(
+                f"DeltaSink: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
+        keys = [key] if isinstance(key, str) else list(key or [])
+        if mode == "merge" and not keys:
+            raise ConfigurationError(
+                "DeltaSink: mode=\"merge\" needs key=[column, ...]: the columns that "
+                "identify a row")
+        if delete_column and mode != "merge":
+            raise ConfigurationError("DeltaSink: delete_column needs mode=\"merge\"")
+        if fs.local_path(path) is None:
+            raise ConfigurationError(
+                f"DeltaSink: {fs.redact(path)} is not a local path; DeltaSink writes to "
+                "a folder on a filesystem every task can reach")
+        if schema is not None:
+            missing = [k for k in keys + ([delete_column] if delete_column else [])
+                       if k not in schema.names]
+            if missing:
+                raise ConfigurationError(
+                    f"DeltaSink: the schema lacks the column(s) {missing}; add them or fix "
+                    "key/delete_column")
+        self.path = fs.absolute(path)
+        self.mode = mode
+        self.key = keys
+        self.delete_column = delete_column
+        self.schema = schema
+
+    def validate(self) -> None:
+        """The deltalake package is there; the folder can be created and
+        written; an existing table has the key columns."""
+        from lockgate.connectors.filesink import ensure_writable_dir
+        dl = _deltalake()
+        ensure_writable_dir(self.path, ".lockgate-probe-driver")
+        if self.key and dl.DeltaTable.is_deltatable(self.path):
+            names = pa.schema(dl.DeltaTable(self.path).schema().to_arrow()).names
+            missing = [k for k in self.key if k not in names]
+            if missing:
+                raise ConfigurationError(
+                    f"DeltaSink: the table {self.path} has no column(s) {missing} "
+                    f"(it has {names}); fix key=...")
+
+    def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
+        target = DeltaTarget(self.path, self.mode, self.key, self.delete_column, info.uid,
+                             info.attempt)
+        return LakeSinkWriter(info, self.path, target, self.schema)
+
+    def __repr__(self) -> str:
+        return f"DeltaSink({self.path!r}, mode={self.mode!r}, key={self.key!r})"

@@ -1,0 +1,365 @@
+"""Lakehouse sinks (Delta Lake, Iceberg): staged Parquet files, one table
+commit per checkpoint, made by one committer per sink.
+
+The protocol (Flink's ``IcebergFilesCommitter``, and Spark's idempotent
+``foreachBatch`` writes to Delta)::
+
+    task k, between checkpoints   Arrow batches buffered; at the snapshot of
+                                  checkpoint c one Parquet file is written,
+                                  fsynced and renamed to its staged name
+                                  _lockgate/{uid}/{job}/c{c}-t{k}-a{attempt}.parquet
+                                  (durable before the task acknowledges c)
+    task 0, checkpoint n done     lists the staged files of its attempt with
+                                  committed < c <= n and makes ONE table commit
+                                  of them, carrying (job, sink uid, n) in the
+                                  commit itself: the table is the record of
+                                  what is committed
+    any task, restore             task 0 asks the table, per job that wrote a
+                                  restored handle, for the newest checkpoint
+                                  committed and commits the restored handles
+                                  that are newer, in one commit; every task
+                                  deletes the staged files of its index that no
+                                  restored handle names (checkpoints that never
+                                  completed)
+
+Every task keeps its handles as (union) operator state until the table shows
+them committed, so a restored checkpoint always names every staged file that
+is not in the table yet. Which files a task has staged is told to task 0 by
+the staging folder itself (names are the protocol); the checkpoint's
+completion guarantees that every file of a checkpoint ``<= n`` is staged.
+
+Names and the recovery plan are pure functions here; the table formats
+implement :class:`LakeTable`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lockgate import fs
+from lockgate.connectors.base import TaskInfo
+from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
+from lockgate.errors import ConfigurationError, OutputLostError
+
+__all__ = ["LakeTable", "StagedFile", "LakeSinkWriter", "app_id", "staged_name",
+           "parse_staged_name", "plan_recovery", "LAKE_MODES"]
+
+LAKE_MODES = ("append", "merge")
+STAGING = "_lockgate"
+_SAFE = re.compile(r"[^A-Za-z0-9_.=-]")
+_STAGED = re.compile(r"^c(\d+)-t(\d+)-a(\d+)\.parquet$")
+_INPROGRESS = re.compile(r"^\.t(\d+)-a(\d+)-s(\d+)\.parquet\.inprogress$")
+
+
+def safe(name: str) -> str:
+    """``name`` with every character unsafe in a file name replaced by ``_``."""
+    return _SAFE.sub("_", name)
+
+
+def app_id(job_id: str, uid: str) -> str:
+    """The application id that the table commit carries: job and sink uid."""
+    return f"lockgate/{job_id}/{uid}"
+
+
+def staged_name(checkpoint_id: int, task: int, attempt: int) -> str:
+    """The staged file of task ``task``'s transaction of checkpoint ``checkpoint_id``."""
+    return f"c{checkpoint_id}-t{task}-a{attempt}.parquet"
+
+
+def parse_staged_name(name: str) -> tuple[int, int, int] | None:
+    """(checkpoint id, task, attempt) of a staged name, else None."""
+    m = _STAGED.match(name)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One staged Parquet file: where it is and what it holds."""
+
+    job: str
+    uid: str
+    checkpoint_id: int
+    task: int
+    attempt: int
+    path: str
+    rows: int
+
+    @property
+    def final_name(self) -> str:
+        """Its name in the table's data folder, once committed (append)."""
+        return (f"part-lockgate-{safe(self.uid)}-{safe(self.job)}-c{self.checkpoint_id}"
+                f"-t{self.task}-a{self.attempt}.parquet")
+
+
+@dataclass
+class RecoveryPlan:
+    """What a restored sink does: per app id the newest checkpoint and its files."""
+
+    to_commit: list[dict[str, Any]] = field(default_factory=list)
+    """Restored handles newer than the table's record for their job, by checkpoint."""
+    versions: dict[str, int] = field(default_factory=dict)
+    """Per app id, the checkpoint id the recovery commit records."""
+    committed: list[dict[str, Any]] = field(default_factory=list)
+    """Restored handles the table already holds (their staged files, if any
+    are left, are deleted)."""
+
+
+def plan_recovery(handles: list[dict[str, Any]],
+                  table_versions: dict[str, int | None]) -> RecoveryPlan:
+    """Split restored ``handles`` by whether the table holds them already
+    (``table_versions``: per app id, the newest checkpoint committed or None)."""
+    plan = RecoveryPlan()
+    for h in sorted(handles, key=lambda h: (int(h["checkpoint_id"]), int(h["task_index"]))):
+        app, cid = str(h["app"]), int(h["checkpoint_id"])
+        done = table_versions.get(app)
+        if done is not None and cid <= done:
+            plan.committed.append(h)
+        else:
+            plan.to_commit.append(h)
+            plan.versions[app] = max(plan.versions.get(app, cid), cid)
+    return plan
+
+
+class LakeTable(ABC):
+    """One lakehouse table as the committer sees it."""
+
+    @abstractmethod
+    def committed_version(self, app: str) -> int | None:
+        """The newest checkpoint id committed under ``app``, None if none (or no table)."""
+
+    @abstractmethod
+    def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:
+        """Commit ``files`` (ordered by checkpoint, then task) in ONE table
+        commit that records ``versions`` (app id -> checkpoint id)."""
+
+
+KILL_ENV = "LOCKGATE_TEST_LAKE_KILL"
+"""Fault injection for tests: ``POINT@ATTEMPT`` (``moved``: a commit's files
+are in place, the table commit not made; ``committed``: the table commit is
+made, the task has not noted it) SIGKILLs the committer there in that attempt."""
+
+
+def fault_point(point: str, attempt: int) -> None:
+    """SIGKILL this process if :data:`KILL_ENV` names ``point`` in ``attempt``."""
+    if os.environ.get(KILL_ENV) == f"{point}@{attempt}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_parquet(path: str, batches: list[Any]) -> int:
+    """Write ``batches`` (record batches with one schema) to ``path`` durably;
+    the number of rows."""
+    table = pa.Table.from_batches(batches)
+    f = fs.open_write(path)
+    try:
+        pq.write_table(table, f)
+    except BaseException:
+        f.close()
+        raise
+    fs.finish_write(f)
+    return int(table.num_rows)
+
+
+@dataclass
+class LakeTxn:
+    """One task's open transaction: the batches since the last snapshot."""
+
+    batches: list[Any] = field(default_factory=list)
+    rows: int = 0
+
+
+class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
+    """The task side of a lakehouse sink; task 0 is the committer."""
+
+    accepts_arrow = True
+    """``pyarrow.RecordBatch`` es are staged as they are, with no row conversion."""
+
+    def __init__(self, info: TaskInfo, location: str, table: LakeTable,
+                 schema: pa.Schema | None) -> None:
+        super().__init__(info)
+        self.location = location
+        self.table = table
+        self.schema = schema
+        self.app = app_id(info.job_id, info.uid)
+        self.staging = fs.join(location, STAGING, safe(info.uid))
+        self.job_dir = fs.join(self.staging, safe(info.job_id))
+        self._checkpoint = 0
+        self._seq = 0
+        self._committed = -1
+        """Task 0: the newest checkpoint id this attempt committed."""
+
+    @property
+    def committer(self) -> bool:
+        """Whether this task commits (task 0 of the sink)."""
+        return self.info.task_index == 0
+
+    # -- staging
+
+    def begin_transaction(self) -> LakeTxn:
+        return LakeTxn()
+
+    def write(self, txn: LakeTxn, batch: list[Any]) -> None:
+        """Keep ``batch``: a record batch as it is, rows as one record batch."""
+        if isinstance(cast(Any, batch), list):
+            rb = (pa.RecordBatch.from_pylist(batch, schema=self.schema) if self.schema
+                  else pa.RecordBatch.from_pylist(batch))
+        else:
+            rb = cast(Any, batch)
+            if self.schema is not None and not rb.schema.equals(self.schema):
+                rb = pa.RecordBatch.from_arrays(
+                    [rb.column(n).cast(self.schema.field(n).type) for n in self.schema.names],
+                    schema=self.schema)
+        if self.schema is None:
+            self.schema = rb.schema  # the schema of the first batch
+        elif not rb.schema.equals(self.schema):
+            raise ConfigurationError(
+                f"sink {self.info.uid!r}: a batch with the schema {rb.schema} follows batches "
+                f"with {self.schema}; give the sink a schema (schema=...) so that every batch "
+                "is cast to it, or make every record carry the same fields and types")
+        txn.batches.append(rb)
+        txn.rows += rb.num_rows
+
+    def snapshot_state(self, checkpoint_id: int) -> list[Any]:
+        """Stage this checkpoint's file (see the base), then forget the handles
+        the table already holds."""
+        self._checkpoint = checkpoint_id
+        if self._pending and not self.committer:
+            self._forget_committed()
+        return super().snapshot_state(checkpoint_id)
+
+    def pre_commit(self, txn: LakeTxn) -> dict[str, Any]:
+        """Write the staged file (in-progress name, then its staged name)."""
+        info = self.info
+        fs.makedirs(self.job_dir)
+        hidden = fs.join(self.job_dir, f".t{info.task_index}-a{info.attempt}-s{self._seq}"
+                                       ".parquet.inprogress")
+        self._seq += 1
+        rows = write_parquet(hidden, txn.batches)
+        name = staged_name(self._checkpoint, info.task_index, info.attempt)
+        fs.move(hidden, fs.join(self.job_dir, name))
+        fs.sync_dir(self.job_dir)
+        return {"app": self.app, "job": info.job_id, "file": name, "rows": rows,
+                "attempt": info.attempt}
+
+    def abort(self, handle_or_txn: Any) -> None:
+        """An open transaction is only memory; a staged file is deleted."""
+        if isinstance(handle_or_txn, dict):
+            fs.remove(self._staged_path(handle_or_txn))
+
+    def commit(self, handle: dict[str, Any]) -> None:  # pragma: no cover - not called
+        raise AssertionError("lakehouse sinks commit in notify_checkpoint_complete")
+
+    # -- committing
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Task 0: commit every staged file of this attempt with a checkpoint
+        in (last committed, ``checkpoint_id``], in one table commit."""
+        if not self.committer:
+            return
+        info = self.info
+        files = []
+        for name in fs.listdir(self.job_dir) if fs.exists(self.job_dir) else []:
+            parsed = parse_staged_name(name)
+            if parsed is None:
+                continue
+            cid, task, attempt = parsed
+            if attempt == info.attempt and self._committed < cid <= checkpoint_id:
+                files.append(self._staged(info.job_id, cid, task, attempt, name))
+        if files:
+            files.sort(key=lambda f: (f.checkpoint_id, f.task))
+            self.table.commit(files, {self.app: checkpoint_id})
+            fault_point("committed", info.attempt)
+        self._committed = max(self._committed, checkpoint_id)
+        for cid in [c for c in self._pending if c <= checkpoint_id]:
+            del self._pending[cid]
+
+    def _forget_committed(self) -> None:
+        """Drop the pending handles the table holds (committed by task 0)."""
+        done = self.table.committed_version(self.app)
+        if done is not None:
+            for cid in [c for c in self._pending if c <= done]:
+                del self._pending[cid]
+
+    def _staged(self, job: str, cid: int, task: int, attempt: int, name: str,
+                rows: int = -1) -> StagedFile:
+        return StagedFile(job=job, uid=self.info.uid, checkpoint_id=cid, task=task,
+                          attempt=attempt, path=fs.join(self.staging, safe(job), name),
+                          rows=rows)
+
+    def _staged_path(self, handle: dict[str, Any]) -> str:
+        return fs.join(self.staging, safe(str(handle["job"])), str(handle["file"]))
+
+    # -- recovery
+
+    def recover(self, handles: list[dict[str, Any]]) -> None:
+        """Step 1. Task 0: commit the restored handles the table does not hold
+                (one commit), delete the staged files of those it holds.
+        Step 2. Every task: delete the staged files of its index that no
+                restored handle names, from earlier attempts or other jobs.
+        Step 3. Keep the restored handles of this task as pending until the
+                table shows them committed."""
+        for h in handles:
+            if parse_staged_name(str(h.get("file", ""))) is None or "app" not in h \
+                    or "job" not in h:
+                raise ConfigurationError(
+                    f"sink {self.info.uid!r}: restored entry {h!r} is not a lakehouse sink "
+                    "handle; restore the checkpoint with the sink that wrote it")
+        # Step 1. Commit what the table lacks.
+        if self.committer and handles:
+            apps = sorted({str(h["app"]) for h in handles})
+            plan = plan_recovery(handles, {a: self.table.committed_version(a) for a in apps})
+            if plan.to_commit:
+                files = []
+                for h in plan.to_commit:
+                    cid, task, attempt = cast(tuple[int, int, int],
+                                              parse_staged_name(str(h["file"])))
+                    files.append(self._staged(str(h["job"]), cid, task, attempt,
+                                              str(h["file"]), int(h.get("rows", -1))))
+                self.table.commit(files, plan.versions)
+            for h in plan.committed:
+                fs.remove(self._staged_path(h))
+        # Step 2. Clean up.
+        self._clean_staging({(str(h["job"]), str(h["file"])) for h in handles})
+        # Step 3. Pending.
+        for h in handles:
+            if int(h["task_index"]) == self.info.task_index and not self.committer:
+                self._pending.setdefault(int(h["checkpoint_id"]), []).append(dict(h))
+
+    def _clean_staging(self, named: set[tuple[str, str]]) -> None:
+        info = self.info
+        if not fs.exists(self.staging):
+            return
+        for job_dir in fs.listdir(self.staging):
+            folder = fs.join(self.staging, job_dir)
+            if not fs.is_dir(folder):
+                continue
+            same_job = job_dir == safe(info.job_id)
+            for name in fs.listdir(folder):
+                m = _STAGED.match(name) or _INPROGRESS.match(name)
+                if m is None:
+                    continue
+                task, attempt = (int(m[2]), int(m[3])) if name[0] == "c" else \
+                    (int(m[1]), int(m[2]))
+                if task % info.parallelism != info.task_index:
+                    continue
+                if same_job and attempt >= info.attempt:
+                    continue
+                if any(job_dir == safe(j) and name == f for j, f in named):
+                    continue
+                fs.remove(fs.join(folder, name))
+
+
+def require_lost(path: str, uid: str) -> OutputLostError:
+    """The error for a staged file that a restored handle names and that is gone."""
+    return OutputLostError(
+        f"lakehouse sink {uid!r}: the staged file {fs.redact(path)} of a completed "
+        "checkpoint is gone (deleted outside Lockgate) and the table does not hold it; "
+        "restore the file, or restart the job without this checkpoint's state")
+

@@ -1,0 +1,146 @@
+"""Exactly-once into Delta tables under SIGKILL, on both launchers.
+
+The job (``lake_job.py``) writes numbers into a real Delta table on local
+disk, appended or merged by key. Kills strike at random moments from outside
+and at named protocol points: after the snapshot before the commit
+(``acked``, ``commit``), during the commit (``moved``: the files are in the
+table folder, the Delta commit not made) and after the commit before the
+task noted it (``committed``). The table must then hold exactly the expected
+rows, and no checkpoint may be committed twice (the application transactions
+in the Delta log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fault.checks import drive
+
+deltalake = pytest.importorskip("deltalake")
+
+HERE = Path(__file__).parent
+SOAK = os.environ.get("LOCKGATE_SOAK") == "1"
+KEYS = 7
+
+
+def run_lake(tmp: Path, *, n: int, mode: str, launcher: str, parallelism: int = 2,
+             faults: list | None = None, kills: int = 0, seed: int = 0,
+             env_kill: str | None = None, extra: list[str] | None = None) -> tuple[dict, int]:
+    cmd = [sys.executable, str(HERE / "lake_job.py"), "--n", str(n), "--parallelism",
+           str(parallelism), "--keys", str(KEYS), "--table", str(tmp / "table"),
+           "--storage", str(tmp / "chk"), "--mode", mode, "--interval", "0.2",
+           "--faults", json.dumps(faults or []), "--launcher", launcher] + (extra or [])
+    old = os.environ.get("LOCKGATE_TEST_LAKE_KILL")
+    if env_kill:
+        os.environ["LOCKGATE_TEST_LAKE_KILL"] = env_kill
+    try:
+        return drive(cmd, kills=kills, tasks=parallelism * (1 if mode == "append" else 2),
+                     seed=seed, kill_delays=(0.2, 0.8), timeout=300)
+    finally:
+        if env_kill:
+            if old is None:
+                del os.environ["LOCKGATE_TEST_LAKE_KILL"]
+            else:
+                os.environ["LOCKGATE_TEST_LAKE_KILL"] = old
+
+
+def delta_commits(table: Path) -> list[tuple[str, int]]:
+    """The (app id, version) of every application transaction in the log."""
+    txns = []
+    for log in sorted((table / "_delta_log").glob("*.json")):
+        for line in log.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                txns.append((action["txn"]["appId"], int(action["txn"]["version"])))
+    return txns
+
+
+def check_table(tmp: Path, n: int, mode: str) -> None:
+    """The table holds exactly the expected rows; no checkpoint twice."""
+    table = tmp / "table"
+    rows = deltalake.DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    if mode == "append":
+        got = sorted((r["id"], r["k"]) for r in rows)
+        assert got == [(x, x % KEYS) for x in range(1, n + 1)], (len(got), n)
+    else:
+        want = {k: (sum(range(k or KEYS, n + 1, KEYS)), len(range(k or KEYS, n + 1, KEYS)))
+                for k in range(KEYS)}
+        assert {r["k"]: (r["total"], r["n"]) for r in rows} == want
+    txns = delta_commits(table)
+    assert len(txns) == len(set(txns)), f"a checkpoint was committed twice: {txns}"
+    for app in {a for a, _ in txns}:
+        versions = [v for a, v in txns if a == app]
+        assert versions == sorted(versions), versions
+    staged = [p for p in (table / "_lockgate").rglob("*") if p.is_file()]
+    assert not staged, f"staged files left behind: {staged}"
+
+
+@pytest.mark.parametrize("mode", ["append", "merge"])
+def test_kills_at_protocol_points(tmp_path, mode, launcher):
+    """One kill per attempt at each named point of the commit protocol."""
+    n = 4000
+    sink0 = 0 if mode == "append" else 2  # the committer's global task number
+    faults = [
+        {"point": "snapshot", "task": sink0 + 1, "attempt": 0, "count": 1},
+        {"point": "acked", "task": sink0, "attempt": 1, "count": 1},
+        {"point": "commit", "task": sink0, "attempt": 2, "count": 1},
+    ]
+    # attempt 3: the committer is killed in the middle of its commit (env)
+    result, _ = run_lake(tmp_path, n=n, mode=mode, launcher=launcher, faults=faults,
+                         env_kill="moved@3", extra=["--rate", "2000"])
+    check_table(tmp_path, n, mode)
+    assert result["status"] == "finished"
+    assert result["restarts"] == 4, result["failures"]
+
+
+def test_kill_after_commit_before_notify(tmp_path, launcher):
+    n = 3000
+    result, _ = run_lake(tmp_path, n=n, mode="append", launcher=launcher,
+                         env_kill="committed@0", extra=["--rate", "4000"])
+    check_table(tmp_path, n, "append")
+    assert result["restarts"] == 1, result["failures"]
+
+
+@pytest.mark.parametrize("mode", ["append", "merge"])
+def test_random_kills(tmp_path, mode, launcher):
+    """SIGKILL random tasks at random moments, from outside."""
+    kills = 8 if SOAK else 3
+    n = 40_000 if SOAK else 12_000
+    result, done = run_lake(tmp_path, n=n, mode=mode, launcher=launcher, kills=kills, seed=5,
+                            extra=["--rate", "5000"])
+    check_table(tmp_path, n, mode)
+    assert done == kills, f"only {done} kills happened"
+    assert result["restarts"] >= kills - 1
+
+
+@pytest.mark.parametrize("mode", ["append", "merge"])
+def test_restore_from_savepoint_commits_once(tmp_path, mode, launcher):
+    """Stop with a savepoint (its pending files are committed), restore it at
+    another parallelism and run to the end: the savepoint's checkpoint is in
+    the table once and every row exactly once."""
+    import argparse
+
+    from tests.fault.lake_job import build
+    from tests.fixtures import start_and_await
+
+    n = 6000
+
+    def job(parallelism: int, rate: float | None) -> object:
+        return build(argparse.Namespace(
+            n=n, parallelism=parallelism, keys=KEYS, table=str(tmp_path / "table"),
+            storage=str(tmp_path / "chk"), mode=mode, interval=0.2, rate=rate))
+
+    client = start_and_await(job(2, 3000), launcher=launcher)
+    stopped = client.stop(dir=str(tmp_path / "savepoints"))
+    assert stopped.status == "stopped" and stopped.savepoint is not None
+    first = delta_commits(tmp_path / "table")
+    assert first, "the savepoint committed nothing"
+    final = job(3, None).run(launcher=launcher, from_savepoint=stopped.savepoint)
+    assert final.status == "finished"
+    check_table(tmp_path, n, mode)
+    assert delta_commits(tmp_path / "table")[:len(first)] == first
