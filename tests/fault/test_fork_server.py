@@ -101,10 +101,10 @@ def test_tasks_end_when_the_fork_server_is_killed_during_restore(tmp_path):
     check_exact_sums(tmp_path / "out", N, 2)
 
 
-def test_tasks_end_when_their_driver_is_killed_during_restore(tmp_path):
+def test_tasks_end_when_their_driver_is_killed_during_restore(tmp_path, launcher):
     """The driver is SIGKILLed while every task hangs restoring its state:
-    the fork server and its tasks end within seconds."""
-    driver = subprocess.Popen(_cmd(tmp_path, n=N, faults=HANG_IN_RESTORE),
+    the tasks (and the local launcher's fork server) end within seconds."""
+    driver = subprocess.Popen(_cmd(tmp_path, n=N, faults=HANG_IN_RESTORE, launcher=launcher),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         tasks = _tasks_blocked_in_restore(driver, 4) | fork_servers(driver.pid)
