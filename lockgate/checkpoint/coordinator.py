@@ -166,6 +166,8 @@ class CheckpointCoordinator:
         """The final checkpoint of this attempt completed: its tasks may end."""
         self.savepoint_results: dict[int, str | BaseException] = {}
         """Per savepoint id: its folder once completed, or why it failed."""
+        self.rescale_results: dict[int, str | BaseException] = {}
+        """Per id of a rescale's checkpoint: its folder once completed, or why it failed."""
         self._final_savepoint_dir: str | None = None
         self.completed_count = 0
         self.failed_count = 0
@@ -225,7 +227,9 @@ class CheckpointCoordinator:
         savepoint commits nothing; the next checkpoint commits its sinks' work).
         ``stops``: a stop's savepoint (barrier kind ``stop``): every task holds
         still after its snapshot; on completion the tasks are told, their
-        sinks commit, and they end (:meth:`_complete`)."""
+        sinks commit, and they end (:meth:`_complete`). Without
+        ``savepoint_dir`` it is a rescale's checkpoint: the same, kept in the
+        job's checkpoint folder as its latest completed checkpoint."""
         if self.pending is not None or self.plan is None:
             return None
         if final and self._final_savepoint_dir is not None:
@@ -236,7 +240,7 @@ class CheckpointCoordinator:
         self.last_trigger = now
         self.pending = PendingCheckpoint(n, time.time(), now, frozenset(self.plan.all_tasks),
                                          is_final=final, savepoint_dir=savepoint_dir,
-                                         stops=stops and savepoint_dir is not None)
+                                         stops=stops)
         kind = CheckpointKind.SAVEPOINT if savepoint_dir is not None else CheckpointKind.CHECKPOINT
         self.history.append(CheckpointRecord(n, kind, CheckpointStatus.IN_PROGRESS, time.time(),
                                              final=final))
@@ -251,6 +255,11 @@ class CheckpointCoordinator:
         for task in self.plan.source_tasks:
             self.send(self.plan.attempt, task, TriggerCheckpoint(n, barrier_kind))
         return n
+
+    def rescaled(self, operator_parallelism: dict[str, int]) -> None:
+        """The job's next attempts run at another parallelism (a rescale):
+        their checkpoints record it."""
+        self.operator_parallelism = dict(operator_parallelism)
 
     def final_checkpoint_is_savepoint(self, savepoint_dir: str | None) -> None:
         """Stop with a drain: the final checkpoint is a savepoint in
@@ -326,6 +335,8 @@ class CheckpointCoordinator:
                 self._abort(CheckpointAbortReason.WRITE_FAILED,
                             detail=f"its _metadata could not be written: {explain(e, chk)}")
                 return
+            if p.stops:  # a rescale's checkpoint: its request waits for it
+                self.rescale_results[p.checkpoint_id] = chk
         self.pending = None
         now = self.clock()
         self.last_completion = now
@@ -416,6 +427,9 @@ class CheckpointCoordinator:
         if p.savepoint_dir is not None:
             self.savepoint_results[p.checkpoint_id] = LockgateError(
                 f"savepoint {p.checkpoint_id} failed: {record.failure}")
+        elif p.stops:
+            self.rescale_results[p.checkpoint_id] = LockgateError(
+                f"checkpoint {p.checkpoint_id} failed: {record.failure}")
         if notify and self.plan is not None:
             for task in self.plan.all_tasks:
                 self.send(self.plan.attempt, task, NotifyAborted(p.checkpoint_id))

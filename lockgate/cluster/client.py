@@ -46,6 +46,19 @@ class JobClient:
         self.master.submit("stop", dir=dir, drain=drain).result(timeout)
         return self.result(timeout)
 
+    def rescale(self, parallelism: int | None = None, *,
+                vertices: dict[str, int] | None = None,
+                timeout: float | None = 600) -> dict[str, Any]:
+        """Run the job at ``parallelism`` (every operator), or its operators
+        named by uid in ``vertices`` at theirs, without ending it: a
+        synchronous checkpoint, its sinks commit, and the job goes on at the
+        new parallelism from it (docs/elasticity.md). Returns when the tasks
+        at the new parallelism run: ``parallelism``, ``vertices``,
+        ``attempt``, ``checkpoint_id``, ``seconds``. A bad parallelism, or
+        too few Spark slots, raises at once and the job goes on as it is."""
+        return self.master.submit("rescale", parallelism=parallelism,
+                                  vertices=vertices).result(timeout)
+
     def cancel(self, timeout: float | None = 600) -> JobResult:
         """End the job now, without a savepoint."""
         self.master.submit("cancel").result(timeout)

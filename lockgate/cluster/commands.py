@@ -1,4 +1,4 @@
-"""Savepoint, stop and cancel: requests from outside the job master's event
+"""Savepoint, stop, rescale and cancel: requests from outside the job master's event
 loop (the REST API, a ``JobClient``), served by the loop between its ticks so
 that the coordinator stays single-threaded."""
 
@@ -22,12 +22,15 @@ from lockgate.errors import ConfigurationError, LockgateError
 class CommandKind(StrEnum):
     SAVEPOINT = "savepoint"
     STOP = "stop"
+    RESCALE = "rescale"
     CANCEL = "cancel"
 
 
 @dataclass
 class Command:
-    """A request: ``savepoint`` (``dir``), ``stop`` (``dir``, ``drain``) or ``cancel``."""
+    """A request: ``savepoint`` (``dir``), ``stop`` (``dir``, ``drain``),
+    ``rescale`` (``graph``: the job graph at the new parallelism, checked) or
+    ``cancel``."""
 
     kind: CommandKind
     args: dict[str, Any] = field(default_factory=dict)
@@ -57,6 +60,13 @@ class Commands:
         self.stopped: tuple[Future[dict[str, Any]], dict[str, Any]] | None = None
         """A stop's savepoint completed: its request, answered when the tasks
         have committed and ended (:meth:`attempt_ended`)."""
+        self.rescale: Command | None = None
+        """The rescale in progress: its checkpoint is pending or completed
+        (then the attempt's tasks commit and end; the next attempt runs at
+        the new parallelism)."""
+        self._rescale_id: int | None = None
+        self.rescale_checkpoint: int | None = None
+        """The id of the rescale's checkpoint, once completed."""
 
     def submit(self, kind: CommandKind, args: dict[str, Any], accepting: bool,
                status: str) -> Future[dict[str, Any]]:
@@ -100,6 +110,18 @@ class Commands:
                 self.stopped = (future, {"checkpoint_id": n, "path": res})
             else:
                 future.set_result({"checkpoint_id": n, "path": res})
+        if self._rescale_id is not None:
+            res = self.coordinator.rescale_results.get(self._rescale_id)
+            if isinstance(res, BaseException) and self.rescale is not None:
+                # the tasks go on at the old parallelism
+                self.rescale.future.set_exception(LockgateError(
+                    f"the rescale did not happen: {res}; the job goes on at its parallelism: "
+                    "ask again"))
+                self.rescale = None
+                self._rescale_id = None
+            elif res is not None:
+                self.rescale_checkpoint = self._rescale_id
+                self._rescale_id = None
         # Step 2.
         for cmd in self.pending():
             if cmd.kind == CommandKind.CANCEL:
@@ -107,6 +129,13 @@ class Commands:
                 raise JobEnds(JobStatus.CANCELLED)
             if self._stop_id is not None or self.drain is not None:
                 cmd.future.set_exception(LockgateError(f"job {self.job_id} is stopping"))
+                continue
+            if self.rescale is not None:
+                cmd.future.set_exception(LockgateError(
+                    f"job {self.job_id} is rescaling: ask again when the rescale is done"))
+                continue
+            if cmd.kind == CommandKind.RESCALE:
+                self._start_rescale(cmd)
                 continue
             target = cmd.args.get("dir") or self.savepoint_dir
             if not target:
@@ -133,6 +162,25 @@ class Commands:
             if cmd.kind == CommandKind.STOP:
                 self._stop_id = started
 
+    def _start_rescale(self, cmd: Command) -> None:
+        """A synchronous checkpoint in the job's folder (barrier kind ``stop``):
+        on completion the sinks commit and the tasks end (:meth:`rescaled`)."""
+        started = self.coordinator.trigger(stops=True)
+        if started is None:  # a checkpoint is in progress: after it
+            self._deferred.append(cmd)
+            return
+        self.rescale = cmd
+        self._rescale_id = started
+        self.rescale_checkpoint = None
+
+    def rescaled(self) -> Command | None:
+        """The attempt's tasks all ended: the rescale that ended them, if any
+        (the next attempt runs at its parallelism)."""
+        if self.rescale is None or self.rescale_checkpoint is None:
+            return None
+        cmd, self.rescale = self.rescale, None
+        return cmd
+
     def serve_cancel(self) -> None:
         """While an attempt starts (its tasks not all registered): a cancel
         ends the job now (Ctrl-C during a slow start); every other request
@@ -154,10 +202,12 @@ class Commands:
         self.end_futures.append((future, value))
         return True
 
-    def attempt_failed(self) -> None:
+    def attempt_failed(self) -> Command | None:
         """A failed attempt aborts savepoints in progress, a drain, and a stop
         whose tasks had not all ended (its savepoint exists: the job restarts
-        from it)."""
+        from it). A rescale in progress is returned: the next attempt runs at
+        its parallelism, from the latest completed checkpoint (any checkpoint
+        restores at any parallelism)."""
         if self.stopped is not None:
             future, value = self.stopped
             self.stopped = None
@@ -170,11 +220,14 @@ class Commands:
                 f"savepoint {n} failed: the attempt failed; the job restarts, ask again"))
         self._savepoint_waiters.clear()
         self._stop_id = None
+        self._rescale_id = None
         if self.drain is not None:
             self.drain.future.set_exception(LockgateError(
                 "the job failed while it was draining; it restarts: ask to stop again"))
             self.drain = None
             self.coordinator.final_checkpoint_is_savepoint(None)
+        cmd, self.rescale = self.rescale, None
+        return cmd
 
     def job_ended(self, status: str, error: BaseException | None) -> None:
         """Answer everything still open: the end futures with their values, and
@@ -190,3 +243,6 @@ class Commands:
             if not future.done():
                 future.set_exception(LockgateError(
                     f"job {self.job_id} ended ({status}) before the savepoint completed"))
+        if self.rescale is not None and not self.rescale.future.done():
+            self.rescale.future.set_exception(LockgateError(
+                f"job {self.job_id} ended ({status}) before the rescale completed"))

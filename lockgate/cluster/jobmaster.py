@@ -33,7 +33,7 @@ from lockgate.checkpoint.coordinator import (
 )
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.cluster import resume
-from lockgate.cluster.commands import CommandKind, Commands
+from lockgate.cluster.commands import Command, CommandKind, Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
     AttemptFailed,
@@ -46,13 +46,16 @@ from lockgate.cluster.metrics import JobMetrics, history_entry, overview
 from lockgate.cluster.naming import dashboard_of
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
+from lockgate.cluster.rescale import rescale_plan
 from lockgate.cluster.restarts import RestartHandler
 from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.specs import task_specs
 from lockgate.cluster.startup import StartupLog
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
+from lockgate.errors import LockgateError
 from lockgate.graph.jobgraph import JobGraph
+from lockgate.graph.rescale import describe
 from lockgate.graph.types import OperatorKind
 from lockgate.protocol import (
     Ack,
@@ -96,13 +99,7 @@ class JobMaster(RestartHandler):
         self.secret = os.urandom(32)
         self.events: queue.Queue[TaskEvent] = queue.Queue()
         self.restart: RestartStrategy = pipeline.restart or DEFAULT_RESTART
-        self.offsets = graph.task_offsets()
-        self.task_operators = {
-            self.offsets[v.id] + i: (v.id, i, [op.uid for op in v.operators])
-            for v in graph.vertices for i in range(v.parallelism)
-        }
-        self.source_tasks = [self.offsets[v.id] + i for v in graph.vertices if v.is_source
-                             for i in range(v.parallelism)]
+        self._use_graph(graph)
         modes = {op.uid: OperatorStateMode(
             OperatorStateMode.UNION if op.kind == OperatorKind.SINK
             else getattr(op.fn, "operator_state_mode", OperatorStateMode.SPLIT))
@@ -143,16 +140,40 @@ class JobMaster(RestartHandler):
         """The figures of the dashboard and of ``/metrics`` (:meth:`metrics`)."""
         self.dashboard: tuple[str, str] | None = None
         """The dashboard's URL and the token it needs, while the job is served."""
+        self._rescaling: Command | None = None
+        """A rescale whose attempt is starting: answered when its tasks all run."""
+
+    def _use_graph(self, graph: JobGraph) -> None:
+        """Run the next attempts with ``graph`` (the first, or a rescale's)."""
+        self.graph = graph
+        self.offsets = graph.task_offsets()
+        self.task_operators = {
+            self.offsets[v.id] + i: (v.id, i, [op.uid for op in v.operators])
+            for v in graph.vertices for i in range(v.parallelism)
+        }
+        self.source_tasks = [self.offsets[v.id] + i for v in graph.vertices if v.is_source
+                             for i in range(v.parallelism)]
 
     # --------------------------------------------------- control (any thread)
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
         """Ask the running job for a ``savepoint`` (``dir``), a ``stop`` (``dir``,
-        ``drain``) or a ``cancel``; the future resolves when it is done (a
-        stop or a cancel: when the job has ended)."""
+        ``drain``), a ``rescale`` (``parallelism``, ``vertices``: uid -> N) or
+        a ``cancel``; the future resolves when it is done (a stop or a cancel:
+        when the job has ended; a rescale: when the tasks at the new
+        parallelism run). A rescale is checked here, before anything happens."""
         try:
             command = CommandKind(kind)
         except ValueError:
             raise ValueError(f"unknown command {kind!r}") from None
+        if command == CommandKind.RESCALE:
+            try:
+                args = {"graph": rescale_plan(self, args.get("parallelism"),
+                                              args.get("vertices")),
+                        "requested": time.time()}
+            except LockgateError as e:
+                refused: Future[dict[str, Any]] = Future()
+                refused.set_exception(e)
+                return refused
         return self.commands.submit(
             command, args, self.state in (JobStatus.CREATED, JobStatus.RUNNING), self.state)
 
@@ -162,7 +183,8 @@ class JobMaster(RestartHandler):
             "attempt": self.attempt, "restarts": len(self.failures),
             "records_read": self._total("read"), "records_written": self._total("written"),
             "started_at": self._started_wall, "launcher": self.options.launcher,
-            "parallelism": self.pipeline.parallelism, "guarantee": self.guarantee,
+            "parallelism": max(v.parallelism for v in self.graph.vertices),
+            "vertex_parallelism": describe(self.graph), "guarantee": self.guarantee,
         }
 
     def checkpoint_history(self) -> list[dict[str, Any]]:
@@ -211,6 +233,9 @@ class JobMaster(RestartHandler):
             self._leave_job_dir()
             self.server.close()
             self.commands.job_ended(status, error)
+            if self._rescaling is not None and not self._rescaling.future.done():
+                self._rescaling.future.set_exception(LockgateError(
+                    f"job {self.job_id} ended ({status}) before the rescaled tasks ran"))
             if served is not None:
                 served.detach()
         latest = self.coordinator.latest
@@ -240,6 +265,11 @@ class JobMaster(RestartHandler):
         while True:
             try:
                 self._run_attempt()
+                rescale = self.commands.rescaled()
+                if rescale is not None:
+                    self._end_attempt()
+                    self._rescale_to(rescale)
+                    continue
                 return JobStatus.STOPPED if self.commands.attempt_ended() else JobStatus.FINISHED
             except JobEnds as e:
                 return JobStatus(e.status)
@@ -251,8 +281,10 @@ class JobMaster(RestartHandler):
                 self._failed_at = time.monotonic()
                 self._end_attempt()
                 self.startup.mark("stopped")
-                self.commands.attempt_failed()
+                rescale = self.commands.attempt_failed()
                 self._restart_after(e)
+                if rescale is not None:
+                    self._rescale_to(rescale, next_attempt=False)
 
     # ------------------------------------------------------------ attempts
     def _run_attempt(self) -> None:
@@ -340,6 +372,8 @@ class JobMaster(RestartHandler):
                 self._registered[task] = (host, port)
             case Running(steps):
                 self._running.add(task)
+                if len(self._running) == self.graph.num_tasks:
+                    self._rescale_running()
                 self.startup.task_running(task, steps, len(self._running) == self.graph.num_tasks,
                                           getattr(self.launcher, "steps", None))
                 if len(self._running) == self.graph.num_tasks and self._failed_at is not None:
@@ -369,6 +403,38 @@ class JobMaster(RestartHandler):
                 failure = reported_failure(task, msg, self._task_name(task))
                 self._log_report(failure)
                 raise failure
+
+    def _rescale_to(self, cmd: Command, next_attempt: bool = True) -> None:
+        """The rescale's checkpoint completed and its tasks committed and
+        ended (or the attempt failed during the rescale): the next attempt
+        runs at the new parallelism, from the latest completed checkpoint."""
+        graph: JobGraph = cmd.args["graph"]
+        before = describe(self.graph)
+        latest = self.coordinator.latest
+        if next_attempt and latest is not None:
+            latest.sinks_committed = True  # every task committed, then ended
+        self._use_graph(graph)
+        self.coordinator.rescaled(graph.operator_parallelism())
+        self.monitor.use_graph(graph)
+        if next_attempt:
+            self.attempt += 1
+        self._rescaling = cmd
+        log.info("job %s rescales from %s to %s (attempt %d, from %s)", self.job_id, before,
+                 describe(graph), self.attempt,
+                 fs.redact(latest.path) if latest else "the beginning")
+
+    def _rescale_running(self) -> None:
+        """Every task of the attempt runs: a rescale that started it is done."""
+        cmd, self._rescaling = self._rescaling, None
+        if cmd is None or cmd.future.done():
+            return
+        latest = self.coordinator.latest
+        cmd.future.set_result({
+            "parallelism": max(v.parallelism for v in self.graph.vertices),
+            "vertices": describe(self.graph), "attempt": self.attempt,
+            "checkpoint_id": self.commands.rescale_checkpoint,
+            "restored": latest.checkpoint_id if latest else None,
+            "seconds": time.time() - cmd.args["requested"]})
 
     def _start_tasks(self) -> None:
         self.startup.mark("registered")

@@ -81,6 +81,13 @@ class JobMetrics:
         self.restart_count = 0
 
     # ----------------------------------------------------- job master's loop
+    def use_graph(self, graph: JobGraph) -> None:
+        """The job was rescaled: its next attempts run ``graph``."""
+        with self._lock:
+            self.graph = graph
+            self.vertices = describe_graph(graph)
+            self._tasks = {}
+
     def start_attempt(self) -> None:
         """A new attempt: its tasks count from zero (as Flink's)."""
         with self._lock:

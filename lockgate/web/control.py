@@ -55,6 +55,7 @@ class JobControl(Protocol):
         ...
 
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
-        """Hand ``kind`` (``savepoint``, ``stop``, ``cancel``) to the job; a job
-        that cannot do it now answers with a future already failed."""
+        """Hand ``kind`` (``savepoint``, ``stop``, ``rescale``, ``cancel``) to
+        the job; a job that cannot do it now (or a rescale it refuses) answers
+        with a future already failed."""
         ...

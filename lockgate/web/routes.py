@@ -9,6 +9,9 @@
     POST  /jobs/<id>/stop                    {"targetDirectory": D|null, "drain": bool}
                                              -> {"request-id"} (polled like a savepoint)
     PATCH /jobs/<id>?mode=cancel             202; the job ends
+    PATCH /jobs/<id>                         {"parallelism": N|null, "vertices": {uid: N}}
+                                             (or ?parallelism=N) -> {"request-id"}: a rescale,
+                                             polled at /jobs/<id>/rescales/<request-id>
     GET   /jobs/<id>/metrics                 the dashboard's figures: job, vertices and
                                              tasks, checkpoints, restarts, savepoints
     GET   /jobs/<id>/vertices                {"vertices": [...]} (graph, tasks' figures)
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from lockgate.errors import ConfigurationError
 from lockgate.web import prometheus
 from lockgate.web.control import JobControl
 
@@ -132,10 +136,13 @@ def route(table: JobTable, method: str, target: str,
     master = job.master
     tail = seg[2:]
     if not tail:
+        if method == "PATCH" and "mode" not in query:
+            return _rescale(table, job, query, body())
         if method == "PATCH":
             mode = query.get("mode", [""])[0]
             if mode != "cancel":
-                raise RouteError(400, f"PATCH /jobs/<id> needs ?mode=cancel, got mode={mode!r}")
+                raise RouteError(400, f"PATCH /jobs/<id> needs ?mode=cancel (or a rescale: "
+                                 f"?parallelism=N), got mode={mode!r}")
             _raise_if_refused(master.submit("cancel"))
             return 202, {"status": "cancelling"}
         _allow(method, "GET", "PATCH")
@@ -172,15 +179,38 @@ def route(table: JobTable, method: str, target: str,
         with table.lock:
             job.triggers[request_id] = Trigger(tail[0], future)
         return 202, {"request-id": request_id}
-    if len(tail) == 2 and tail[0] == "savepoints":
+    if len(tail) == 2 and tail[0] in ("savepoints", "rescales"):
         _allow(method, "GET")
         with table.lock:
             trigger = job.triggers.get(tail[1])
-        if trigger is None:
-            raise RouteError(404, f"no savepoint or stop request {tail[1]!r} for job "
-                             f"{master.job_id}")
+        if trigger is None or (trigger.kind == "rescale") != (tail[0] == "rescales"):
+            what = "rescale" if tail[0] == "rescales" else "savepoint or stop"
+            raise RouteError(404, f"no {what} request {tail[1]!r} for job {master.job_id}")
         return 200, _trigger_state(job, trigger)
     raise RouteError(404, f"no such path {target!r}")
+
+
+def _rescale(table: JobTable, job: ServedJob, query: dict[str, list[str]],
+             fields: dict[str, Any]) -> tuple[int, Any]:
+    """``PATCH /jobs/<id>``: rescale the job (checked at once: a bad
+    parallelism or too few slots is a 400, a job not running a 409)."""
+    _check_keys(fields, {"parallelism", "vertices"})
+    _check_keys(query, {"parallelism"})
+    parallelism = fields.get("parallelism")
+    if "parallelism" in query:
+        text = query["parallelism"][0]
+        if not text.isdigit():
+            raise RouteError(400, f"?parallelism must be a positive integer, got {text!r}")
+        parallelism = int(text)
+    vertices = fields.get("vertices")
+    future = job.master.submit("rescale", parallelism=parallelism, vertices=vertices)
+    if future.done() and future.exception() is not None:
+        error = future.exception()
+        raise RouteError(400 if isinstance(error, ConfigurationError) else 409, str(error))
+    request_id = uuid.uuid4().hex
+    with table.lock:
+        job.triggers[request_id] = Trigger("rescale", future)
+    return 202, {"request-id": request_id}
 
 
 def _allow(method: str, *allowed: str) -> None:
@@ -224,6 +254,8 @@ def _trigger_state(job: ServedJob, trigger: Trigger) -> dict[str, Any]:
     else:
         trigger.delivered.set()
         result = future.result()
+        if trigger.kind == "rescale":
+            return {"status": {"id": "COMPLETED"}, "operation": result}
         operation = {"location": result.get("path")}
         if result.get("checkpoint_id") is not None:
             operation["checkpoint-id"] = result["checkpoint_id"]

@@ -14,7 +14,11 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.fault.rescale_plan
 
 from lockgate import CheckpointConfig, DataStream, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
@@ -71,6 +75,9 @@ def main() -> None:
     ap.add_argument("--from-checkpoint")
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
     ap.add_argument("--start-timeout", type=float, default=120.0)
+    ap.add_argument("--plan", help="steps while the job runs, comma-separated: kill, N "
+                    "(rescale to N), bad:N (a rescale to N that must be refused)")
+    ap.add_argument("--master", help="the Spark launcher's master")
     ap.add_argument("--progress", action="store_true",
                     help="print a JSON line after every completed checkpoint")
     args = ap.parse_args()
@@ -81,10 +88,34 @@ def main() -> None:
     def progress(pr) -> None:
         print(json.dumps({"progress": dataclasses.asdict(pr)}), flush=True)
 
+    if args.plan:
+        run_plan(p, args)
+        return
     result = p.run(fault_injection=json.loads(args.faults), from_checkpoint=args.from_checkpoint,
                    on_progress=progress if args.progress else None, launcher=args.launcher,
                    start_timeout=args.start_timeout)
     print(json.dumps(dataclasses.asdict(result)), flush=True)
+
+
+def run_plan(p: Pipeline, args: argparse.Namespace) -> None:
+    """Run the job while :class:`~tests.fault.rescale_plan.Plan` takes its steps;
+    the JobResult printed has the steps' answers as ``plan``."""
+    from tests.fault.rescale_plan import Plan
+
+    plan: Plan | None = None
+
+    def progress(pr) -> None:
+        if plan is not None:
+            plan.on_progress(pr)
+
+    client = p.start(launcher=args.launcher, on_progress=progress,
+                     **({"master": args.master} if args.master else {}))
+    plan = Plan(client, args.plan.split(","))
+    plan.start()
+    plan.join()
+    result = dataclasses.asdict(client.result(timeout=600))
+    result["plan"], result["plan_error"] = plan.log, plan.error
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""Rescale a running job (``JobClient.rescale``) up and down while records
+flow, with SIGKILLs of random tasks before and after: the job goes on in the
+same driver, and its committed output is exact, record by record, on both
+launchers. A rescale to a bad parallelism is refused and the job goes on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.fault.checks import HERE
+from tests.fixtures import check_exact_sums
+
+N = 120_000
+KEYS = 5
+
+
+def run_plan(tmp_path, plan: str, parallelism: int, launcher: str = "local",
+             extra: tuple[str, ...] = ()) -> dict:
+    cmd = [sys.executable, str(HERE / "sums_job.py"), "--n", str(N), "--parallelism",
+           str(parallelism), "--keys", str(KEYS), "--out", str(tmp_path / "out"),
+           "--storage", str(tmp_path / "chk"), "--interval", "0.2", "--rate", "12000",
+           "--launcher", launcher, "--plan", plan, *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["plan_error"] is None, (result["plan_error"], done.stderr[-4000:])
+    assert result["status"] == "finished"
+    check_exact_sums(tmp_path / "out", N, KEYS)
+    return result
+
+
+def rescales(result: dict) -> list[dict]:
+    return [s for s in result["plan"] if s["step"].isdigit()]
+
+
+def test_rescale_up_and_down_with_kills_local(tmp_path):
+    result = run_plan(tmp_path, "kill,3,kill,1,kill,2", parallelism=2)
+    ups = rescales(result)
+    assert [s["parallelism"] for s in ups] == [3, 1, 2]
+    assert all(s["checkpoint_id"] is not None for s in ups)  # each by its own checkpoint
+    assert result["restarts"] == 3  # the kills; a rescale is no restart
+    # the checkpoint history goes on across the rescales
+    ids = [c["checkpoint_id"] for c in result["checkpoints"]]
+    assert ids == sorted(ids) and len(ids) > 6
+
+
+def test_rescale_refused_job_unharmed_local(tmp_path):
+    # 0 and above max_parallelism (128) are refused, the job goes on; then a real one
+    result = run_plan(tmp_path, "bad:0,bad:129,bad:2,3", parallelism=2)
+    refused = [s["refused"] for s in result["plan"] if "refused" in s]
+    assert "1..max_parallelism (128)" in refused[0] and "1..max_parallelism" in refused[1]
+    assert "already runs at that parallelism" in refused[2]
+    assert rescales(result)[0]["parallelism"] == 3
+    assert result["restarts"] == 0
+
+
+def test_rescale_up_and_down_with_kills_spark(tmp_path):
+    result = run_plan(tmp_path, "kill,3,kill,1", parallelism=2, launcher="spark",
+                      extra=("--master", "local[6]"))
+    assert [s["parallelism"] for s in rescales(result)] == [3, 1]
+    assert result["restarts"] == 2
+
+
+def test_rescale_beyond_spark_slots_refused(tmp_path):
+    # local[4]: 2 x 2 tasks run; 3 x 2 = 6 tasks need 6 slots: refused, the job goes on
+    result = run_plan(tmp_path, "bad:3,1", parallelism=2, launcher="spark",
+                      extra=("--master", "local[4]"))
+    refused = result["plan"][0]["refused"]
+    assert "6 task slots" in refused and "goes on at its parallelism" in refused
+    assert rescales(result)[0]["parallelism"] == 1
