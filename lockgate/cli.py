@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from lockgate import fs
+from lockgate import cli_rescale, fs
 from lockgate.checkpoint import storage
 from lockgate.cli_format import format_duration, format_size, format_table
 from lockgate.cli_savepoint import print_savepoint
@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ca.add_argument("job", help="the job id (or a unique prefix)")
     ca.add_argument("--timeout", type=float, default=120, help="seconds to wait (120)")
     ca.set_defaults(func=_cancel)
+    cli_rescale.add_parser(sub)
     db = sub.add_parser("dashboard", help="print the URL of a running job's web dashboard "
                         "(with its token)")
     db.add_argument("job", help="the job id (or a unique prefix)")
