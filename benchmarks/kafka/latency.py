@@ -1,0 +1,292 @@
+"""End-to-end latency of exactly-once Kafka output (workload W3).
+
+    python -m benchmarks.kafka.latency [--intervals 1.0 0.2 0.1] [--rounds 2]
+        [--n 1000000] [--rate R] [--seconds 20] [--warmup 5]
+        [--launchers local] [--bootstrap host:port] [--record]
+
+Two phases on one private noida-db broker (or ``--bootstrap``):
+
+1. **Throughput.** A bounded W3 run (``--n`` integers in topic ``in``, 4
+   partitions, key ``x % 1000``, a running sum per key, one record per input
+   to ``out``, exactly-once, 2 workers) at each checkpoint interval, the
+   intervals interleaved round by round; records/s is ``n`` / wall time
+   (start-up included, as ``python -m benchmarks.kafka``), median of rounds.
+2. **Latency.** The same job with an unbounded source, fed at a fixed rate
+   (``--rate``, by default half the median throughput at the longest
+   interval) by a producer process that stamps each record's Kafka timestamp
+   with its produce time; the job carries the timestamp of the input that
+   made each sum into its output record; a ``read_committed`` consumer
+   process notes when each output record becomes visible. Latency = visible -
+   produced, for records produced after ``--warmup`` seconds, over
+   ``--seconds`` seconds; p50, p99 and max per interval (median over
+   rounds), with the job's checkpoint history (duration, alignment, the
+   synchronous and asynchronous parts) summarized.
+
+``--record`` appends one line per interval to
+``benchmarks/results/kafka_latency.jsonl`` (date, commit, load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.connectors.kafka_server import noida_broker  # noqa: E402
+from tests.connectors.kafka_sums_job import build  # noqa: E402
+from tests.connectors.kafka_topics import new_topic, produce_numbers  # noqa: E402
+
+PARTITIONS = 4
+
+
+# ------------------------------------------------------------------ the job
+def stamped(keys: int) -> Any:
+    def pair(r: Any) -> tuple[int, int, int]:
+        x = int(r.value)
+        return (x % keys, x, r.timestamp)
+    return pair
+
+
+def add(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
+    return (a[0], a[1] + b[1], b[2])
+
+
+def serialize(kst: tuple[int, int, int]) -> tuple[str, str]:
+    return str(kst[0]), f"{kst[0]},{kst[1]},{kst[2]}"
+
+
+def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys: int,
+                storage: str, interval: float) -> Any:
+    from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
+    from lockgate.connectors.kafka import KafkaSink, KafkaSource
+
+    p = Pipeline("kafka-latency", parallelism=parallelism,
+                 checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0),
+                 restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
+    (p.source(KafkaSource(bootstrap, source), uid="numbers")
+       .map(stamped(keys), uid="pairs")
+       .key_by(lambda kst: kst[0])
+       .reduce(add, uid="sums")
+       .sink(KafkaSink(bootstrap, out, serializer=serialize), uid="out"))
+    return p
+
+
+# ------------------------------------------------------- producer, consumer
+def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float,
+                    ready: Any) -> None:
+    """``rate`` records/s for ``seconds``, each stamped with its produce time."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1,
+                         "queue.buffering.max.messages": 1_000_000})
+    ready.wait()
+    produce, poll = producer.produce, producer.poll
+    start = time.time()
+    x = 0
+    while True:
+        now = time.time()
+        if now - start >= seconds:
+            break
+        due = int((now - start) * rate)
+        ms = int(now * 1000)
+        while x < due:
+            x += 1
+            produce(topic, str(x).encode(), partition=x % PARTITIONS, timestamp=ms)
+        poll(0)
+        time.sleep(0.002)
+    producer.flush(30)
+
+
+def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any) -> None:
+    """Latencies (ms) of ``topic``'s records produced after ``since_ms``, as
+    a read_committed consumer sees them, until ``stop`` is set."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "latency-watch",
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.wait.max.ms": 5, "fetch.min.bytes": 1})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    lat: list[int] = []
+    seen = 0
+    while not stop.is_set():
+        msgs = consumer.consume(20_000, 0.01)
+        now = int(time.time() * 1000)
+        seen += len(msgs)
+        since = since_ms.value
+        for m in msgs:
+            if m.error() is None:
+                t = int(m.value().rpartition(b",")[2])
+                if t >= since:
+                    lat.append(now - t)
+    consumer.close()
+    out.put((seen, lat))
+
+
+# ------------------------------------------------------------------- phases
+def throughput_round(bootstrap: str, source: str, n: int, interval: float, args: Any) -> float:
+    out = new_topic(bootstrap, "lat-w3", PARTITIONS)
+    tmp = Path(tempfile.mkdtemp(prefix="lockgate-lat-"))
+    try:
+        p = build(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
+                  storage=str(tmp / "chk"), interval=interval)
+        t0 = time.perf_counter()
+        result = p.run(launcher=args.launcher, progress=False)
+        wall = time.perf_counter() - t0
+        assert result.status == "finished", result
+        return n / wall
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def checkpoint_costs(history: list[dict[str, Any]], since: float,
+                     until: float) -> dict[str, Any]:
+    done = [h for h in history if h["status"] == "completed" and h["kind"] == "checkpoint"
+            and since <= h["trigger_time"] <= until]
+    def med(key: str) -> float | None:
+        xs = [h[key] for h in done if h.get(key) is not None]
+        return round(statistics.median(xs) * 1000, 1) if xs else None
+    span = (max(h["trigger_time"] for h in done) - min(h["trigger_time"] for h in done)
+            if len(done) > 1 else 0.0)
+    return {"checkpoints": len(done),
+            "per_s": round((len(done) - 1) / span, 2) if span else None,
+            "duration_ms": med("duration"), "alignment_ms": med("alignment"),
+            "sync_ms": med("sync_duration"), "async_ms": med("async_duration"),
+            "size_bytes": int(statistics.median([h["size"] for h in done])) if done else None}
+
+
+def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    source = new_topic(bootstrap, "lat-in", PARTITIONS)
+    out = new_topic(bootstrap, "lat-out", PARTITIONS)
+    tmp = Path(tempfile.mkdtemp(prefix="lockgate-lat-"))
+    p = latency_job(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
+                    storage=str(tmp / "chk"), interval=interval)
+    job = p.start(launcher=args.launcher, progress=False)
+    try:
+        ready = ctx.Event()
+        since = ctx.Value("q", 1 << 62)
+        results = ctx.Queue()
+        total = args.warmup + args.seconds
+        producer = ctx.Process(target=produce_at_rate,
+                               args=(bootstrap, source, rate, total, ready))
+        stop = ctx.Event()
+        watcher = ctx.Process(target=watch, args=(bootstrap, out, since, stop, results))
+        producer.start()
+        watcher.start()
+        _wait_running(job)
+        t0 = time.time()
+        ready.set()
+        since.value = int((t0 + args.warmup) * 1000)
+        producer.join(total + 60)
+        t1 = time.time()
+        # the last records need a checkpoint or two to become visible
+        time.sleep(max(3.0, 3 * interval))
+        history = job.checkpoints()
+        stop.set()
+        seen, lat = results.get(timeout=120)
+        watcher.join(10)
+        costs = checkpoint_costs(history, t0 + args.warmup, t1)
+    finally:
+        job.cancel()
+        shutil.rmtree(tmp, ignore_errors=True)
+    expected = int(total * rate)
+    return {"interval_s": interval, "rate": rate, "produced": expected, "seen": seen,
+            "measured": len(lat), "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99),
+            "max_ms": max(lat) if lat else None, **costs}
+
+
+def _wait_running(job: Any) -> None:
+    """Wait until every task runs (its first checkpoint completed)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any(h["status"] == "completed" for h in job.checkpoints()):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the job took no checkpoint in 120 s")
+
+
+# -------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--intervals", type=float, nargs="+", default=[1.0, 0.2, 0.1])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--rate", type=float, help="records/s (default: half the throughput)")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--keys", type=int, default=1_000)
+    ap.add_argument("--launcher", default="local", choices=["local", "spark"])
+    ap.add_argument("--no-throughput", dest="throughput", action="store_false")
+    ap.add_argument("--bootstrap", default=os.environ.get("LOCKGATE_KAFKA"))
+    ap.add_argument("--record", action="store_true")
+    args = ap.parse_args()
+    loads = [os.getloadavg()[0]]
+    rates: dict[float, list[float]] = {i: [] for i in args.intervals}
+    lats: dict[float, list[dict[str, Any]]] = {i: [] for i in args.intervals}
+    with contextlib.ExitStack() as stack:
+        bootstrap = args.bootstrap or stack.enter_context(noida_broker())
+        if args.throughput:
+            source = new_topic(bootstrap, "lat-w3-in", PARTITIONS)
+            produce_numbers(bootstrap, source, 1, args.n, PARTITIONS)
+            for r in range(args.rounds):
+                for i in args.intervals:
+                    rates[i].append(throughput_round(bootstrap, source, args.n, i, args))
+                    loads.append(os.getloadavg()[0])
+                    print(f"round {r + 1}: interval {i} s: {rates[i][-1]:,.0f} records/s",
+                          flush=True)
+        top = max(args.intervals)
+        rate = args.rate or statistics.median(rates[top]) / 2
+        print(f"latency at {rate:,.0f} records/s", flush=True)
+        for r in range(args.rounds):
+            for i in args.intervals:
+                lats[i].append(latency_round(bootstrap, i, rate, args))
+                loads.append(os.getloadavg()[0])
+                print(f"round {r + 1}: {json.dumps(lats[i][-1])}", flush=True)
+    load = round(statistics.median(loads), 2)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip() or None
+    print(f"\nW3 latency, {args.launcher} launcher, p={args.parallelism}, "
+          f"{rate:,.0f} records/s, median of {args.rounds} rounds, load {load}")
+    print(f"{'interval':>9}{'records/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'chk ms':>9}"
+          f"{'sync ms':>9}{'async ms':>9}")
+    for i in args.intervals:
+        tp = round(statistics.median(rates[i])) if rates[i] else None
+        row = {k: statistics.median([x[k] for x in lats[i] if x[k] is not None])
+               if any(x[k] is not None for x in lats[i]) else None
+               for k in ("p50_ms", "p99_ms", "max_ms", "duration_ms", "alignment_ms",
+                         "sync_ms", "async_ms", "per_s", "size_bytes")}
+        print(f"{i:>9}{tp or 0:>12,}{row['p50_ms']:>9}{row['p99_ms']:>9}"
+              f"{row['duration_ms']}{'':>3}{row['sync_ms']}{'':>3}{row['async_ms']}")
+        if args.record:
+            line = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": commit,
+                    "machine": f"{os.cpu_count()} cores", "load": load, "workload": "W3",
+                    "launcher": args.launcher, "parallelism": args.parallelism,
+                    "interval_s": i, "records_per_s": tp, "throughput_records": args.n,
+                    "latency_rate": round(rate), "latency_seconds": args.seconds,
+                    "rounds": args.rounds, "stat": "median", **row}
+            with open(ROOT / "benchmarks" / "results" / "kafka_latency.jsonl", "a") as f:
+                f.write(json.dumps(line) + "\n")
+
+
+if __name__ == "__main__":
+    main()
