@@ -162,7 +162,7 @@ def checkpoint_costs(history: list[dict[str, Any]], since: float,
     done = [h for h in history if h["status"] == "completed" and h["kind"] == "checkpoint"
             and since <= h["trigger_time"] <= until]
     def med(key: str) -> float | None:
-        xs = [h[key] for h in done if h.get(key) is not None]
+        xs = [h[key] for h in done if h.get(key) is not None]  # older: no metadata_duration
         return round(statistics.median(xs) * 1000, 1) if xs else None
     span = (max(h["trigger_time"] for h in done) - min(h["trigger_time"] for h in done)
             if len(done) > 1 else 0.0)
@@ -170,6 +170,7 @@ def checkpoint_costs(history: list[dict[str, Any]], since: float,
             "per_s": round((len(done) - 1) / span, 2) if span else None,
             "duration_ms": med("duration"), "alignment_ms": med("alignment"),
             "sync_ms": med("sync_duration"), "async_ms": med("async_duration"),
+            "metadata_ms": med("metadata_duration"),
             "size_bytes": int(statistics.median([h["size"] for h in done])) if done else None}
 
 
@@ -224,6 +225,15 @@ def _wait_running(job: Any) -> None:
     raise TimeoutError("the job took no checkpoint in 120 s")
 
 
+def _median(xs: list[Any]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 1) if xs else None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
+
+
 # -------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -267,16 +277,14 @@ def main() -> None:
                             capture_output=True, text=True).stdout.strip() or None
     print(f"\nW3 latency, {args.launcher} launcher, p={args.parallelism}, "
           f"{rate:,.0f} records/s, median of {args.rounds} rounds, load {load}")
-    print(f"{'interval':>9}{'records/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'chk ms':>9}"
-          f"{'sync ms':>9}{'async ms':>9}")
+    cols = ("p50_ms", "p99_ms", "max_ms", "duration_ms", "alignment_ms", "sync_ms", "async_ms",
+            "metadata_ms", "per_s", "size_bytes")
+    print(f"{'interval':>9}{'records/s':>11}" + "".join(f"{c[:-3] if c.endswith('_ms') else c:>10}"
+                                                    for c in cols))
     for i in args.intervals:
         tp = round(statistics.median(rates[i])) if rates[i] else None
-        row = {k: statistics.median([x[k] for x in lats[i] if x[k] is not None])
-               if any(x[k] is not None for x in lats[i]) else None
-               for k in ("p50_ms", "p99_ms", "max_ms", "duration_ms", "alignment_ms",
-                         "sync_ms", "async_ms", "per_s", "size_bytes")}
-        print(f"{i:>9}{tp or 0:>12,}{row['p50_ms']:>9}{row['p99_ms']:>9}"
-              f"{row['duration_ms']}{'':>3}{row['sync_ms']}{'':>3}{row['async_ms']}")
+        row = {k: _median([x.get(k) for x in lats[i]]) for k in cols}
+        print(f"{i:>9}{tp or 0:>11,}" + "".join(f"{_fmt(row[c]):>10}" for c in cols))
         if args.record:
             line = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": commit,
                     "machine": f"{os.cpu_count()} cores", "load": load, "workload": "W3",

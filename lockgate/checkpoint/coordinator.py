@@ -73,6 +73,9 @@ class CheckpointRecord:
     """Seconds of the longest synchronous part of a task's snapshot."""
     async_duration: float | None = None
     """Seconds of the longest asynchronous part (writing a task's files)."""
+    metadata_duration: float | None = None
+    """Seconds the coordinator took to write ``_metadata`` (or the savepoint)
+    once every task acknowledged."""
     completed_time: float | None = None
     """Wall-clock time it completed (``time.time()``)."""
     in_flight: int = 0
@@ -315,6 +318,7 @@ class CheckpointCoordinator:
                                   job_name=self.job_name, locations=self.locations)
         # Step 1.
         path = chk
+        writing = self.clock()
         if p.savepoint_dir is not None:
             try:
                 target = storage.write_savepoint(chk, p.savepoint_dir, self.job_id,
@@ -343,6 +347,7 @@ class CheckpointCoordinator:
         self.consecutive_failures = 0
         record = self._record(p.checkpoint_id)
         record.completed(p, now)
+        record.metadata_duration = now - writing
         ends = p.is_final or p.stops
         if p.savepoint_dir is not None and not ends:
             # Step 2 (savepoint). Nobody is told: sinks keep their pending

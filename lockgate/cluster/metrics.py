@@ -188,6 +188,7 @@ def history_entry(r: CheckpointRecord) -> dict[str, Any]:
         "trigger_time": r.trigger_time, "completed_time": r.completed_time,
         "duration": r.duration, "end_to_end": r.duration,
         "sync_duration": r.sync_duration, "async_duration": r.async_duration,
+        "metadata_duration": r.metadata_duration,
         "size": r.size, "bytes": r.size, "in_flight": r.in_flight,
         "alignment": r.alignment, "failure": r.failure,
         "ack_times": {str(t): v for t, v in sorted(r.ack_times.items())},

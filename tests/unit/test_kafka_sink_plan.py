@@ -24,6 +24,19 @@ def handle(task: int, cid: int, job: str = "job-1", records=None) -> dict:
             "checkpoint_id": cid, "task_index": task}
 
 
+def handle_kv(keys, values, cid: int = 3) -> dict:
+    """A handle as the sink writes it: keys and values, two lists."""
+    entry = {k: v for k, v in handle(0, cid).items() if k != "records"}
+    return {**entry, "keys": keys, "values": values}
+
+
+def test_keys_and_values_or_older_pairs_are_the_records():
+    h = check_entry(handle_kv([b"k", None], [b"v", b"w"]), "lockgate", UID)
+    assert isinstance(h, Handle) and h.records == [(b"k", b"v"), (None, b"w")]
+    old = check_entry(handle(0, 3, records=[[b"k", b"v"]]), "lockgate", UID)
+    assert isinstance(old, Handle) and old.records == [(b"k", b"v")]
+
+
 def owner(task: int, cid: int, job: str = "job-1") -> dict:
     return {"owner": transactional_id("lockgate", job, UID, task), "checkpoint_id": cid,
             "task_index": task}
@@ -57,6 +70,10 @@ def test_the_marker_says_which_transactions_committed():
     {**handle(0, 3), "tid": transactional_id("lockgate", "a/b", UID, 0)},
     handle(0, 3, records=[[b"k"]]),
     handle(0, 3, records=[["k", "v"]]),
+    handle_kv([b"k", b"l"], [b"v"]),                                  # lengths differ
+    handle_kv([b"k"], ["v"]),                                         # not bytes
+    handle_kv((b"k",), (b"v",)),                                      # not lists
+    handle_kv([b"k"], None),
     {**handle(0, 3), "checkpoint_id": "3"},
     {**handle(0, 3), "seq": None},
     {**owner(0, 3), "owner": "someone-else"},

@@ -288,9 +288,11 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
         """Step 3: flush; the handle keeps the records to redo the transaction."""
         if txn is self.live:
             self.delivery.flush(self.producer, "a pre-commit flush")
-        # the records as they are (pairs, stored as msgpack arrays): the
-        # transaction takes no more of them once pre-committed
-        return {"tid": self.tid, "writer": self.nonce, "seq": txn.seq, "records": txn.records}
+        # the keys and the values as two lists of bytes: msgpack packs them
+        # natively (a list of tuples would take a callback per record)
+        records = txn.records
+        return {"tid": self.tid, "writer": self.nonce, "seq": txn.seq,
+                "keys": [k for k, _ in records], "values": [v for _, v in records]}
 
     def commit(self, handle: dict[str, Any]) -> None:
         """Step 4: commit the live transaction, or redo one from its handle."""

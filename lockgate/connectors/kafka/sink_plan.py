@@ -2,7 +2,7 @@
 
 A sink task's transactional id (also its marker group) is
 ``<prefix>-<job>-<uid>-<task>``. Its operator state holds *handles* (one per
-pre-committed checkpoint: ``{"tid", "writer", "seq", "records"}``) and one
+pre-committed checkpoint: ``{"tid", "writer", "seq", "keys", "values"}``) and one
 *owner* entry (``{"owner": tid}``), each with the two-phase-commit base's
 ``checkpoint_id`` and ``task_index``. Everything read back from a checkpoint
 is checked here before the sink touches a transaction (untrusted input: a
@@ -60,7 +60,20 @@ class Handle:
     records: list[tuple[bytes | None, bytes | None]]
 
 
-def _records(value: Any, uid: str) -> list[tuple[bytes | None, bytes | None]]:
+def _records(entry: dict[str, Any], uid: str) -> list[tuple[bytes | None, bytes | None]]:
+    """A handle's records: ``keys`` and ``values``, two lists of bytes (or
+    None) of one length; or, as older checkpoints hold them, ``records``:
+    [key, value] pairs."""
+    if "records" not in entry:
+        keys, values = entry.get("keys"), entry.get("values")
+        if not (type(keys) is list and type(values) is list and len(keys) == len(values)
+                and all(x is None or type(x) is bytes for x in keys)
+                and all(x is None or type(x) is bytes for x in values)):
+            raise CheckpointCorruptError(
+                f"Kafka sink {uid!r}: a restored transaction's keys and values are not two "
+                "lists of bytes of one length; the checkpoint was not written by this sink")
+        return list(zip(keys, values, strict=True))
+    value = entry["records"]
     ok = isinstance(value, list | tuple) and all(
         isinstance(r, list | tuple) and len(r) == 2
         and all(x is None or isinstance(x, bytes) for x in r) for r in value)
@@ -85,7 +98,7 @@ def check_entry(entry: dict[str, Any], prefix: str, uid: str) -> Handle | str:
         raise CheckpointCorruptError(
             f"Kafka sink {uid!r}: restored state entry is not a transaction of this sink")
     return Handle(cid, entry["task_index"], _own_tid(entry.get("tid"), prefix, uid, entry),
-                  writer, seq, _records(entry.get("records"), uid))
+                  writer, seq, _records(entry, uid))
 
 
 def committed(marker: int | None, handle: Handle) -> bool:
