@@ -1,7 +1,9 @@
 """Steps a fault test's driver takes while its job runs (``sums_job.py
 --plan``): ``kill`` SIGKILLs a random task of the running attempt, ``N``
 rescales the job to parallelism ``N`` (``JobClient.rescale``), ``bad:N``
-asks for a rescale to ``N`` that must be refused. Each step waits for every
+asks for a rescale to ``N`` that must be refused, ``killing:N`` asks for a
+rescale to ``N`` and SIGKILLs a random task of the running attempt while it
+happens (within 0.3 s of the request). Each step waits for every
 task of the newest attempt to run and for a checkpoint completed since the
 step before, so records flow and are committed between steps."""
 
@@ -74,5 +76,16 @@ class Plan(threading.Thread):
             except Exception as e:
                 return {"step": step, "refused": str(e)}
             raise AssertionError(f"the rescale to {n} was not refused")
+        if step.startswith("killing:"):
+            tasks = task_processes(os.getpid())
+            newest = max(a for a, _ in tasks.values())
+            victim = self.rng.choice(sorted(p for p, (a, _) in tasks.items() if a == newest))
+            future = self.client.master.submit("rescale", parallelism=int(step[8:]))
+            time.sleep(self.rng.uniform(0.0, 0.3))  # a moment of the rescale, by design
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return {"step": step, **future.result(self.timeout)}
         answer = self.client.rescale(int(step))
         return {"step": step, **answer}
