@@ -6,6 +6,7 @@ from lockgate.connectors.dataframe import DataFrameSource
 from lockgate.connectors.delta import DeltaSink
 from lockgate.connectors.filesink import FileSink
 from lockgate.connectors.filesource import FileSource
+from lockgate.connectors.iceberg import IcebergSink
 from lockgate.connectors.kafka import KafkaRecord, KafkaSink, KafkaSource
 from lockgate.connectors.nats import JetStreamSink, JetStreamSource, NatsSink
 from lockgate.connectors.postgres import PostgresSink
@@ -27,6 +28,7 @@ __all__ = [
     "KafkaSink",
     "KafkaSource",
     "HttpPushSource",
+    "IcebergSink",
     "JetStreamSink",
     "JetStreamSource",
     "NatsSink",

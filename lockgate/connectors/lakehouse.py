@@ -182,13 +182,13 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
     """``pyarrow.RecordBatch`` es are staged as they are, with no row conversion."""
 
     def __init__(self, info: TaskInfo, location: str, table: LakeTable,
-                 schema: pa.Schema | None) -> None:
+                 schema: pa.Schema | None, staging: str | None = None) -> None:
         super().__init__(info)
         self.location = location
         self.table = table
         self.schema = schema
         self.app = app_id(info.job_id, info.uid)
-        self.staging = fs.join(location, STAGING, safe(info.uid))
+        self.staging = fs.join(staging or fs.join(location, STAGING), safe(info.uid))
         self.job_dir = fs.join(self.staging, safe(info.job_id))
         self._checkpoint = 0
         self._seq = 0

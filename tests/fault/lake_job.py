@@ -17,7 +17,21 @@ import json
 import logging
 
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
-from lockgate.connectors import DeltaSink, SequenceSource
+from lockgate.connectors import DeltaSink, IcebergSink, SequenceSource
+
+
+def iceberg_catalog(table: str) -> dict[str, str]:
+    """The SQL catalog (SQLite) and local warehouse of the job's table folder."""
+    return {"type": "sql", "uri": f"sqlite:///{table}/catalog.db",
+            "warehouse": f"file://{table}/warehouse"}
+
+
+def lake_sink(args: argparse.Namespace, **kw: object) -> object:
+    if getattr(args, "sink", "delta") == "iceberg":
+        import os
+        os.makedirs(args.table, exist_ok=True)
+        return IcebergSink("lake.t", iceberg_catalog(args.table), **kw)
+    return DeltaSink(args.table, **kw)
 
 
 def build(args: argparse.Namespace) -> Pipeline:
@@ -29,13 +43,13 @@ def build(args: argparse.Namespace) -> Pipeline:
     keys = args.keys
     if args.mode == "append":
         rows = numbers.map(lambda x: {"id": x, "k": x % keys}, uid="rows")
-        rows.sink(DeltaSink(args.table), uid="lake")
+        rows.sink(lake_sink(args), uid="lake")
     else:
         sums = (numbers.map(lambda x: (x % keys, x, 1), uid="pairs")
                 .key_by(lambda t: t[0])
                 .reduce(lambda a, b: (a[0], a[1] + b[1], a[2] + b[2]), uid="sums"))
         rows = sums.map(lambda t: {"k": t[0], "total": t[1], "n": t[2]}, uid="rows")
-        rows.sink(DeltaSink(args.table, mode="merge", key="k"), uid="lake")
+        rows.sink(lake_sink(args, mode="merge", key="k"), uid="lake")
     return p
 
 
@@ -47,6 +61,7 @@ def main() -> None:
     ap.add_argument("--table", required=True)
     ap.add_argument("--storage", required=True)
     ap.add_argument("--mode", default="append", choices=["append", "merge"])
+    ap.add_argument("--sink", default="delta", choices=["delta", "iceberg"])
     ap.add_argument("--interval", type=float, default=0.2)
     ap.add_argument("--rate", type=float)
     ap.add_argument("--faults", default="[]")

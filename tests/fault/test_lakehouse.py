@@ -1,13 +1,14 @@
-"""Exactly-once into Delta tables under SIGKILL, on both launchers.
+"""Exactly-once into Delta and Iceberg tables under SIGKILL, on both launchers.
 
-The job (``lake_job.py``) writes numbers into a real Delta table on local
-disk, appended or merged by key. Kills strike at random moments from outside
+The job (``lake_job.py``) writes numbers into a real Delta table, or a real
+Iceberg table (SQL catalog on SQLite, warehouse folder), on local disk,
+appended or merged by key. Kills strike at random moments from outside
 and at named protocol points: after the snapshot before the commit
 (``acked``, ``commit``), during the commit (``moved``: the files are in the
 table folder, the Delta commit not made) and after the commit before the
 task noted it (``committed``). The table must then hold exactly the expected
 rows, and no checkpoint may be committed twice (the application transactions
-in the Delta log).
+in the Delta log; the snapshot summaries of Iceberg).
 """
 
 from __future__ import annotations
@@ -22,18 +23,21 @@ import pytest
 from tests.fault.checks import drive
 
 deltalake = pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
 
 HERE = Path(__file__).parent
 SOAK = os.environ.get("LOCKGATE_SOAK") == "1"
 KEYS = 7
+SINKS = ["delta", "iceberg"]
 
 
-def run_lake(tmp: Path, *, n: int, mode: str, launcher: str, parallelism: int = 2,
+def run_lake(tmp: Path, *, n: int, mode: str, launcher: str, sink: str = "delta",
+             parallelism: int = 2,
              faults: list | None = None, kills: int = 0, seed: int = 0,
              env_kill: str | None = None, extra: list[str] | None = None) -> tuple[dict, int]:
     cmd = [sys.executable, str(HERE / "lake_job.py"), "--n", str(n), "--parallelism",
            str(parallelism), "--keys", str(KEYS), "--table", str(tmp / "table"),
-           "--storage", str(tmp / "chk"), "--mode", mode, "--interval", "0.2",
+           "--storage", str(tmp / "chk"), "--mode", mode, "--interval", "0.2", "--sink", sink,
            "--faults", json.dumps(faults or []), "--launcher", launcher] + (extra or [])
     old = os.environ.get("LOCKGATE_TEST_LAKE_KILL")
     if env_kill:
@@ -60,10 +64,37 @@ def delta_commits(table: Path) -> list[tuple[str, int]]:
     return txns
 
 
-def check_table(tmp: Path, n: int, mode: str) -> None:
+def iceberg_table(tmp: Path):
+    from pyiceberg.catalog import load_catalog
+
+    from tests.fault.lake_job import iceberg_catalog
+    return load_catalog("lockgate", **iceberg_catalog(str(tmp / "table"))).load_table("lake.t")
+
+
+def iceberg_commits(tmp: Path) -> list[tuple[str, int]]:
+    """The (app id, checkpoint id) of every table commit (one commit may make
+    several snapshots, which share its ``lockgate.commit`` nonce)."""
+    commits: dict[str, tuple[str, int]] = {}
+    for snap in iceberg_table(tmp).metadata.snapshots:
+        props = snap.summary.additional_properties
+        for key, value in props.items():
+            if key.startswith("lockgate.checkpoint."):
+                commits[props["lockgate.commit"]] = (key[len("lockgate.checkpoint."):],
+                                                     int(value))
+    return list(commits.values())
+
+
+def check_table(tmp: Path, n: int, mode: str, sink: str = "delta") -> None:
     """The table holds exactly the expected rows; no checkpoint twice."""
     table = tmp / "table"
-    rows = deltalake.DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+    if sink == "delta":
+        rows = deltalake.DeltaTable(str(table)).to_pyarrow_table().to_pylist()
+        txns = delta_commits(table)
+        staging = table / "_lockgate"
+    else:
+        rows = iceberg_table(tmp).scan().to_arrow().to_pylist()
+        txns = iceberg_commits(tmp)
+        staging = table / "warehouse" / "_lockgate"
     if mode == "append":
         got = sorted((r["id"], r["k"]) for r in rows)
         assert got == [(x, x % KEYS) for x in range(1, n + 1)], (len(got), n)
@@ -71,17 +102,17 @@ def check_table(tmp: Path, n: int, mode: str) -> None:
         want = {k: (sum(range(k or KEYS, n + 1, KEYS)), len(range(k or KEYS, n + 1, KEYS)))
                 for k in range(KEYS)}
         assert {r["k"]: (r["total"], r["n"]) for r in rows} == want
-    txns = delta_commits(table)
     assert len(txns) == len(set(txns)), f"a checkpoint was committed twice: {txns}"
     for app in {a for a, _ in txns}:
         versions = [v for a, v in txns if a == app]
         assert versions == sorted(versions), versions
-    staged = [p for p in (table / "_lockgate").rglob("*") if p.is_file()]
+    staged = [p for p in staging.rglob("*") if p.is_file() and ".lockgate-probe" not in p.name]
     assert not staged, f"staged files left behind: {staged}"
 
 
+@pytest.mark.parametrize("sink", SINKS)
 @pytest.mark.parametrize("mode", ["append", "merge"])
-def test_kills_at_protocol_points(tmp_path, mode, launcher):
+def test_kills_at_protocol_points(tmp_path, sink, mode, launcher):
     """One kill per attempt at each named point of the commit protocol."""
     n = 4000
     sink0 = 0 if mode == "append" else 2  # the committer's global task number
@@ -91,35 +122,44 @@ def test_kills_at_protocol_points(tmp_path, mode, launcher):
         {"point": "commit", "task": sink0, "attempt": 2, "count": 1},
     ]
     # attempt 3: the committer is killed in the middle of its commit (env)
-    result, _ = run_lake(tmp_path, n=n, mode=mode, launcher=launcher, faults=faults,
+    result, _ = run_lake(tmp_path, n=n, mode=mode, launcher=launcher, faults=faults, sink=sink,
                          env_kill="moved@3", extra=["--rate", "2000"])
-    check_table(tmp_path, n, mode)
+    check_table(tmp_path, n, mode, sink)
     assert result["status"] == "finished"
     assert result["restarts"] == 4, result["failures"]
 
 
-def test_kill_after_commit_before_notify(tmp_path, launcher):
+@pytest.mark.parametrize("sink", SINKS)
+def test_kill_after_commit_before_notify(tmp_path, sink, launcher):
+    """The table commit is made, the committer dies before it notes it: the
+    restore finds the checkpoint in the table and does not commit it again."""
     n = 3000
-    result, _ = run_lake(tmp_path, n=n, mode="append", launcher=launcher,
+    result, _ = run_lake(tmp_path, n=n, mode="append", launcher=launcher, sink=sink,
                          env_kill="committed@0", extra=["--rate", "4000"])
-    check_table(tmp_path, n, "append")
+    check_table(tmp_path, n, "append", sink)
     assert result["restarts"] == 1, result["failures"]
 
 
-@pytest.mark.parametrize("mode", ["append", "merge"])
-def test_random_kills(tmp_path, mode, launcher):
+# CI runs one mode per format; LOCKGATE_SOAK=1 runs all four, longer
+RANDOM = ([(s, m) for s in SINKS for m in ("append", "merge")] if SOAK
+          else [("delta", "merge"), ("iceberg", "append")])
+
+
+@pytest.mark.parametrize("sink,mode", RANDOM)
+def test_random_kills(tmp_path, sink, mode, launcher):
     """SIGKILL random tasks at random moments, from outside."""
     kills = 8 if SOAK else 3
     n = 40_000 if SOAK else 12_000
     result, done = run_lake(tmp_path, n=n, mode=mode, launcher=launcher, kills=kills, seed=5,
-                            extra=["--rate", "5000"])
-    check_table(tmp_path, n, mode)
+                            sink=sink, extra=["--rate", "5000"])
+    check_table(tmp_path, n, mode, sink)
     assert done == kills, f"only {done} kills happened"
     assert result["restarts"] >= kills - 1
 
 
+@pytest.mark.parametrize("sink", SINKS)
 @pytest.mark.parametrize("mode", ["append", "merge"])
-def test_restore_from_savepoint_commits_once(tmp_path, mode, launcher):
+def test_restore_from_savepoint_commits_once(tmp_path, sink, mode, launcher):
     """Stop with a savepoint (its pending files are committed), restore it at
     another parallelism and run to the end: the savepoint's checkpoint is in
     the table once and every row exactly once."""
@@ -133,14 +173,16 @@ def test_restore_from_savepoint_commits_once(tmp_path, mode, launcher):
     def job(parallelism: int, rate: float | None) -> object:
         return build(argparse.Namespace(
             n=n, parallelism=parallelism, keys=KEYS, table=str(tmp_path / "table"),
-            storage=str(tmp_path / "chk"), mode=mode, interval=0.2, rate=rate))
+            storage=str(tmp_path / "chk"), mode=mode, interval=0.2, rate=rate, sink=sink))
 
     client = start_and_await(job(2, 3000), launcher=launcher)
     stopped = client.stop(dir=str(tmp_path / "savepoints"))
     assert stopped.status == "stopped" and stopped.savepoint is not None
-    first = delta_commits(tmp_path / "table")
+    commits = (lambda: delta_commits(tmp_path / "table")) if sink == "delta" \
+        else (lambda: iceberg_commits(tmp_path))
+    first = commits()
     assert first, "the savepoint committed nothing"
     final = job(3, None).run(launcher=launcher, from_savepoint=stopped.savepoint)
     assert final.status == "finished"
-    check_table(tmp_path, n, mode)
-    assert delta_commits(tmp_path / "table")[:len(first)] == first
+    check_table(tmp_path, n, mode, sink)
+    assert commits()[:len(first)] == first

@@ -1,0 +1,260 @@
+"""``IcebergSink``: exactly-once writes to an Apache Iceberg table with pyiceberg.
+
+Tasks stage Parquet files; when a checkpoint completes, task 0 makes one
+table commit of them (one new metadata version, swapped atomically in the
+catalog) whose snapshot summary carries ``lockgate.checkpoint.<app id>`` =
+checkpoint id (app id ``lockgate/{job}/{sink uid}``), as Flink's
+``IcebergFilesCommitter`` records its job, operator and checkpoint id. The
+protocol is :mod:`lockgate.connectors.lakehouse`'s.
+
+``mode="append"``: the staged files are moved into the table's ``data/``
+folder and added as they are (``add_files``: no rewrite). ``mode="merge"``:
+the staged changes are read, the last change per key kept, and applied in
+one transaction: the keys whose ``delete_column`` is true are deleted, the
+others upserted (pyiceberg's ``upsert``: copy-on-write).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lockgate import fs
+from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
+from lockgate.connectors.delta import last_per_key
+from lockgate.connectors.lakehouse import (
+    LAKE_MODES,
+    LakeSinkWriter,
+    LakeTable,
+    StagedFile,
+    fault_point,
+    require_lost,
+    safe,
+)
+from lockgate.errors import ConfigurationError
+
+__all__ = ["IcebergSink"]
+
+SUMMARY_PREFIX = "lockgate.checkpoint."
+
+
+def _catalog(name: str, properties: dict[str, str]) -> Any:
+    try:
+        from pyiceberg.catalog import load_catalog
+    except ImportError as e:  # pragma: no cover - the extra is installed in dev
+        raise ConfigurationError(
+            "IcebergSink needs the pyiceberg package: pip install 'lockgate[iceberg]'") from e
+    return load_catalog(name, **properties)
+
+
+def committed_in(snapshots: list[Any], app: str) -> int | None:
+    """The newest checkpoint id that ``snapshots``' summaries record for ``app``."""
+    found = None
+    for snap in snapshots:
+        summary = snap.summary
+        value = summary.get(SUMMARY_PREFIX + app) if summary is not None else None
+        if value is not None and str(value).isdigit():
+            found = max(found or 0, int(value))
+    return found
+
+
+class IcebergTarget(LakeTable):
+    """The Iceberg table ``identifier`` of the catalog ``properties``."""
+
+    def __init__(self, catalog_name: str, properties: dict[str, str], identifier: str,
+                 mode: str, key: list[str], delete_column: str | None, uid: str,
+                 attempt: int = 0) -> None:
+        self.catalog_name = catalog_name
+        self.properties = properties
+        self.identifier = identifier
+        self.mode = mode
+        self.key = key
+        self.delete_column = delete_column
+        self.uid = uid
+        self.attempt = attempt
+
+    @functools.cached_property
+    def catalog(self) -> Any:
+        return _catalog(self.catalog_name, self.properties)
+
+    def _table(self) -> Any | None:
+        if not self.catalog.table_exists(self.identifier):
+            return None
+        return self.catalog.load_table(self.identifier)
+
+    def committed_version(self, app: str) -> int | None:
+        table = self._table()
+        return None if table is None else committed_in(table.metadata.snapshots, app)
+
+    def _ensure_table(self, schema: pa.Schema) -> Any:
+        table = self._table()
+        if table is None:
+            namespace = self.identifier.rsplit(".", 1)[0]
+            self.catalog.create_namespace_if_not_exists(namespace)
+            fields = [f for f in schema if f.name != self.delete_column]
+            table = self.catalog.create_table_if_not_exists(self.identifier,
+                                                            schema=pa.schema(fields))
+        names = [f.name for f in table.schema().fields]
+        written = [n for n in schema.names if n != self.delete_column]
+        if sorted(names) != sorted(written):
+            raise ConfigurationError(
+                f"IcebergSink {self.uid!r}: the table {self.identifier} has the columns "
+                f"{names}, the records have {written}; write records with the table's "
+                "columns (or give the sink a schema), or write to a new table")
+        return table
+
+    def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:
+        props = {SUMMARY_PREFIX + a: str(v) for a, v in versions.items()}
+        props["lockgate.sink"] = self.uid
+        props["lockgate.commit"] = uuid.uuid4().hex  # one per table commit
+        if self.mode == "append":
+            self._append(files, props)
+        else:
+            self._merge(files, props)
+
+    def _append(self, files: list[StagedFile], props: dict[str, str]) -> None:
+        """Step 1. Move each staged file into the table's data folder.
+        Step 2. One commit adding them all (``add_files``), the checkpoint in
+                the snapshot summary."""
+        schema = None
+        for f in files:
+            if fs.exists(f.path):
+                schema = schema or pq.read_schema(fs.local_path(f.path) or f.path)
+        table = self._ensure_table(schema) if schema is not None else self._table()
+        if table is None:
+            raise require_lost(files[0].path, self.uid)
+        data = fs.join(table.location(), "data")
+        fs.makedirs(data)
+        paths = []
+        for f in files:
+            final = fs.join(data, f.final_name)
+            if fs.exists(f.path):
+                fs.move(f.path, final)
+            elif not fs.exists(final):
+                raise require_lost(f.path, self.uid)
+            paths.append(final)
+        fs.sync_dir(data)
+        fault_point("moved", self.attempt)
+        table.add_files(paths, snapshot_properties=props, check_duplicate_files=False)
+
+    def _merge(self, files: list[StagedFile], props: dict[str, str]) -> None:
+        """Step 1. Read the staged changes in order, keep the last per key.
+        Step 2. One transaction: delete the deleted keys, upsert the rest.
+        Step 3. Delete the staged files (a restore deletes any left)."""
+        from pyiceberg import expressions
+
+        both: Any = expressions.And
+        either: Any = expressions.Or
+        equal: Any = expressions.EqualTo
+
+        parts = []
+        for f in files:
+            if not fs.exists(f.path):
+                raise require_lost(f.path, self.uid)
+            parts.append(pq.read_table(fs.local_path(f.path) or f.path))
+        changes = last_per_key(pa.concat_tables(parts, promote_options="default"), self.key)
+        table = self._ensure_table(changes.schema)
+        fault_point("moved", self.attempt)
+        with table.transaction() as tx:
+            if self.delete_column:
+                gone_mask = changes.column(self.delete_column).fill_null(False)
+                gone = changes.filter(gone_mask)
+                changes = changes.filter(pc.invert(gone_mask)) \
+                    .drop_columns([self.delete_column])
+                if gone.num_rows:
+                    rows = gone.select(self.key).to_pylist()
+                    conds = [functools.reduce(both, [equal(k, r[k]) for k in self.key])
+                             if len(self.key) > 1 else equal(self.key[0], r[self.key[0]])
+                             for r in rows]
+                    tx.delete(functools.reduce(either, conds) if len(conds) > 1 else conds[0],
+                              snapshot_properties=props)
+            if changes.num_rows:
+                tx.upsert(changes.cast(table.schema().as_arrow()), join_cols=self.key,
+                          snapshot_properties=props)
+        for f in files:
+            fs.remove(f.path)
+
+
+class IcebergSink(Sink[Any]):
+    """Exactly-once writes to the Iceberg table ``table`` (``"namespace.name"``,
+    created at the first commit if missing) of a pyiceberg catalog: one table
+    commit per completed checkpoint."""
+
+    exactly_once = True
+
+    def __init__(self, table: str, catalog: dict[str, str], mode: str = "append",
+                 key: list[str] | str | None = None, delete_column: str | None = None,
+                 schema: pa.Schema | None = None, catalog_name: str = "lockgate",
+                 staging: str | None = None) -> None:
+        """``table``: ``"namespace.name"``; ``catalog``: pyiceberg catalog
+        properties (e.g. ``{"type": "sql", "uri": "sqlite:////abs/catalog.db",
+        "warehouse": "file:///abs/warehouse"}``); ``mode``: ``"append"`` or
+        ``"merge"`` (upsert by ``key``; rows whose ``delete_column`` is true
+        delete their key); ``schema``: the records' Arrow schema (default: the
+        first batch's); ``staging``: the folder for the tasks' staged files
+        (default: ``_lockgate/<table>`` under a local warehouse)."""
+        if mode not in LAKE_MODES:
+            raise ConfigurationError(
+                f"IcebergSink: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
+        if "." not in table:
+            raise ConfigurationError(
+                f"IcebergSink: table {table!r} has no namespace; name it \"namespace.name\"")
+        keys = [key] if isinstance(key, str) else list(key or [])
+        if mode == "merge" and not keys:
+            raise ConfigurationError(
+                "IcebergSink: mode=\"merge\" needs key=[column, ...]: the columns that "
+                "identify a row")
+        if delete_column and mode != "merge":
+            raise ConfigurationError("IcebergSink: delete_column needs mode=\"merge\"")
+        if staging is None:
+            warehouse = str(catalog.get("warehouse", ""))
+            if not warehouse or fs.local_path(warehouse) is None:
+                raise ConfigurationError(
+                    f"IcebergSink: the catalog's warehouse {warehouse!r} is not a local "
+                    "folder; give staging=... (a folder every task can reach)")
+            staging = fs.join(fs.local_path(warehouse) or warehouse, "_lockgate", safe(table))
+        self.table = table
+        self.catalog = dict(catalog)
+        self.catalog_name = catalog_name
+        self.mode = mode
+        self.key = keys
+        self.delete_column = delete_column
+        self.schema = schema
+        self.staging = fs.absolute(staging)
+
+    def _target(self, uid: str, attempt: int = 0) -> IcebergTarget:
+        return IcebergTarget(self.catalog_name, self.catalog, self.table, self.mode, self.key,
+                             self.delete_column, uid, attempt)
+
+    def validate(self) -> None:
+        """pyiceberg is there; the catalog answers; the staging folder can be
+        written; an existing table has the key columns."""
+        from lockgate.connectors.filesink import ensure_writable_dir
+        ensure_writable_dir(self.staging, ".lockgate-probe-driver")
+        try:
+            table = self._target("driver")._table()
+        except ConfigurationError:
+            raise
+        except Exception as e:
+            raise ConfigurationError(
+                f"IcebergSink: the catalog does not answer ({type(e).__name__}: {e}); fix "
+                "the catalog properties") from e
+        if table is not None and self.key:
+            names = [f.name for f in table.schema().fields]
+            missing = [k for k in self.key if k not in names]
+            if missing:
+                raise ConfigurationError(
+                    f"IcebergSink: the table {self.table} has no column(s) {missing} "
+                    f"(it has {names}); fix key=...")
+
+    def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
+        return LakeSinkWriter(info, self.staging, self._target(info.uid, info.attempt),
+                              self.schema, staging=self.staging)
+
+    def __repr__(self) -> str:
+        return f"IcebergSink({self.table!r}, mode={self.mode!r}, key={self.key!r})"

@@ -1,0 +1,103 @@
+"""Delta and Iceberg sinks end to end on the ``local`` launcher: merge with
+deletes, Arrow batches straight in, a given schema, the checks at start, and
+the tables read back by another reader (DuckDB-free: pyarrow's Parquet
+reader of the files the table lists, and each format's own reader)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from lockgate import CheckpointConfig, Pipeline
+from lockgate.connectors import DeltaSink, FileSource, IcebergSink, SequenceSource
+from lockgate.errors import ConfigurationError
+
+deltalake = pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+
+
+def _catalog(tmp: Path) -> dict[str, str]:
+    return {"type": "sql", "uri": f"sqlite:///{tmp}/catalog.db",
+            "warehouse": f"file://{tmp}/warehouse"}
+
+
+def _sink(kind: str, tmp: Path, **kw):
+    if kind == "delta":
+        return DeltaSink(str(tmp / "table"), **kw)
+    return IcebergSink("lake.t", _catalog(tmp), **kw)
+
+
+def _rows(kind: str, tmp: Path) -> list[dict]:
+    if kind == "delta":
+        return deltalake.DeltaTable(str(tmp / "table")).to_pyarrow_table().to_pylist()
+    from pyiceberg.catalog import load_catalog
+    table = load_catalog("lockgate", **_catalog(tmp)).load_table("lake.t")
+    return table.scan().to_arrow().to_pylist()
+
+
+def change(x: int) -> dict:
+    """Key x % 50: inserted, updated, and deleted when x % 50 < 10 in the last round."""
+    return {"id": x % 50, "v": x, "gone": x > 150 and x % 50 < 10}
+
+
+def halves(b: pa.RecordBatch) -> pa.RecordBatch:
+    ids = b.column("id")
+    return pa.RecordBatch.from_arrays([ids, pc.divide(ids.cast(pa.float64()), 2)],
+                                      names=["id", "half"])
+
+
+def latest(a: dict, b: dict) -> dict:
+    """The change of the larger x (the sources' interleaving is undone)."""
+    return b if b["v"] > a["v"] else a
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_merge_with_deletes(tmp_path, kind):
+    p = Pipeline("merge", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp_path / "chk")))
+    (p.source(SequenceSource(1, 200, rate=400), uid="numbers")
+       .map(change, uid="changes").key_by(lambda r: r["id"])
+       .reduce(latest, uid="latest")
+       .sink(_sink(kind, tmp_path, mode="merge", key="id", delete_column="gone"), uid="lake"))
+    result = p.run(launcher="local")
+    assert result.status == "finished"
+    assert len(result.completed_checkpoints) > 1
+    got = sorted((r["id"], r["v"]) for r in _rows(kind, tmp_path))
+    assert got == [(k, 150 + k) for k in range(10, 50)]
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_arrow_batches_with_a_given_schema(tmp_path, kind):
+    schema = pa.schema([("id", pa.int64()), ("half", pa.float64())])
+    p = Pipeline("arrow", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")))
+    (tmp_path / "in").mkdir()
+    ids = pa.array(range(1, 5001), pa.int32())  # cast to the given schema's int64
+    for part in range(2):
+        pq.write_table(pa.table({"id": ids.filter(pc.equal(pc.bit_wise_and(ids, 1), part))}),
+            str(tmp_path / "in" / f"{part}.parquet"))
+    (p.source_arrow(FileSource(str(tmp_path / "in"), format="parquet"), uid="numbers")
+       .map_arrow(halves, uid="halves")
+       .sink(_sink(kind, tmp_path, schema=schema), uid="lake"))
+    assert p.run(launcher="local").status == "finished"
+    rows = _rows(kind, tmp_path)
+    assert sorted(r["id"] for r in rows) == list(range(1, 5001))
+    assert all(r["half"] == r["id"] / 2 for r in rows)
+
+
+def test_settings_are_checked(tmp_path):
+    with pytest.raises(ConfigurationError, match="key="):
+        DeltaSink(str(tmp_path), mode="merge")
+    with pytest.raises(ConfigurationError, match="unknown mode"):
+        IcebergSink("a.b", _catalog(tmp_path), mode="upsert")
+    with pytest.raises(ConfigurationError, match="namespace"):
+        IcebergSink("b", _catalog(tmp_path))
+    with pytest.raises(ConfigurationError, match="not a local"):
+        IcebergSink("a.b", {"type": "sql", "uri": "sqlite:///x.db",
+                            "warehouse": "s3://bucket/w"})
+    with pytest.raises(ConfigurationError, match="delete_column"):
+        DeltaSink(str(tmp_path), delete_column="gone")
