@@ -66,6 +66,22 @@ def test_triggers_on_interval_and_completes_on_last_ack(env, tmp_path):
     assert c.history[-1].status == "completed"
 
 
+def test_the_history_records_how_long_writing_metadata_took(env, monkeypatch):
+    c, clock, sent = env
+    write = storage.write_metadata
+
+    def slow_write(chk, metadata):  # the write itself, taking 0.25 s of the clock
+        write(chk, metadata)
+        clock.now += 0.25
+
+    monkeypatch.setattr(storage, "write_metadata", slow_write)
+    clock.now += 1.0
+    c.tick()
+    ack_all(c, 1)
+    assert c.history[-1].status == "completed"
+    assert c.history[-1].metadata_duration == pytest.approx(0.25)
+
+
 def test_retention_deletes_old_checkpoints(env, tmp_path):
     c, clock, sent = env
     for n in range(1, 5):
