@@ -4,6 +4,7 @@ key_by(x % keys) -> reduce(sum) -> JSONL FileSink, exactly-once).
 
     python benchmarks/bench_rescale.py [--launcher local|spark|both] [--rounds 3]
                                        [--rate 200000] [--keys 1000] [--record]
+                                       [--master 'local[6]']
 
 The job runs with a rate-limited unbounded source and a checkpoint every
 second; each round rescales it up (2 -> 3) and down (3 -> 2) with
@@ -64,7 +65,8 @@ def first_after(folder: Path, t: float, deadline: float = 60.0) -> float:
     raise TimeoutError("no record was processed after the rescale")
 
 
-def run(launcher: str, rounds: int, rate: float, keys: int) -> list[dict[str, Any]]:
+def run(launcher: str, rounds: int, rate: float, keys: int,
+        master: str = "local[6]") -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-bench-rescale-"))
     marks = tmp / "marks"
     marks.mkdir()
@@ -83,7 +85,7 @@ def run(launcher: str, rounds: int, rate: float, keys: int) -> list[dict[str, An
             checkpoints[0] = pr.checkpoints_completed
             done.set()
 
-        extra = {"master": "local[6]"} if launcher == "spark" else {}
+        extra = {"master": master} if launcher == "spark" else {}
         client = p.start(launcher=launcher, on_progress=progress, progress=False, **extra)
         rows = []
         try:
@@ -96,7 +98,7 @@ def run(launcher: str, rounds: int, rate: float, keys: int) -> list[dict[str, An
                     asked = time.time()
                     answer = client.rescale(target)
                     first = first_after(marks, asked)
-                    rows.append({"launcher": launcher, "from": 5 - target, "to": target,
+                    rows.append({"launcher": launcher, **extra, "from": 5 - target, "to": target,
                                  "pause_s": round(first - asked, 3),
                                  "tasks_running_s": round(answer["seconds"], 3)})
                     print(f"{launcher:6s} {5 - target} -> {target}: pause "
@@ -115,11 +117,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rate", type=float, default=200_000, help="records/s of the source")
     ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--master", default="local[6]", help="Spark's master (local[6])")
     ap.add_argument("--record", action="store_true", help=f"append the runs to {RESULTS}")
     args = ap.parse_args()
     launchers = ["local", "spark"] if args.launcher == "both" else [args.launcher]
     for launcher in launchers:
-        rows = run(launcher, args.rounds, args.rate, args.keys)
+        rows = run(launcher, args.rounds, args.rate, args.keys, args.master)
         for direction in ("up", "down"):
             pauses = [r["pause_s"] for r in rows if (r["to"] > r["from"]) == (direction == "up")]
             print(f"{launcher:6s} {direction:4s}: median pause {statistics.median(pauses):.3f} s, "
