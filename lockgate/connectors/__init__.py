@@ -10,6 +10,7 @@ from lockgate.connectors.iceberg import IcebergSink
 from lockgate.connectors.kafka import KafkaRecord, KafkaSink, KafkaSource
 from lockgate.connectors.nats import JetStreamSink, JetStreamSource, NatsSink
 from lockgate.connectors.postgres import PostgresSink
+from lockgate.connectors.postgres_cdc import ChangeEvent, PostgresCdcSource
 from lockgate.connectors.postgres_upsert import PostgresUpsertSink
 from lockgate.connectors.push import HttpPushSource, SocketSource
 from lockgate.connectors.redis_streams import RedisStreamSource, StreamEntry
@@ -19,6 +20,7 @@ from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
 from lockgate.connectors.writeahead import WriteAheadSinkWriter
 
 __all__ = [
+    "ChangeEvent",
     "CollectSink",
     "DataFrameSource",
     "DeltaSink",
@@ -32,6 +34,7 @@ __all__ = [
     "JetStreamSink",
     "JetStreamSource",
     "NatsSink",
+    "PostgresCdcSource",
     "PostgresSink",
     "PostgresUpsertSink",
     "RedisStreamSource",

@@ -3,5 +3,9 @@
 name without importing them."""
 
 from tests.connectors.nats_server import nats_url  # noqa: F401
-from tests.connectors.postgres_server import postgres_2pc, postgres_dsn  # noqa: F401
+from tests.connectors.postgres_server import (  # noqa: F401
+    postgres_2pc,
+    postgres_dsn,
+    postgres_logical,
+)
 from tests.connectors.redis_server import redis_url  # noqa: F401

@@ -76,9 +76,9 @@ def _tool(name: str) -> str | None:
 
 
 @contextlib.contextmanager
-def throwaway_cluster(max_prepared: int = 20) -> Iterator[str]:
+def throwaway_cluster(max_prepared: int = 20, settings: str = "") -> Iterator[str]:
     """Start a PostgreSQL cluster of its own and yield its DSN; stop and
-    remove it afterwards."""
+    remove it afterwards. ``settings``: more ``-c name=value`` options."""
     initdb, pg_ctl = _tool("initdb"), _tool("pg_ctl")
     if initdb is None or pg_ctl is None:
         missing("initdb/pg_ctl not found (install PostgreSQL's server binaries) and "
@@ -97,7 +97,7 @@ def throwaway_cluster(max_prepared: int = 20) -> Iterator[str]:
     port = _free_port()
     options = (f"-p {port} -k {root} -c listen_addresses=127.0.0.1 "
                f"-c max_prepared_transactions={max_prepared} -c fsync=off "
-               "-c synchronous_commit=off -c full_page_writes=off")
+               "-c synchronous_commit=off -c full_page_writes=off " + settings)
     try:
         subprocess.run([*as_user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust",
                         "--no-sync", "-E", "UTF8"], check=True, capture_output=True, timeout=120)
@@ -132,6 +132,26 @@ def postgres_2pc() -> Iterator[str]:
     except ImportError as e:
         missing(f"psycopg is not installed ({e}): pip install -e '.[dev]'")
     with throwaway_cluster() as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+def postgres_logical() -> Iterator[str]:
+    """The DSN of a server with ``wal_level=logical`` (change data capture):
+    ``LOCKGATE_TEST_POSTGRES_LOGICAL`` if set, else a throwaway cluster."""
+    dsn = os.environ.get("LOCKGATE_TEST_POSTGRES_LOGICAL")
+    if dsn:
+        why = _reachable(dsn)
+        if why:
+            missing(why + " (LOCKGATE_TEST_POSTGRES_LOGICAL)")
+        yield dsn
+        return
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as e:
+        missing(f"psycopg is not installed ({e}): pip install -e '.[dev]'")
+    with throwaway_cluster(settings="-c wal_level=logical -c max_replication_slots=40 "
+                                    "-c max_wal_senders=40") as dsn:
         yield dsn
 
 

@@ -1,0 +1,209 @@
+"""A decoder of PostgreSQL's ``pgoutput`` logical replication messages
+(protocol version 1), as ``pg_logical_slot_peek_binary_changes`` returns
+them: pure functions, no I/O.
+
+``decode_transactions`` turns the rows of one peek into whole transactions
+(commit order), each with its changes in order; columns come back as
+Python values from their text form: integers, floats, booleans and text as
+such, every other type as PostgreSQL's text form (``numeric``, dates, JSON:
+``str``), NULL as ``None``. Relation messages update the column lists, so a
+column added while the job runs is carried in the next changes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockgate.errors import LockgateError
+
+__all__ = ["Relation", "Change", "Transaction", "decode_transactions", "parse_value",
+           "PG_EPOCH_MS", "format_lsn", "parse_lsn"]
+
+PG_EPOCH_MS = 946_684_800_000
+"""2000-01-01 in milliseconds since the Unix epoch (PostgreSQL's timestamp zero)."""
+
+_INTS = {20, 21, 23, 26}  # int8, int2, int4, oid
+_FLOATS = {700, 701}
+_BOOL = 16
+
+
+def parse_value(type_oid: int, text: str | None) -> Any:
+    """One column's text form as a Python value (see the module doc)."""
+    if text is None:
+        return None
+    if type_oid in _INTS:
+        return int(text)
+    if type_oid in _FLOATS:
+        return float(text)
+    if type_oid == _BOOL:
+        return text == "t"
+    return text
+
+
+def format_lsn(lsn: int) -> str:
+    """``0x16B3748`` as PostgreSQL writes it: ``0/16B3748``."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+@dataclass
+class Relation:
+    """A table as the last relation message described it."""
+
+    relid: int
+    schema: str
+    name: str
+    columns: list[str]
+    types: list[int]
+    key: list[str]
+
+    @property
+    def table(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass
+class Change:
+    """One row change: ``op`` is ``insert``, ``update``, ``delete`` or
+    ``truncate``; or ``message`` (a logical decoding message: ``after`` is
+    ``{"prefix", "content"}``, ``table`` empty)."""
+
+    op: str
+    table: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    key_columns: list[str]
+
+
+@dataclass
+class Transaction:
+    """A committed transaction: ``final_lsn`` is its commit record's LSN (the
+    commit order), ``end_lsn`` the end of it; ``commit_ms`` the commit time."""
+
+    xid: int
+    final_lsn: int
+    commit_ms: int
+    end_lsn: int = 0
+    changes: list[Change] = field(default_factory=list)
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.at + size > len(self.data):
+            raise LockgateError("pgoutput: a message is cut short (a server or plugin "
+                                "this decoder does not know?)")
+        value = struct.unpack_from(fmt, self.data, self.at)
+        self.at += size
+        return value[0] if len(value) == 1 else value
+
+    def string(self) -> str:
+        end = self.data.index(b"\0", self.at)
+        text = self.data[self.at:end].decode()
+        self.at = end + 1
+        return text
+
+    def raw(self, n: int) -> bytes:
+        out = self.data[self.at:self.at + n]
+        self.at += n
+        return out
+
+
+def _tuple(r: _Reader, rel: Relation) -> dict[str, Any] | None:
+    """A TupleData as ``{column: value}``; an unchanged TOASTed value is left
+    out (the server did not send it)."""
+    n = r.take("!h")
+    row: dict[str, Any] = {}
+    for i in range(n):
+        kind = r.take("!c")
+        name = rel.columns[i] if i < len(rel.columns) else f"col{i}"
+        type_oid = rel.types[i] if i < len(rel.types) else 25
+        if kind == b"n":
+            row[name] = None
+        elif kind == b"u":
+            continue
+        elif kind in (b"t", b"b"):
+            length = r.take("!i")
+            text = r.raw(length).decode()
+            row[name] = parse_value(type_oid, text)
+        else:
+            raise LockgateError(f"pgoutput: unknown column kind {kind!r}")
+    return row
+
+
+def decode_transactions(messages: list[bytes], relations: dict[int, Relation]
+                        ) -> list[Transaction]:
+    """The whole transactions in ``messages`` (rows of one peek, in order);
+    a transaction cut off at the end (no commit yet) is left out.
+    ``relations`` is updated from the relation messages met."""
+    done: list[Transaction] = []
+    current: Transaction | None = None
+    for data in messages:
+        r = _Reader(bytes(data))
+        tag = r.take("!c")
+        if tag == b"B":
+            final_lsn, ts, xid = r.take("!qqI")
+            current = Transaction(xid, final_lsn, ts // 1000 + PG_EPOCH_MS)
+        elif tag == b"C":
+            _flags, _commit_lsn, end_lsn, _ts = r.take("!bqqq")
+            if current is not None:
+                current.end_lsn = end_lsn
+                done.append(current)
+            current = None
+        elif tag == b"R":
+            relid = r.take("!I")
+            schema, name = r.string(), r.string()
+            _identity, ncols = r.take("!bh")
+            cols, types, key = [], [], []
+            for _ in range(ncols):
+                flags = r.take("!b")
+                col = r.string()
+                type_oid, _typmod = r.take("!Ii")
+                cols.append(col)
+                types.append(type_oid)
+                if flags & 1:
+                    key.append(col)
+            relations[relid] = Relation(relid, schema or "public", name, cols, types, key)
+        elif tag in (b"I", b"U", b"D"):
+            relid = r.take("!I")
+            rel = relations.get(relid)
+            if rel is None or current is None:
+                raise LockgateError(f"pgoutput: a change of relation {relid} came before "
+                                    "its relation message or outside a transaction")
+            before = after = None
+            kind = r.take("!c")
+            if tag in (b"U", b"D") and kind in (b"K", b"O"):
+                before = _tuple(r, rel)
+                if tag == b"U":
+                    kind = r.take("!c")
+            if tag in (b"I", b"U"):
+                after = _tuple(r, rel)
+            op = {b"I": "insert", b"U": "update", b"D": "delete"}[tag]
+            current.changes.append(Change(op, rel.table, before, after, rel.key))
+        elif tag == b"T":
+            nrels, _options = r.take("!ib")
+            if current is not None:
+                for _ in range(nrels):
+                    rel = relations.get(r.take("!I"))
+                    if rel is not None:
+                        current.changes.append(Change("truncate", rel.table, None, None,
+                                                      rel.key))
+        elif tag == b"M":
+            _flags, _lsn = r.take("!bq")
+            prefix = r.string()
+            content = r.raw(r.take("!i")).decode(errors="replace")
+            if current is not None:
+                current.changes.append(Change("message", "", None,
+                                              {"prefix": prefix, "content": content}, []))
+        # 'O' (origin), 'Y' (type): nothing to carry
+    return done

@@ -1,0 +1,231 @@
+"""``PostgresCdcSource`` against a real server with ``wal_level=logical`` (a
+throwaway cluster, or ``LOCKGATE_TEST_POSTGRES_LOGICAL``): the snapshot in
+chunks and the stream while a writer inserts, updates and deletes; restores
+and rescales from the reader's state; the errors that name a fix; and the
+job under SIGKILLs (random moments, after a snapshot chunk, after a
+checkpoint completed but before the slot advanced) on both launchers.
+
+The table is ``(id bigint primary key, v int, name text)``: ``v`` counts the
+updates of a row, so the change events of a row must carry each of its
+versions exactly once (a double application or a lost change shows as a
+repeated or missing version), and applying them gives the table row for row.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from lockgate.connectors.base import TaskInfo
+from lockgate.connectors.postgres_cdc import PostgresCdcSource
+from lockgate.errors import ConfigurationError, LockgateError
+from tests.connectors.postgres_server import execute, query
+
+SOAK = bool(os.environ.get("LOCKGATE_SOAK"))
+STOP = "lockgate-test-stop"
+
+
+@pytest.fixture
+def names(postgres_logical) -> Iterator[tuple[str, str]]:
+    """A table (filled with ``id 1..N``, version 0) and a slot name of this
+    test's own; both dropped afterwards."""
+    tag = uuid.uuid4().hex[:10]
+    table, slot = f"cdc_{tag}", f"lg_{tag}"
+    execute(postgres_logical, f"CREATE TABLE {table} (id bigint PRIMARY KEY, v int NOT NULL, "
+                              "name text)")
+    yield table, slot
+    execute(postgres_logical,
+            f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            f"WHERE slot_name = '{slot}'",
+            f"DROP PUBLICATION IF EXISTS {slot}", f"DROP TABLE IF EXISTS {table}")
+
+
+def fill(dsn: str, table: str, n: int) -> None:
+    execute(dsn, f"INSERT INTO {table} SELECT i, 0, 'row ' || i FROM generate_series(1, {n}) i")
+
+
+class Writer(threading.Thread):
+    """Inserts new ids, updates (``v = v + 1``) and deletes random rows in
+    small transactions until stopped; then commits the stop message."""
+
+    def __init__(self, dsn: str, table: str, next_id: int, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.table, self.next_id = dsn, table, next_id
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.ops = 0
+        self.error: BaseException | None = None
+
+    def step(self, conn: Any) -> None:
+        t, rng = self.table, self.rng
+        with conn.transaction():
+            for _ in range(rng.randint(1, 4)):
+                r = rng.random()
+                pick = rng.randint(1, self.next_id)
+                if r < 0.3:
+                    conn.execute(f"INSERT INTO {t} VALUES (%s, 0, %s)",
+                                 (self.next_id, f"new {self.next_id}"))
+                    self.next_id += 1
+                elif r < 0.85:
+                    conn.execute(f"UPDATE {t} SET v = v + 1, name = %s WHERE id = %s",
+                                 (f"upd {rng.random():.6f}", pick))
+                else:
+                    conn.execute(f"DELETE FROM {t} WHERE id = %s", (pick,))
+        self.ops += 1
+
+    def run(self) -> None:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stop.is_set():
+                    self.step(conn)
+                conn.execute(f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
+        except BaseException as e:
+            self.error = e
+
+
+def check(events: list[tuple], dsn: str, table: str) -> None:
+    """Every row's versions came exactly once, and applying the events gives
+    the table row for row."""
+    versions: dict[int, list[int]] = {}
+    state: dict[int, tuple] = {}
+    deletes: dict[int, int] = {}
+    for op, rid, v, name in events:
+        if op == "delete":
+            deletes[rid] = deletes.get(rid, 0) + 1
+        else:
+            versions.setdefault(rid, []).append(v)
+            if v == max(versions[rid]):
+                state[rid] = (v, name)
+    for rid, vs in versions.items():
+        assert sorted(vs) == list(range(min(vs), max(vs) + 1)), \
+            f"id {rid}: versions {sorted(vs)} (a change applied twice or lost)"
+    assert all(n == 1 for n in deletes.values()), {k: n for k, n in deletes.items() if n != 1}
+    for rid in deletes:
+        state.pop(rid, None)
+    table_rows = {rid: (v, name) for rid, v, name in query(dsn, f"SELECT id, v, name FROM {table}")}
+    assert state == table_rows, (
+        f"{len(set(state) ^ set(table_rows))} ids differ, "
+        f"{sum(1 for k in state if k in table_rows and state[k] != table_rows[k])} rows differ")
+
+
+def info(task: int, p: int) -> TaskInfo:
+    return TaskInfo("job", "cdc", task, p, 128, 0)
+
+
+def read(source: PostgresCdcSource, state: list | None, p: int = 1, polls: int | None = None
+         ) -> tuple[list[tuple], list, bool]:
+    """Read with ``p`` readers restored from ``state`` (at most ``polls``
+    polls of the reading task); the events, the union of the states, ended."""
+    events: list[tuple] = []
+    snapshot: list = []
+    ended = False
+    for i in range(p):
+        reader = source.create_reader(info(i, p))
+        reader.restore(None if state is None else list(state))
+        n = 0
+        while polls is None or n < polls:
+            batch = reader.poll(100)
+            n += 1
+            if batch is None:
+                ended = True
+                break
+            events += [(e.op, (e.row or {}).get("id"), (e.row or {}).get("v"),
+                        (e.row or {}).get("name")) for e in batch]
+        snapshot += reader.snapshot_state(1)
+        reader.notify_checkpoint_complete(1)
+        reader.close()
+    return events, snapshot, ended
+
+
+def test_snapshot_and_stream_under_a_writer_restored_and_rescaled(postgres_logical, names):
+    """Chunks read while a writer runs, the reader's state restored at other
+    parallelisms in the middle of the snapshot and of the stream: every
+    version of every row once, the result equal to the table."""
+    dsn = postgres_logical
+    table, slot = names
+    fill(dsn, table, 2000)
+    source = PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=300, stop_message=STOP)
+    source.validate()
+    source.prepare("", "cdc")
+    writer = Writer(dsn, table, 2001, seed=3)
+    writer.start()
+    try:
+        events, state, _ = read(source, None, 1, polls=5)   # in the snapshot
+        more, state, _ = read(source, state, 3, polls=40)   # rescaled to 3, snapshot ends
+        events += more
+        assert any(op == "read" for op, *_ in more) and any(op != "read" for op, *_ in more)
+        more, state, _ = read(source, state, 2, polls=30)   # in the stream, rescaled to 2
+        events += more
+    finally:
+        writer.stop.set()
+        writer.join(60)
+    assert writer.error is None, writer.error
+    more, state, ended = read(source, state, 1)
+    events += more
+    assert ended
+    assert writer.ops > 20
+    check(events, dsn, table)
+
+
+def test_a_column_added_is_carried(postgres_logical, names):
+    dsn = postgres_logical
+    table, slot = names
+    fill(dsn, table, 10)
+    source = PostgresCdcSource(dsn, table, slot=slot, stop_message=STOP)
+    source.prepare("", "cdc")
+    reader = source.create_reader(info(0, 1))
+    reader.restore(None)
+    got = reader.poll(50) or []
+    execute(dsn, f"ALTER TABLE {table} ADD COLUMN note text",
+            f"INSERT INTO {table} VALUES (11, 0, 'x', 'added')",
+            f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
+    while (batch := reader.poll(50)) is not None:
+        got += batch
+    reader.close()
+    assert [e.after for e in got if e.op == "read"][0] == {"id": 1, "v": 0, "name": "row 1"}
+    inserts = [e for e in got if e.op == "insert"]
+    assert [e.after for e in inserts] == [{"id": 11, "v": 0, "name": "x", "note": "added"}]
+    assert all(e.commit_ms > 1_600_000_000_000 for e in got)
+
+
+def test_a_dropped_slot_and_a_lost_position_fail_with_the_fix(postgres_logical, names):
+    dsn = postgres_logical
+    table, slot = names
+    fill(dsn, table, 5)
+    source = PostgresCdcSource(dsn, table, slot=slot)
+    source.prepare("", "cdc")
+    _, state, _ = read(source, None, 1, polls=3)
+    execute(dsn, f"INSERT INTO {table} VALUES (6, 0, 'x')", "SELECT pg_switch_wal()")
+    # the slot moves past the checkpoint's position (another reader of it)
+    execute(dsn, f"SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())")
+    with pytest.raises(LockgateError, match="past the position .* Restore the latest"):
+        read(source, state, 1, polls=1)
+    execute(dsn, f"SELECT pg_drop_replication_slot('{slot}')")
+    with pytest.raises(LockgateError, match="was dropped.*start the job fresh"):
+        read(source, state, 1, polls=1)
+
+
+def test_settings_are_checked_at_start(postgres_dsn, postgres_logical, names):
+    table, _slot = names
+    wal = query(postgres_dsn, "SHOW wal_level")[0][0]
+    if wal != "logical":
+        with pytest.raises(ConfigurationError, match="wal_level=logical"):
+            PostgresCdcSource(postgres_dsn, "t", slot="s").validate()
+    execute(postgres_logical, f"CREATE TABLE {table}_nokey (a int)")
+    try:
+        with pytest.raises(ConfigurationError, match="no primary key"):
+            PostgresCdcSource(postgres_logical, f"{table}_nokey", slot="s").validate()
+    finally:
+        execute(postgres_logical, f"DROP TABLE {table}_nokey")
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        PostgresCdcSource(postgres_logical, "no_such_table", slot="s").validate()
+    with pytest.raises(ConfigurationError, match="lower-case"):
+        PostgresCdcSource(postgres_logical, table, slot="Bad-Slot")
