@@ -236,3 +236,22 @@ def test_delta_orders(tmp_path, way):
     assert got.keys() == want.keys()
     for u, (count, total) in want.items():
         assert got[u][0] == count and got[u][1] == pytest.approx(total), u
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_iceberg_orders(tmp_path, way):
+    pytest.importorskip("pyiceberg")
+    from pyiceberg.catalog import load_catalog
+
+    run_example(way, "iceberg_orders.py", ["20000"], tmp_path)
+    lake = tmp_path / "lake"
+    tables = load_catalog("lockgate", type="sql", uri=f"sqlite:///{lake}/catalog.db",
+                          warehouse=f"file://{lake}/warehouse")
+    orders = tables.load_table("shop.orders").scan().to_arrow()
+    assert sorted(orders.column("order").to_pylist()) == list(range(1, 20001))
+    totals = tables.load_table("shop.totals").scan().to_arrow()
+    got = {r["user"]: (r["orders"], r["total"]) for r in totals.to_pylist()}
+    want = {u: (200, sum(o / 100 for o in range(u or 100, 20001, 100))) for u in range(100)}
+    assert got.keys() == want.keys()
+    for u, (count, total) in want.items():
+        assert got[u][0] == count and got[u][1] == pytest.approx(total), u
