@@ -363,14 +363,18 @@ def test_exactly_once_under_kills(tmp_path, kafka_broker, launcher):
 
 def test_example_kafka_sums(tmp_path, kafka_broker, monkeypatch):
     """examples/kafka_sums.py fills its topic once, then each run (``lockgate
-    run``, then ``python`` on Spark) commits every running sum once."""
+    run``, then ``python`` on Spark, each from a folder of its own: run again
+    in the same folder, a job resumes its finished run and reads nothing new)
+    commits every running sum once."""
     from tests.connectors.kafka_topics import end_offsets
     from tests.integration.test_examples import run_example
 
     n, seen = 5_000, {}
     monkeypatch.setenv("LOCKGATE_KAFKA", kafka_broker)
     for way in ("lockgate run", "python"):
-        out = run_example(way, "kafka_sums.py", [str(n)], tmp_path)
+        folder = tmp_path / way.replace(" ", "-")
+        folder.mkdir()
+        out = run_example(way, "kafka_sums.py", [str(n)], folder)
         if way == "python":
             assert f"{n} running sums committed" in out.stdout, out.stdout
         records = read_all(kafka_broker, "lockgate-sums")
