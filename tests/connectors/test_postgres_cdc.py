@@ -13,20 +13,26 @@ repeated or missing version), and applying them gives the table row for row.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lockgate.connectors import CollectSink
 from lockgate.connectors.base import TaskInfo
 from lockgate.connectors.postgres_cdc import PostgresCdcSource
 from lockgate.errors import ConfigurationError, LockgateError
 from tests.connectors.postgres_server import execute, query
+from tests.fault.checks import drive
 
+JOB = Path(__file__).parent / "cdc_job.py"
 SOAK = bool(os.environ.get("LOCKGATE_SOAK"))
 STOP = "lockgate-test-stop"
 
@@ -229,3 +235,42 @@ def test_settings_are_checked_at_start(postgres_dsn, postgres_logical, names):
         PostgresCdcSource(postgres_logical, "no_such_table", slot="s").validate()
     with pytest.raises(ConfigurationError, match="lower-case"):
         PostgresCdcSource(postgres_logical, table, slot="Bad-Slot")
+
+
+def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
+    """The job reads the snapshot and the stream while the writer runs;
+    SIGKILLs after a snapshot chunk, after a checkpoint completed and before
+    the slot advanced (``commit``), and at random moments: the committed
+    events are exactly once and equal the table."""
+    dsn = postgres_logical
+    table, slot = names
+    n, chunk, p = (20_000 if SOAK else 3000), 500, 2
+    fill(dsn, table, n)
+    out = tmp_path / "out"
+    faults = [{"point": "commit", "task": 0, "attempt": 1, "count": 3}]
+    kills = 3 if SOAK else 1
+    cmd = [sys.executable, str(JOB), "--dsn", dsn, "--table", table, "--slot", slot,
+           "--out", str(out), "--storage", str(tmp_path / "chk"), "--parallelism", str(p),
+           "--chunk", str(chunk), "--rate", "4000", "--faults", json.dumps(faults),
+           "--kill-marker", str(tmp_path / "killed-after-chunk"), "--launcher", launcher]
+    # the slot first (the job finds it): it holds every change of the writer
+    PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
+    writer = Writer(dsn, table, n + 1, seed=7)
+    writer.start()
+    stopper = threading.Timer(20 if SOAK else 8, writer.stop.set)
+    stopper.start()
+    try:
+        result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.5, 2.0),
+                             timeout=400)
+    finally:
+        stopper.cancel()
+        writer.stop.set()
+        writer.join(60)
+    assert writer.error is None, writer.error
+    assert done == kills and result["status"] == "finished", result
+    assert result["restarts"] >= 2, result["failures"]
+    assert (tmp_path / "killed-after-chunk").exists()
+    events = CollectSink(str(out)).results()
+    assert sum(1 for e in events if e[0] == "read") >= n // 2
+    assert sum(1 for e in events if e[0] != "read") > 10
+    check([tuple(e) for e in events], dsn, table)
