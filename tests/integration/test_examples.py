@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.connectors.postgres_server import postgres_logical  # noqa: F401
 from tests.fixtures import committed_lines
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -255,3 +256,34 @@ def test_iceberg_orders(tmp_path, way):
     assert got.keys() == want.keys()
     for u, (count, total) in want.items():
         assert got[u][0] == count and got[u][1] == pytest.approx(total), u
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_postgres_cdc(tmp_path, way, postgres_logical, monkeypatch):  # noqa: F811
+    """The snapshot and the writer's changes, once each: applying the events
+    by id gives the table."""
+    import psycopg
+
+    monkeypatch.setenv("POSTGRES_CDC_DSN", postgres_logical)
+    out = run_example(way, "postgres_cdc.py", ["3000"], tmp_path)
+    assert "change events written" in out.stdout or "finished" in out.stdout, out.stdout
+    rows: dict[int, dict] = {}
+    versions: dict[int, list[int]] = {}
+    deleted: list[int] = []
+    for e in committed_lines(tmp_path / "out" / "changes"):
+        if e["op"] == "delete":
+            deleted.append(e["before"]["id"])
+            continue
+        row = e["after"]
+        versions.setdefault(row["id"], []).append(row["version"])
+        if row["version"] == max(versions[row["id"]]):
+            rows[row["id"]] = row
+    # each version of a row once (the writer's update counts them), each delete once
+    assert all(sorted(v) == list(range(min(v), max(v) + 1)) for v in versions.values())
+    assert len(deleted) == len(set(deleted))
+    for i in deleted:
+        rows.pop(i, None)
+    with psycopg.connect(postgres_logical) as conn:
+        table = {r[0]: {"id": r[0], "status": r[1], "version": r[2]}
+                 for r in conn.execute("SELECT id, status, version FROM cdc_orders")}
+    assert rows == table
