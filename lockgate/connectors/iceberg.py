@@ -22,7 +22,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
@@ -32,7 +31,11 @@ from lockgate.connectors.lakehouse import (
     LakeSinkWriter,
     LakeTable,
     StagedFile,
+    beside,
     fault_point,
+    plain_uri,
+    read_parquet,
+    read_parquet_schema,
     require_lost,
     safe,
 )
@@ -124,11 +127,11 @@ class IcebergTarget(LakeTable):
         schema = None
         for f in files:
             if fs.exists(f.path):
-                schema = schema or pq.read_schema(fs.local_path(f.path) or f.path)
+                schema = schema or read_parquet_schema(f.path)
         table = self._ensure_table(schema) if schema is not None else self._table()
         if table is None:
             raise require_lost(files[0].path, self.uid)
-        data = fs.join(table.location(), "data")
+        data = fs.join(beside(files[0].path, table.location()), "data")
         fs.makedirs(data)
         paths = []
         for f in files:
@@ -137,7 +140,7 @@ class IcebergTarget(LakeTable):
                 fs.move(f.path, final)
             elif not fs.exists(final):
                 raise require_lost(f.path, self.uid)
-            paths.append(final)
+            paths.append(plain_uri(final))
         fs.sync_dir(data)
         fault_point("moved", self.attempt)
         table.add_files(paths, snapshot_properties=props, check_duplicate_files=False)
@@ -156,7 +159,7 @@ class IcebergTarget(LakeTable):
         for f in files:
             if not fs.exists(f.path):
                 raise require_lost(f.path, self.uid)
-            parts.append(pq.read_table(fs.local_path(f.path) or f.path))
+            parts.append(read_parquet(f.path))
         changes = last_per_key(pa.concat_tables(parts, promote_options="default"), self.key)
         table = self._ensure_table(changes.schema)
         fault_point("moved", self.attempt)

@@ -40,6 +40,7 @@ import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -151,6 +152,43 @@ def fault_point(point: str, attempt: int) -> None:
     """SIGKILL this process if :data:`KILL_ENV` names ``point`` in ``attempt``."""
     if os.environ.get(KILL_ENV) == f"{point}@{attempt}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def beside(location: str, uri: str) -> str:
+    """``uri``, a plain path or URL that a table format names (no
+    credentials), as a location on ``location``'s filesystem (the same
+    scheme, bucket, credentials and options)."""
+    local = fs.local_path(uri)
+    if local is not None:
+        return local
+    loc, u = urlsplit(location), urlsplit(uri)
+    if loc.scheme != u.scheme or loc.netloc.rpartition("@")[2] != u.netloc:
+        raise ConfigurationError(
+            f"the table's data folder {uri} is not in the bucket of the staging folder "
+            f"{fs.redact(location)}; put the staging folder in the table's bucket")
+    return urlunsplit((loc.scheme, loc.netloc, u.path, loc.query, ""))
+
+
+def plain_uri(location: str) -> str:
+    """``location`` without credentials and options: as a table format records it."""
+    local = fs.local_path(location)
+    if local is not None:
+        return local
+    loc = urlsplit(location)
+    return urlunsplit((loc.scheme, loc.netloc.rpartition("@")[2], loc.path, "", ""))
+
+
+def read_parquet(location: str) -> pa.Table:
+    """The Parquet file at ``location`` (a path or a :mod:`lockgate.fs` URL)."""
+    filesystem, path = fs.resolve(location)
+    return pq.read_table(path, filesystem=filesystem)
+
+
+def read_parquet_schema(location: str) -> pa.Schema:
+    """The Arrow schema of the Parquet file at ``location``."""
+    filesystem, path = fs.resolve(location)
+    with filesystem.open_input_file(path) as f:
+        return pq.read_schema(f)
 
 
 def write_parquet(path: str, batches: list[Any]) -> int:
