@@ -100,6 +100,17 @@ class StagedFile:
                 f"-t{self.task}-a{self.attempt}.parquet")
 
 
+def valid_handle(h: dict[str, Any]) -> bool:
+    """Whether a restored (untrusted) entry is a lakehouse handle: its file a
+    staged name of its own checkpoint and task, its ids integers, its app
+    and job strings."""
+    parsed = parse_staged_name(h.get("file")) if isinstance(h.get("file"), str) else None
+    ids = (h.get("checkpoint_id"), h.get("task_index"))
+    return (parsed is not None and all(type(i) is int for i in ids)
+            and parsed[:2] == ids and isinstance(h.get("app"), str)
+            and isinstance(h.get("job"), str) and type(h.get("rows", 0)) is int)
+
+
 @dataclass
 class RecoveryPlan:
     """What a restored sink does: per app id the newest checkpoint and its files."""
@@ -344,8 +355,7 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
         Step 3. Keep the restored handles of this task as pending until the
                 table shows them committed."""
         for h in handles:
-            if parse_staged_name(str(h.get("file", ""))) is None or "app" not in h \
-                    or "job" not in h:
+            if not valid_handle(h):
                 raise ConfigurationError(
                     f"sink {self.info.uid!r}: restored entry {h!r} is not a lakehouse sink "
                     "handle; restore the checkpoint with the sink that wrote it")

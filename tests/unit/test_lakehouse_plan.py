@@ -1,0 +1,83 @@
+"""The pure pieces of the lakehouse sinks: staged names, restored handles
+(untrusted), the recovery plan, the last change per key, the committed
+checkpoint of Iceberg snapshot summaries."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pytest
+
+from lockgate.connectors.delta import last_per_key
+from lockgate.connectors.iceberg import committed_in
+from lockgate.connectors.lakehouse import (
+    app_id,
+    beside,
+    parse_staged_name,
+    plain_uri,
+    plan_recovery,
+    safe,
+    staged_name,
+    valid_handle,
+)
+from lockgate.errors import ConfigurationError
+
+
+def handle(cid: int, task: int, app: str = "a", attempt: int = 0) -> dict:
+    return {"app": app, "job": "j", "file": staged_name(cid, task, attempt), "rows": 3,
+            "checkpoint_id": cid, "task_index": task}
+
+
+def test_staged_names_round_trip_and_reject_others():
+    assert parse_staged_name(staged_name(12, 3, 4)) == (12, 3, 4)
+    for bad in ("c1-t2.parquet", "../c1-t2-a3.parquet", "c1-t2-a3.parquet.inprogress", ""):
+        assert parse_staged_name(bad) is None
+    assert safe("a/../b c") == "a_.._b_c"
+    assert app_id("job-1", "out") == "lockgate/job-1/out"
+
+
+def test_restored_handles_are_checked():
+    assert valid_handle(handle(3, 1))
+    assert not valid_handle({**handle(3, 1), "file": "../../etc/passwd"})
+    assert not valid_handle({**handle(3, 1), "checkpoint_id": 4})  # file of another checkpoint
+    assert not valid_handle({**handle(3, 1), "task_index": "1"})
+    assert not valid_handle({**handle(3, 1), "job": 7})
+    assert not valid_handle({k: v for k, v in handle(3, 1).items() if k != "app"})
+
+
+def test_plan_commits_only_what_the_table_lacks():
+    handles = [handle(5, 1), handle(4, 0), handle(6, 0), handle(2, 0, app="old")]
+    plan = plan_recovery(handles, {"a": 4, "old": None})
+    assert [(h["app"], h["checkpoint_id"]) for h in plan.to_commit] == [
+        ("old", 2), ("a", 5), ("a", 6)]
+    assert plan.versions == {"a": 6, "old": 2}
+    assert [h["checkpoint_id"] for h in plan.committed] == [4]
+    assert plan_recovery(handles, {"a": 9, "old": 2}).to_commit == []
+
+
+def test_last_change_per_key_keeps_row_order():
+    t = pa.table({"k": [1, 2, 1, 3, 2], "v": [10, 20, 11, 30, 21]})
+    assert last_per_key(t, ["k"]).to_pydict() == {"k": [1, 3, 2], "v": [11, 30, 21]}
+    t2 = pa.table({"a": [1, 1, 1], "b": [1, 2, 1], "v": [1, 2, 3]})
+    assert sorted(last_per_key(t2, ["a", "b"]).column("v").to_pylist()) == [2, 3]
+
+
+def test_committed_checkpoint_of_iceberg_summaries():
+    snaps = [SimpleNamespace(summary={"lockgate.checkpoint.a": "3"}),
+             SimpleNamespace(summary={"lockgate.checkpoint.a": "7", "x": "y"}),
+             SimpleNamespace(summary={"lockgate.checkpoint.b": "9"}),
+             SimpleNamespace(summary={"lockgate.checkpoint.a": "-1"}),  # not an id
+             SimpleNamespace(summary=None)]
+    assert committed_in(snaps, "a") == 7
+    assert committed_in(snaps, "c") is None
+
+
+def test_table_locations_beside_the_staging_url():
+    staging = "s3://K:S@bucket/staging/x?endpoint_override=h:1&scheme=http"
+    assert beside(staging, "s3://bucket/wh/t") == \
+        "s3://K:S@bucket/wh/t?endpoint_override=h:1&scheme=http"
+    assert plain_uri(beside(staging, "s3://bucket/wh/t/data/f")) == "s3://bucket/wh/t/data/f"
+    assert beside(staging, "file:///tmp/wh") == "/tmp/wh"
+    with pytest.raises(ConfigurationError, match="bucket"):
+        beside(staging, "s3://other/wh")
