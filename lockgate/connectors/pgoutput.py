@@ -93,18 +93,24 @@ class Transaction:
     changes: list[Change] = field(default_factory=list)
 
 
+_STRUCTS: dict[str, struct.Struct] = {}
+
+
 class _Reader:
     def __init__(self, data: bytes) -> None:
         self.data = data
         self.at = 0
 
     def take(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        if self.at + size > len(self.data):
+        st = _STRUCTS.get(fmt)
+        if st is None:
+            st = _STRUCTS[fmt] = struct.Struct(fmt)
+        try:
+            value = st.unpack_from(self.data, self.at)
+        except struct.error as e:
             raise LockgateError("pgoutput: a message is cut short (a server or plugin "
-                                "this decoder does not know?)")
-        value = struct.unpack_from(fmt, self.data, self.at)
-        self.at += size
+                                "this decoder does not know?)") from e
+        self.at += st.size
         return value[0] if len(value) == 1 else value
 
     def string(self) -> str:
@@ -124,8 +130,10 @@ def _tuple(r: _Reader, rel: Relation) -> dict[str, Any] | None:
     out (the server did not send it)."""
     n = r.take("!h")
     row: dict[str, Any] = {}
+    data = r.data
     for i in range(n):
-        kind = r.take("!c")
+        kind = data[r.at:r.at + 1]
+        r.at += 1
         name = rel.columns[i] if i < len(rel.columns) else f"col{i}"
         type_oid = rel.types[i] if i < len(rel.types) else 25
         if kind == b"n":
@@ -141,25 +149,35 @@ def _tuple(r: _Reader, rel: Relation) -> dict[str, Any] | None:
     return row
 
 
-def decode_transactions(messages: list[bytes], relations: dict[int, Relation]
-                        ) -> list[Transaction]:
+def decode_transactions(messages: list[bytes], relations: dict[int, Relation],
+                        read_up_to: tuple[int, bool] = (0, False)) -> list[Transaction]:
     """The whole transactions in ``messages`` (rows of one peek, in order);
     a transaction cut off at the end (no commit yet) is left out.
-    ``relations`` is updated from the relation messages met."""
+    ``relations`` is updated from the relation messages met.
+    ``read_up_to``: ``(commit LSN, whole)``: transactions committed before it
+    (or at it, if ``whole``) were read already; their changes are not decoded
+    and they are left out."""
     done: list[Transaction] = []
     current: Transaction | None = None
+    skipping = False
+    up_to, whole = read_up_to
     for data in messages:
+        tag = bytes(data[:1])
+        if skipping and tag in (b"I", b"U", b"D", b"T", b"M"):
+            continue
         r = _Reader(bytes(data))
-        tag = r.take("!c")
+        r.at = 1
         if tag == b"B":
             final_lsn, ts, xid = r.take("!qqI")
+            skipping = final_lsn < up_to or (whole and final_lsn == up_to)
             current = Transaction(xid, final_lsn, ts // 1000 + PG_EPOCH_MS)
         elif tag == b"C":
             _flags, _commit_lsn, end_lsn, _ts = r.take("!bqqq")
-            if current is not None:
+            if current is not None and not skipping:
                 current.end_lsn = end_lsn
                 done.append(current)
             current = None
+            skipping = False
         elif tag == b"R":
             relid = r.take("!I")
             schema, name = r.string(), r.string()

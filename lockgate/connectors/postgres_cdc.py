@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -251,7 +252,9 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         self.state: dict[str, Any] | None = None
         self.conn: psycopg.Connection[Any] | None = None
         self.relations: dict[int, Relation] = {}
-        self.buffer: list[tuple[ChangeEvent | None, list[int]]] = []
+        self.buffer: deque[tuple[ChangeEvent | None, list[int]]] = deque()
+        self._decoded = 0
+        """Rows the last read of the log returned (the next decodes past them)."""
         self.targets: dict[int, int] = {}
         self.advanced = 0
         self._stopped = False
@@ -316,7 +319,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
             self._fetch()
         out: list[ChangeEvent] = []
         while self.buffer and len(out) < max_records:
-            event, pos = self.buffer.pop(0)
+            event, pos = self.buffer.popleft()
             state["pos"] = pos
             if event is not None:
                 out.append(event)
@@ -364,10 +367,13 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         """Decode the log after the position into the buffer (events the
         snapshot already holds come as None: they only move the position)."""
         assert self.state is not None
-        state, n = self.state, self.source.peek_changes
+        state = self.state
+        n = self._decoded + max(self.source.peek_changes, self._decoded)  # geometric growth
         while True:
             rows = self._peek(None, n)
-            txns = decode_transactions(rows, self.relations)
+            self._decoded = len(rows)
+            final, _index, end = state["pos"]
+            txns = decode_transactions(rows, self.relations, (final, bool(end)))
             for txn in txns:
                 first = skip(state["pos"], txn)
                 for i in range(first, len(txn.changes)):
@@ -469,3 +475,4 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         except pg.errors.ObjectInUse:
             return  # held for a moment by a backend of a task that died: next time
         self.advanced = target
+        self._decoded = 0  # the slot starts later now: fewer rows before the position
