@@ -154,18 +154,71 @@ def timestamp(x: int) -> int:
     return 10 * x - (x * 7) % OUT_OF_ORDER
 
 
+def timestamp_near_late(x: int) -> int:
+    """:func:`timestamp`, and every 5th record after 1,000 (not one of
+    those) too late for every window and for the allowed lateness by about
+    one batch: late whichever batches the records come in, but on time
+    under a watermark a few batches behind (a window task restored with
+    another task's older watermark)."""
+    if x > 1_000 and x % 97 and x % 89 and x % 5 == 0:
+        return 10 * x - 7_000
+    return timestamp(x)
+
+
+STAMPS: dict[str, Callable[[int], int]] = {"default": timestamp, "near-late": timestamp_near_late}
+"""The event times a job may use, by name."""
+
+
 def job_reference(n: int, keys: int, assign: Callable[[int], list[Window]], *,
                   merging: bool = False, lateness: int = LATENESS,
-                  result: Callable[[list[Any]], Any] = sum) -> tuple[list[tuple], list[int]]:
+                  result: Callable[[list[Any]], Any] = sum,
+                  stamp: Callable[[int], int] = timestamp) -> tuple[list[tuple], list[int]]:
     """The firings and late records of ``1..n`` keyed by ``x % keys`` (value
-    ``x``), the same under the exact watermark after every record as under
-    the one of batches of ``BATCH``."""
+    ``x``, event time ``stamp(x)``), the same under the exact watermark
+    after every record as under the one of batches of ``BATCH``."""
     xs = list(range(1, n + 1))
-    stamps = [timestamp(x) for x in xs]
+    stamps = [stamp(x) for x in xs]
     runs = [simulate(xs, stream_watermarks(stamps, OUT_OF_ORDER, behind),
-                     key_of=lambda x: x % keys, ts_of=timestamp, value_of=lambda x: x,
+                     key_of=lambda x: x % keys, ts_of=stamp, value_of=lambda x: x,
                      assign=assign, merging=merging, lateness=lateness, result=result)
             for behind in (1, BATCH)]
     (fired, late), (fired_b, late_b) = runs
     assert sorted(fired) == sorted(fired_b) and late == late_b, "the input is not late by design"
     return fired, late
+
+
+def join_reference(n: int, keys: int, bound: int,
+                   stamp: Callable[[int], int]) -> tuple[list[tuple[int, int]], list[int]]:
+    """An interval join of ``1..n`` (left) with their negatives (right),
+    both keyed by ``x % keys``, ``between(-bound, bound)``: the pairs
+    ``(x, -y)`` and the late records (``x`` and ``-x``), the same under the
+    exact watermark after every record as under the one of batches of
+    ``BATCH``. A record on time pairs with every record of its key on time
+    within ``bound``: the one that came first is kept until the watermark
+    reaches its time plus ``bound``, which is beyond the watermark when the
+    second comes (it is on time)."""
+    xs = list(range(1, n + 1))
+    stamps = [stamp(x) for x in xs]
+    lates = []
+    for behind in (1, BATCH):
+        marks = stream_watermarks(stamps, OUT_OF_ORDER, behind)
+        lates.append({x for x, ts, wm in zip(xs, stamps, marks, strict=True)
+                      if wm != MIN and ts < wm})
+    assert lates[0] == lates[1], "the input is not late by design"
+    by_key: dict[int, list[tuple[int, int]]] = {}
+    for x, ts in zip(xs, stamps, strict=True):
+        if x not in lates[0]:
+            by_key.setdefault(x % keys, []).append((ts, x))
+    pairs = []
+    for records in by_key.values():
+        records.sort()
+        lo = 0
+        for ts, x in records:
+            while records[lo][0] < ts - bound:
+                lo += 1
+            i = lo
+            while i < len(records) and records[i][0] <= ts + bound:
+                pairs.append((x, -records[i][1]))
+                i += 1
+    late = sorted(lates[0])
+    return pairs, late + [-x for x in late]

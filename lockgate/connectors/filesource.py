@@ -263,7 +263,8 @@ class FileSourceReader(SourceReader[Any]):
         self._progress: dict[str, dict[str, Any]] = {}
         self._queue: deque[str] = deque()
         self._queued: set[str] = set()
-        self._current: _SplitReader | None = None
+        self._open: deque[_SplitReader] = deque()
+        """The files being read, in turn (the next one first)."""
         self._initialized = False
         self._last_scan = float("-inf")
 
@@ -329,10 +330,10 @@ class FileSourceReader(SourceReader[Any]):
         self._initialized = True
 
     def poll(self, max_records: int) -> list[Any] | None:
-        """Up to ``max_records`` records; ``None`` when bounded and done.
+        """Up to ``max_records`` records of one file; ``None`` when bounded and done.
 
         Step 1. (watch) Rescan the folder if ``poll_interval`` has passed.
-        Step 2. Read from the current file, moving to the next when one ends.
+        Step 2. Read from the next unfinished file in turn (``last_split``).
         Step 3. Report the end (bounded) or return what was read.
         """
         if not self._initialized:
@@ -343,37 +344,60 @@ class FileSourceReader(SourceReader[Any]):
             self._scan()
         # Step 2. Read.
         out: list[Any] = []
-        while len(out) < max_records:
-            cur = self._current
+        while not out:
+            cur = self._next_split()
             if cur is None:
-                if not self._queue:
-                    break
-                rel = self._queue.popleft()
-                self._queued.discard(rel)
-                prog = self._progress.setdefault(rel, {"file": rel, "offset": 0, "done": False})
-                cur = self._current = _READERS[src.format](self._path(rel), rel, prog["offset"])
-                prog["offset"] = cur.offset
-            out.extend(cur.read(max_records - len(out)))
-            prog = self._progress[cur.rel]
-            prog["offset"] = cur.offset
-            if cur.exhausted:
-                prog["done"] = True
-                cur.close()
-                self._current = None
+                break
+            out = cur.read(max_records)
+            self.last_split = cur.rel
+            self._advanced(cur)
         # Step 3. End of a bounded input?
-        if not out and not src.watch and self._current is None and not self._queue:
+        if not out and not src.watch and not self._open and not self._queue:
             return None
         return out
+
+    def _next_split(self) -> _SplitReader | None:
+        """The split to read from now: the open ones in turn, each new file
+        opened when its turn comes (every file of the task is read
+        interleaved, so each holds the task's watermark back until it ends)."""
+        if self._queue:
+            rel = self._queue.popleft()
+            self._queued.discard(rel)
+            prog = self._progress.setdefault(rel, {"file": rel, "offset": 0, "done": False})
+            cur = self._open_split(rel, prog["offset"])
+            prog["offset"] = cur.offset
+            self._open.append(cur)
+            return cur
+        if not self._open:
+            return None
+        cur = self._open.popleft()
+        self._open.append(cur)
+        return cur
+
+    def _open_split(self, rel: str, offset: int) -> _SplitReader:
+        return _READERS[self.source.format](self._path(rel), rel, offset)
+
+    def _advanced(self, cur: _SplitReader) -> None:
+        """Record ``cur``'s position after a read; close it at its end."""
+        prog = self._progress[cur.rel]
+        prog["offset"] = cur.offset
+        if cur.exhausted:
+            prog["done"] = True
+            cur.close()
+            self._open.remove(cur)
+
+    def unfinished_splits(self) -> list[Any]:
+        """The files of this task not read to their end: open or queued."""
+        return [cur.rel for cur in self._open] + list(self._queue)
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """One entry per started or finished file, in name order."""
         return [dict(self._progress[rel]) for rel in sorted(self._progress)]
 
     def close(self) -> None:
-        """Close the open file."""
-        if self._current is not None:
-            self._current.close()
-            self._current = None
+        """Close the open files."""
+        while self._open:
+            self._open.popleft().close()
 
 
 class FileSource(Source[Any]):

@@ -87,7 +87,8 @@ class _ArrowPoll(FileSourceReader):
         self._emitted = 0
 
     def poll(self, max_records: int) -> Any:
-        """A record batch of up to ``batch_rows`` rows of one file; ``[]`` when
+        """A record batch of up to ``batch_rows`` rows of one file (the files
+        in turn, as rows are read); ``[]`` when
         nothing is there now (or the rate says wait); ``None`` at the end of a
         bounded input."""
         if not self._initialized:
@@ -102,27 +103,21 @@ class _ArrowPoll(FileSourceReader):
         if src.watch and time.monotonic() - self._last_scan >= src.poll_interval:
             self._scan()
         while True:
-            cur = self._current
+            cur = self._next_split()
             if cur is None:
-                if not self._queue:
-                    break
-                rel = self._queue.popleft()
-                self._queued.discard(rel)
-                prog = self._progress.setdefault(rel, {"file": rel, "offset": 0, "done": False})
-                cur = self._current = _ParquetBatches(self._path(rel), rel, prog["offset"])
+                break
             batch = cur.read(rows)
-            prog = self._progress[cur.rel]
-            prog["offset"] = cur.offset
-            if cur.exhausted:
-                prog["done"] = True
-                cur.close()
-                self._current = None
+            self.last_split = cur.rel
+            self._advanced(cur)
             if batch is not None:
                 self._emitted += len(batch)
                 return batch
-        if not src.watch and self._current is None and not self._queue:
+        if not src.watch and not self._open and not self._queue:
             return None
         return []
+
+    def _open_split(self, rel: str, offset: int) -> _ParquetBatches:
+        return _ParquetBatches(self._path(rel), rel, offset)
 
 
 class ArrowFileSourceReader(_ArrowPoll):

@@ -12,9 +12,9 @@ watermark reaches it, no right record that is not late can match it any
 more. A right record at ``t`` alike, with the interval ``t - upper .. t -
 lower`` and a clean-up at ``t - lower`` (``t`` if ``lower >= 0``). A timer
 of a key removes the key's records whose clean-up time it reached. The
-operator keeps its watermark in its checkpoints (union operator state, the
-smallest of the old tasks' is restored, like the window operator): records
-late before a failure are late after it too.
+operator keeps its watermark in its checkpoints (each subtask its own, like
+the window operator: :mod:`lockgate.runtime.watermark_state`): records late
+before a failure are late after it too.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from lockgate.api.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.runtime.coprocess import TwoInputOperator
 from lockgate.runtime.operators import KeyedContext, OperatorSnapshot, user_hook
+from lockgate.runtime.watermark_state import restored_watermark, watermark_entry
 from lockgate.state.backend import MapStateDescriptor
 from lockgate.state.serde import StateSerializer
 from lockgate.state.values import ATOMIC, private_copy
@@ -76,17 +77,18 @@ class IntervalJoinOperator(TwoInputOperator):
 
     def restore_operator_state(self, entries: list[Any] | None) -> None:
         assert self.timers is not None
-        marks = [float(e) for e in entries or ()
-                 if isinstance(e, int | float) and not isinstance(e, bool)]
-        if marks:
-            self._floor = self.timers.watermark = min(marks)
+        mark = restored_watermark(entries, self.info.task_index, self.info.parallelism,
+                                  f"operator {self.uid!r}")
+        if mark is not None:
+            self._floor = self.timers.watermark = mark
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         assert self.backend is not None and self.timers is not None
         watermark = self.timers.watermark
         if watermark == MAX_WATERMARK:
             watermark = self._finite
-        return OperatorSnapshot(self.backend.snapshot(), [watermark])
+        return OperatorSnapshot(self.backend.snapshot(), [watermark_entry(
+            self.info.task_index, self.info.parallelism, watermark)])
 
     def _cleanup(self, side: int, ts: int) -> int:
         j = self.join

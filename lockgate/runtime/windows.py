@@ -44,6 +44,7 @@ from lockgate.api.windows import (
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.runtime.operators import KeyedContext, KeyedOperator, OperatorSnapshot, user_hook
 from lockgate.runtime.timers import KeyedTimers, processing_time
+from lockgate.runtime.watermark_state import restored_watermark, watermark_entry
 from lockgate.runtime.window_triggers import TRIGGER_STATE, TriggerRunner
 from lockgate.state.backend import MapStateDescriptor, ValueStateDescriptor
 from lockgate.state.serde import StateSerializer
@@ -111,9 +112,10 @@ class WindowOperator(KeyedOperator):
         self.ctx = KeyedContext(self, self.timers)
         self.window_ctx = _Context(self)
         self._floor = MIN_WATERMARK
-        """The watermark restored from the checkpoint (the smallest of its
-        subtasks'): event time never goes back behind it, so a record late
-        before a failure is late after the restore too."""
+        """The watermark restored from the checkpoint (this subtask's own,
+        :mod:`~lockgate.runtime.watermark_state`): event time never goes back
+        behind it, so a record late before a failure is late after the
+        restore too."""
         self._finite = MIN_WATERMARK
         """The last watermark before the end of input's."""
         self._fresh: set[tuple[Any, Window | None]] = set()
@@ -125,9 +127,10 @@ class WindowOperator(KeyedOperator):
                 self._user.open(self.ctx)
 
     def restore_operator_state(self, entries: list[Any] | None) -> None:
-        marks = [float(e) for e in entries or () if isinstance(e, int | float)]
-        if marks:
-            self._floor = self.timers.watermark = min(marks)
+        mark = restored_watermark(entries, self.info.task_index, self.info.parallelism,
+                                  f"operator {self.uid!r}")
+        if mark is not None:
+            self._floor = self.timers.watermark = mark
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         self._fresh.clear()  # the snapshot shares every stored object from now on
@@ -135,7 +138,8 @@ class WindowOperator(KeyedOperator):
         watermark = self.timers.watermark
         if watermark == MAX_WATERMARK:  # the end of input: not a promise about what follows
             watermark = self._finite
-        return OperatorSnapshot(keyed, [watermark])
+        return OperatorSnapshot(keyed, [watermark_entry(
+            self.info.task_index, self.info.parallelism, watermark)])
 
     # -- records ----------------------------------------------------------
     def process(self, batch: list[Any]) -> list[Any]:

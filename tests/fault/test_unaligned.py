@@ -17,11 +17,12 @@ import sys
 import pytest
 
 from tests.fault.checks import HERE, drive, run_job
-from tests.fault.test_windows import KEYS, check
+from tests.fault.test_windows import check
 from tests.fixtures import check_exact_sums
 
 N = 60_000
 SOAK = os.environ.get("LOCKGATE_SOAK") == "1"
+SKEWED_KEYS = 7
 SLOW = ["--unaligned", "--slow-sink", "40000", "--batch-size", "256"]
 
 
@@ -92,27 +93,46 @@ def test_unaligned_with_aligned_timeout_is_exact(tmp_path, launcher):
     assert _in_flight_stored(result), result["checkpoints"]
 
 
-@pytest.mark.parametrize("launcher", ["local"] + (["spark"] if SOAK else []))
-def test_unaligned_windows_with_watermarks_in_flight(tmp_path, launcher):
-    """Event-time windows behind a slow window function: the source sends a
-    watermark after every batch, so the in-flight data the unaligned
-    barriers overtake holds watermarks among the batches. Under kills, the
-    committed windows (late firings included) and late records equal the
-    plain-Python reference record by record."""
-    # 36,000 records through window functions of 2 x 5,000 records/s: at
-    # least 3.6 s of work, while 3 kills at most 0.9 s apart leave 2.7 s of
+WINDOWS = ["tumbling", "sliding", "session"] + (["join"] if SOAK else [])
+
+
+@pytest.mark.parametrize("launcher,windows", [("local", w) for w in WINDOWS] + [
+    ("spark", w) for w in (WINDOWS if SOAK else ["sliding"])])
+def test_unaligned_windows_with_watermarks_in_flight(tmp_path, windows, launcher):
+    """Event-time windows (tumbling, sliding, session) or an interval join
+    behind a slow function: the source sends a watermark after every batch,
+    so the in-flight data the unaligned barriers overtake holds watermarks
+    among the batches, and the window tasks snapshot at different points
+    (with different watermarks). Under kills, the committed windows (late
+    firings included) or pairs and the late records equal the plain-Python
+    reference record by record: each task restores its own watermark, so
+    the records it judged late before a kill are late after it, and no
+    others."""
+    # 36,000 records, 6 of 7 through a window function of 5,000 records/s:
+    # at least 6 s of work, while 3 kills at most 0.6 s apart leave 1.8 s of
     # progress: every planned kill happens
     n, p = 36_000, 2
+    # 7 keys: 6 go to the first window task, 1 to the second. The first lags
+    # behind (a long queue), the second's watermark is ahead of it by a few
+    # batches; every 5th record is late by about one batch only
+    # (ref.STAMPS): restored with the first task's watermark, the second
+    # would admit the ones it judged late, in the first batch it reads (a
+    # whole one: no rate limit, so at least one of key 6)
+    # (the join keeps the default event times: it has two input channels,
+    # whose watermarks differ by more than a batch now and then)
+    stamps = "default" if windows == "join" else "near-late"
     cmd = [sys.executable, str(HERE / "windows_job.py"), "--n", str(n), "--parallelism", str(p),
-           "--keys", str(KEYS), "--out", str(tmp_path / "out"), "--late", str(tmp_path / "late"),
-           "--storage", str(tmp_path / "chk"), "--interval", "0.1", "--rate", "20000",
-           "--unaligned", "--slow", "0.0002", "--launcher", launcher]
-    result, kills = drive(cmd, kills=3, tasks=1 + 3 * p, seed=5, kill_delays=(0.3, 0.9),
+           "--keys", str(SKEWED_KEYS), "--out", str(tmp_path / "out"),
+           "--late", str(tmp_path / "late"),
+           "--storage", str(tmp_path / "chk"), "--interval", "0.1",
+           "--unaligned", "--slow", "0.0002", "--windows", windows, "--stamps", stamps,
+           "--launcher", launcher]
+    result, kills = drive(cmd, kills=3, tasks=1 + 3 * p, seed=5, kill_delays=(0.3, 0.6),
                           timeout=240)
     assert result["status"] == "finished"
     assert kills == 3, result["failures"]
     assert _in_flight_stored(result), result["checkpoints"]
-    check(tmp_path, n)
+    check(tmp_path, n, windows, SKEWED_KEYS, stamps)
 
 
 def test_unaligned_job_rescales_through_an_aligned_savepoint(tmp_path):

@@ -12,18 +12,34 @@ from pathlib import Path
 
 from tests import window_reference as ref
 from tests.fault.checks import HERE, drive
-from tests.fault.windows_job import build
+from tests.fault.windows_job import BOUND, GAP, SLIDE, build
 from tests.fixtures import committed_lines, hidden_files, start_and_await
 
 KEYS = 3
 
 
-def check(tmp: Path, n: int) -> None:
-    fired, late = ref.job_reference(n, KEYS, ref.tumbling(ref.SIZE))
+def check(tmp: Path, n: int, windows: str = "tumbling", keys: int = KEYS,
+          stamps: str = "default") -> None:
+    """The committed windows (or join pairs) and late records of
+    ``windows_job.py --windows windows --stamps stamps`` equal the
+    reference, record by record."""
+    stamp = ref.STAMPS[stamps]
     got = Counter(tuple(r) for r in committed_lines(tmp / "out"))
-    assert got == Counter((k, start, total) for k, start, _, total in fired)
-    assert sorted(committed_lines(tmp / "late")) == sorted(late)
     assert hidden_files(tmp / "out") == [] and hidden_files(tmp / "late") == []
+    if windows == "join":
+        pairs, late = ref.join_reference(n, keys, BOUND, stamp)
+        assert got == Counter(pairs), (f"missing {sum((Counter(pairs) - got).values())}, "
+                                       f"extra {sum((got - Counter(pairs)).values())}")
+        assert sorted(committed_lines(tmp / "late")) == sorted(late)
+        return
+    assign = {"tumbling": ref.tumbling(ref.SIZE), "sliding": ref.sliding(ref.SIZE, SLIDE),
+              "session": ref.session(GAP)}[windows]
+    fired, late = ref.job_reference(n, keys, assign, merging=windows == "session", stamp=stamp)
+    if windows == "tumbling":
+        assert got == Counter((k, start, total) for k, start, _, total in fired)
+    else:
+        assert got == Counter(fired)
+    assert sorted(committed_lines(tmp / "late")) == sorted(late)
 
 
 def test_windows_are_exact_under_random_kills(tmp_path, launcher):
