@@ -28,7 +28,9 @@ from lockgate.connectors.lakehouse import (
     LakeSinkWriter,
     LakeTable,
     StagedFile,
+    beside,
     fault_point,
+    read_parquet,
     require_lost,
 )
 from lockgate.errors import ConfigurationError
@@ -55,11 +57,15 @@ def last_per_key(table: pa.Table, key: list[str]) -> pa.Table:
 
 
 class DeltaTarget(LakeTable):
-    """The Delta table at ``uri`` (a local path)."""
+    """The Delta table at ``uri`` (a local path, or a URL for delta-rs with
+    ``storage_options``); ``root``: its folder as a :mod:`lockgate.fs` location."""
 
     def __init__(self, uri: str, mode: str, key: list[str], delete_column: str | None,
-                 uid: str, attempt: int = 0) -> None:
+                 uid: str, attempt: int = 0, storage_options: dict[str, str] | None = None,
+                 root: str | None = None) -> None:
         self.attempt = attempt
+        self.storage_options = storage_options
+        self.root = root or uri
         self.uri = uri
         self.mode = mode
         self.key = key
@@ -68,7 +74,10 @@ class DeltaTarget(LakeTable):
 
     def _table(self) -> Any | None:
         dl = _deltalake()
-        return dl.DeltaTable(self.uri) if dl.DeltaTable.is_deltatable(self.uri) else None
+        so = self.storage_options
+        if not dl.DeltaTable.is_deltatable(self.uri, storage_options=so):
+            return None
+        return dl.DeltaTable(self.uri, storage_options=so)
 
     def committed_version(self, app: str) -> int | None:
         table = self._table()
@@ -82,7 +91,8 @@ class DeltaTarget(LakeTable):
         table = self._table()
         if table is None:
             fields = [f for f in schema if f.name != self.delete_column]
-            table = dl.DeltaTable.create(self.uri, schema=pa.schema(fields), mode="ignore")
+            table = dl.DeltaTable.create(self.uri, schema=pa.schema(fields), mode="ignore",
+                                         storage_options=self.storage_options)
         names = [f.name for f in pa.schema(table.schema().to_arrow())]
         written = [n for n in schema.names if n != self.delete_column]
         if sorted(names) != sorted(written):
@@ -110,18 +120,20 @@ class DeltaTarget(LakeTable):
         actions, schema = [], None
         now = int(time.time() * 1000)
         for f in files:
-            final = fs.join(self.uri, f.final_name)
+            final = fs.join(self.root, f.final_name)
             if fs.exists(f.path):
                 fs.move(f.path, final)
             elif not fs.exists(final):
                 raise require_lost(f.path, self.uid)
-            meta = pq.read_metadata(fs.local_path(final) or final)
+            filesystem, path = fs.resolve(final)
+            with filesystem.open_input_file(path) as data:
+                size = data.size()
+                meta = pq.read_metadata(data)
             schema = schema or meta.schema.to_arrow_schema()
-            size = fs.list_sizes(self.uri).get(f.final_name) or 0
             actions.append(AddAction(path=f.final_name, size=int(size), partition_values={},
                                      modification_time=now, data_change=True,
                                      stats=json.dumps({"numRecords": meta.num_rows})))
-        fs.sync_dir(self.uri)
+        fs.sync_dir(self.root)
         fault_point("moved", self.attempt)
         assert schema is not None
         table = self._ensure_table(schema)
@@ -136,7 +148,7 @@ class DeltaTarget(LakeTable):
         for f in files:
             if not fs.exists(f.path):
                 raise require_lost(f.path, self.uid)
-            parts.append(pq.read_table(fs.local_path(f.path) or f.path))
+            parts.append(read_parquet(f.path))
         changes = last_per_key(pa.concat_tables(parts, promote_options="default"), self.key)
         table = self._ensure_table(changes.schema)
         cols = [n for n in changes.schema.names if n != self.delete_column]
@@ -166,11 +178,16 @@ class DeltaSink(Sink[Any]):
     exactly_once = True
 
     def __init__(self, path: str, mode: str = "append", key: list[str] | str | None = None,
-                 delete_column: str | None = None, schema: pa.Schema | None = None) -> None:
-        """``path``: the table's folder (a local path); ``mode``: ``"append"``
-        or ``"merge"`` (upsert by ``key``; rows whose ``delete_column`` is true
-        delete their key); ``schema``: the records' Arrow schema (default:
-        the first batch's)."""
+                 delete_column: str | None = None, schema: pa.Schema | None = None,
+                 storage_options: dict[str, str] | None = None,
+                 staging: str | None = None) -> None:
+        """``path``: the table's folder (a local path, or a URL such as
+        ``s3://bucket/table`` with delta-rs ``storage_options``); ``mode``:
+        ``"append"`` or ``"merge"`` (upsert by ``key``; rows whose
+        ``delete_column`` is true delete their key); ``schema``: the records'
+        Arrow schema (default: the first batch's); ``staging``: where tasks
+        stage their files, a :mod:`lockgate.fs` location in the table's
+        filesystem (default and local: ``<path>/_lockgate``; needed for a URL)."""
         if mode not in LAKE_MODES:
             raise ConfigurationError(
                 f"DeltaSink: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
@@ -181,10 +198,11 @@ class DeltaSink(Sink[Any]):
                 "identify a row")
         if delete_column and mode != "merge":
             raise ConfigurationError("DeltaSink: delete_column needs mode=\"merge\"")
-        if fs.local_path(path) is None:
+        if fs.local_path(path) is None and staging is None:
             raise ConfigurationError(
-                f"DeltaSink: {fs.redact(path)} is not a local path; DeltaSink writes to "
-                "a folder on a filesystem every task can reach")
+                f"DeltaSink: {fs.redact(path)} is not a local path; give staging=..., a "
+                "Lockgate storage URL in the table's bucket (with its credentials), and "
+                "storage_options for delta-rs")
         if schema is not None:
             missing = [k for k in keys + ([delete_column] if delete_column else [])
                        if k not in schema.names]
@@ -192,7 +210,11 @@ class DeltaSink(Sink[Any]):
                 raise ConfigurationError(
                     f"DeltaSink: the schema lacks the column(s) {missing}; add them or fix "
                     "key/delete_column")
-        self.path = fs.absolute(path)
+        local = fs.local_path(path)
+        self.path = fs.absolute(path) if local is not None else path
+        self.storage_options = storage_options
+        self.staging = staging
+        self.root = self.path if staging is None else beside(staging, self.path)
         self.mode = mode
         self.key = keys
         self.delete_column = delete_column
@@ -203,9 +225,11 @@ class DeltaSink(Sink[Any]):
         written; an existing table has the key columns."""
         from lockgate.connectors.filesink import ensure_writable_dir
         dl = _deltalake()
-        ensure_writable_dir(self.path, ".lockgate-probe-driver")
-        if self.key and dl.DeltaTable.is_deltatable(self.path):
-            names = pa.schema(dl.DeltaTable(self.path).schema().to_arrow()).names
+        ensure_writable_dir(self.staging or self.path, ".lockgate-probe-driver")
+        so = self.storage_options
+        if self.key and dl.DeltaTable.is_deltatable(self.path, storage_options=so):
+            names = pa.schema(dl.DeltaTable(self.path, storage_options=so)
+                              .schema().to_arrow()).names
             missing = [k for k in self.key if k not in names]
             if missing:
                 raise ConfigurationError(
@@ -214,8 +238,8 @@ class DeltaSink(Sink[Any]):
 
     def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
         target = DeltaTarget(self.path, self.mode, self.key, self.delete_column, info.uid,
-                             info.attempt)
-        return LakeSinkWriter(info, self.path, target, self.schema)
+                             info.attempt, self.storage_options, self.root)
+        return LakeSinkWriter(info, self.root, target, self.schema, staging=self.staging)
 
     def __repr__(self) -> str:
         return f"DeltaSink({self.path!r}, mode={self.mode!r}, key={self.key!r})"

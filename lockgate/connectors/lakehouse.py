@@ -104,7 +104,8 @@ def valid_handle(h: dict[str, Any]) -> bool:
     """Whether a restored (untrusted) entry is a lakehouse handle: its file a
     staged name of its own checkpoint and task, its ids integers, its app
     and job strings."""
-    parsed = parse_staged_name(h.get("file")) if isinstance(h.get("file"), str) else None
+    name = h.get("file")
+    parsed = parse_staged_name(name) if isinstance(name, str) else None
     ids = (h.get("checkpoint_id"), h.get("task_index"))
     return (parsed is not None and all(type(i) is int for i in ids)
             and parsed[:2] == ids and isinstance(h.get("app"), str)

@@ -1,7 +1,7 @@
 """Delta and Iceberg sinks end to end on the ``local`` launcher: merge with
 deletes, Arrow batches straight in, a given schema, the checks at start, and
-the tables read back by another reader (DuckDB-free: pyarrow's Parquet
-reader of the files the table lists, and each format's own reader)."""
+tables on S3 (a moto server) with a kill in the middle of a commit. Tables are
+read back with delta-rs and pyiceberg."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import DeltaSink, FileSource, IcebergSink, SequenceSource
 from lockgate.errors import ConfigurationError
-from tests.integration.test_s3_storage import KEY, SECRET, s3, s3_server  # noqa: F401
+from tests.integration.test_s3_storage import KEY, S3, SECRET
 
 deltalake = pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
@@ -104,22 +104,70 @@ def test_settings_are_checked(tmp_path):
         DeltaSink(str(tmp_path), delete_column="gone")
 
 
-# ---------------------------------------------------------------- Iceberg on S3
+# ---------------------------------------------------------------- on S3
+
+
+@pytest.fixture(scope="module")
+def s3_process():
+    """A moto S3 server in its own process (delta-rs holds the GIL while it
+    waits for an answer: a server thread in this process would never give it)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                               "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "no moto server"
+                time.sleep(0.1)  # a port to wait for: no event to await
+        yield S3("127.0.0.1", port)
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+def s3(s3_process, monkeypatch):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return s3_process
 
 
 
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
 @pytest.mark.parametrize("mode", ["append", "merge"])
-def test_iceberg_on_s3_exactly_once_under_a_kill(tmp_path, s3, mode, monkeypatch):  # noqa: F811
-    """Warehouse and staging on S3 (a moto server on loopback): a kill of the
+def test_on_s3_exactly_once_under_a_kill(tmp_path, s3, kind, mode, monkeypatch):
+    """Table and staging on S3 (a moto server on loopback): a kill of the
     committer in the middle of its commit (files copied, table commit not
-    made), then the table holds every row once."""
+    made), then the table holds every row once and no staged file is left."""
     bucket = s3.bucket()
-    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
-               "warehouse": f"s3://{bucket}/warehouse",
-               "s3.endpoint": f"http://{s3.endpoint}", "s3.access-key-id": KEY,
-               "s3.secret-access-key": SECRET, "s3.region": "us-east-1"}
     kw = {"mode": "merge", "key": "id"} if mode == "merge" else {}
-    sink = IcebergSink("lake.t", catalog, staging=s3.url(bucket, "staging"), **kw)
+    staging = s3.url(bucket, "staging")
+    if kind == "delta":
+        options = {"AWS_ENDPOINT_URL": f"http://{s3.endpoint}", "AWS_ACCESS_KEY_ID": KEY,
+                   "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
+                   "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+        sink = DeltaSink(f"s3://{bucket}/table", storage_options=options, staging=staging,
+                         **kw)
+    else:
+        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db",
+                   "warehouse": f"s3://{bucket}/warehouse",
+                   "s3.endpoint": f"http://{s3.endpoint}", "s3.access-key-id": KEY,
+                   "s3.secret-access-key": SECRET, "s3.region": "us-east-1"}
+        sink = IcebergSink("lake.t", catalog, staging=staging, **kw)
     p = Pipeline("s3", parallelism=2,
                  checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp_path / "chk")))
     (p.source(SequenceSource(1, 3000, rate=3000), uid="numbers")
@@ -128,8 +176,12 @@ def test_iceberg_on_s3_exactly_once_under_a_kill(tmp_path, s3, mode, monkeypatch
     monkeypatch.setenv("LOCKGATE_TEST_LAKE_KILL", "moved@0")
     result = p.run(launcher="local")
     assert result.status == "finished" and result.restarts == 1, result.failures
-    from pyiceberg.catalog import load_catalog
-    rows = load_catalog("lockgate", **catalog).load_table("lake.t").scan().to_arrow()
+    if kind == "delta":
+        rows = deltalake.DeltaTable(f"s3://{bucket}/table",
+                                    storage_options=options).to_pyarrow_table()
+    else:
+        from pyiceberg.catalog import load_catalog
+        rows = load_catalog("lockgate", **catalog).load_table("lake.t").scan().to_arrow()
     assert sorted(rows.column("id").to_pylist()) == list(range(1, 3001))
     staged = [k for k in s3.keys(bucket)
               if k.startswith("staging/") and "probe" not in k and not k.endswith("/")]
