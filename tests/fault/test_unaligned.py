@@ -93,18 +93,21 @@ def test_unaligned_with_aligned_timeout_is_exact(tmp_path, launcher):
     assert _in_flight_stored(result), result["checkpoints"]
 
 
-WINDOWS = ["tumbling", "sliding", "session"] + (["join"] if SOAK else [])
+WINDOWS = ["tumbling", "sliding", "session"]
+"""(``--windows join`` is not among them yet: even without a kill, the
+interval join's watermark lags the source's by more than the input's
+margins now and then, so which records it finds late is not fixed.)"""
 
 
 @pytest.mark.parametrize("launcher,windows", [("local", w) for w in WINDOWS] + [
     ("spark", w) for w in (WINDOWS if SOAK else ["sliding"])])
 def test_unaligned_windows_with_watermarks_in_flight(tmp_path, windows, launcher):
-    """Event-time windows (tumbling, sliding, session) or an interval join
-    behind a slow function: the source sends a watermark after every batch,
-    so the in-flight data the unaligned barriers overtake holds watermarks
-    among the batches, and the window tasks snapshot at different points
-    (with different watermarks). Under kills, the committed windows (late
-    firings included) or pairs and the late records equal the plain-Python
+    """Event-time windows (tumbling, sliding, session) behind a slow
+    function: the source sends a watermark after every batch, so the
+    in-flight data the unaligned barriers overtake holds watermarks among
+    the batches, and the window tasks snapshot at different points (with
+    different watermarks). Under kills, the committed windows (late
+    firings included) and the late records equal the plain-Python
     reference record by record: each task restores its own watermark, so
     the records it judged late before a kill are late after it, and no
     others."""
@@ -118,9 +121,7 @@ def test_unaligned_windows_with_watermarks_in_flight(tmp_path, windows, launcher
     # (ref.STAMPS): restored with the first task's watermark, the second
     # would admit the ones it judged late, in the first batch it reads (a
     # whole one: no rate limit, so at least one of key 6)
-    # (the join keeps the default event times: it has two input channels,
-    # whose watermarks differ by more than a batch now and then)
-    stamps = "default" if windows == "join" else "near-late"
+    stamps = "near-late"
     cmd = [sys.executable, str(HERE / "windows_job.py"), "--n", str(n), "--parallelism", str(p),
            "--keys", str(SKEWED_KEYS), "--out", str(tmp_path / "out"),
            "--late", str(tmp_path / "late"),
