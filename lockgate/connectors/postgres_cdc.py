@@ -186,7 +186,7 @@ class PostgresCdcSource(Source[ChangeEvent]):
         return {"cdc": 1, "slot": self.slot, "pos": [self.start_lsn, 0, 0],
                 "table": 0 if self.snapshot else len(self.tables), "lower": None,
                 "chunks": {t: [] if self.snapshot else [[None, 0]] for t in self.tables},
-                "pending": [], "ended": False}
+                "pending": [], "ended": False, "max": None}
 
     def create_reader(self, info: TaskInfo) -> PostgresCdcReader:
         return PostgresCdcReader(self, info)
@@ -233,6 +233,10 @@ def _check_state(entry: Any, source: PostgresCdcSource) -> dict[str, Any]:
         raise ConfigurationError("PostgresCdcSource: the tables changed in the middle of the "
                                  "snapshot: restore with the same tables, or start fresh")
     entry["pos"] = check_position(entry.get("pos"))
+    for field in ("lower", "max"):
+        if entry.get(field) is not None and not isinstance(entry[field], list):
+            raise CheckpointCorruptError(
+                f"PostgreSQL CDC source: restored {field} key {entry[field]!r:.60} is damaged")
     for table, chunks in entry["chunks"].items():
         if not isinstance(table, str) or not isinstance(chunks, list) or not all(
                 isinstance(c, list) and len(c) == 2 and type(c[1]) is int
@@ -418,13 +422,26 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                      + ", ".join(f"%s::{t}" + (' COLLATE "C"' if t in _TEXT_KEYS else "")
                                  for t in key_types) + ")")
             params = [str(v) for v in lower]
+        # The last chunk: past the largest key the table had when its
+        # snapshot began, no LIMIT (rows appended since then, all at once),
+        # so that a snapshot ends even while writers append faster than it reads.
+        last = (lower is not None and state.get("max") is not None
+                and lower >= tuple(state["max"]))
+        limit = "" if last else f" LIMIT {self.source.chunk_rows}"
         select = (f"SELECT {', '.join(_q(c) + '::text' for c, _ in cols)} FROM "
-                  f"{_q(schema)}.{_q(name)} AS t {where} ORDER BY {order} "
-                  f"LIMIT {self.source.chunk_rows}")
+                  f"{_q(schema)}.{_q(name)} AS t {where} ORDER BY {order}{limit}")
         with self.conn.transaction():
             self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             snap_row = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()
             got = self.conn.execute(select, params).fetchall()
+            if lower is None:  # the table's first chunk: note its largest key
+                top = self.conn.execute(
+                    f"SELECT {', '.join('t.' + _q(k) + '::text' for k in key)} FROM "
+                    f"{_q(schema)}.{_q(name)} AS t ORDER BY "
+                    + ", ".join(o + " DESC" for o in order.split(", ")) + " LIMIT 1").fetchone()
+                types = {c: t for c, t in cols}
+                state["max"] = (None if top is None else
+                                [parse_value(types[k], v) for k, v in zip(key, top, strict=True)])
         assert snap_row is not None
         snapshot = Snapshot.parse(snap_row[0])
         with self.conn.transaction():
@@ -440,7 +457,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         for values in got:
             row = {c: parse_value(t, v) for (c, t), v in zip(cols, values, strict=True)}
             rows[tuple(row[k] for k in key)] = row
-        upper = max(rows) if len(got) >= self.source.chunk_rows else None
+        upper = max(rows) if not last and len(got) >= self.source.chunk_rows else None
         txns = decode_transactions(self._peek(high, None), self.relations)
         merged = merge_chunk(rows, txns, snapshot, high, table, key, lower, upper)
         state["pending"] = [[table, merged[k], high, now_ms] for k in sorted(merged)]
@@ -448,7 +465,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                                                       high])
         if upper is None:
             state["table"] += 1
-            state["lower"] = None
+            state["lower"] = state["max"] = None
         else:
             state["lower"] = list(upper)
 

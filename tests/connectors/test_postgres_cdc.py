@@ -257,7 +257,7 @@ def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
     writer = Writer(dsn, table, n + 1, seed=7)
     writer.start()
-    stopper = threading.Timer(20 if SOAK else 8, writer.stop.set)
+    stopper = threading.Timer(25 if SOAK else 12, writer.stop.set)
     stopper.start()
     try:
         result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.5, 2.0),
@@ -274,3 +274,64 @@ def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
     assert sum(1 for e in events if e[0] == "read") >= n // 2
     assert sum(1 for e in events if e[0] != "read") > 10
     check([tuple(e) for e in events], dsn, table)
+
+
+def _rescale_job(dsn: str, table: str, slot: str, p: int, tmp: Path) -> Any:
+    from lockgate import CheckpointConfig, Pipeline
+    from tests.connectors.cdc_job import as_tuple, throttle
+
+    pipeline = Pipeline("cdc-rescale", parallelism=p,
+                        checkpoint=CheckpointConfig(interval=0.3, storage=str(tmp / "chk")))
+    (pipeline.source(PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=500,
+                                       stop_message=STOP), uid="cdc")
+       .map_batch(throttle(1500), uid="throttle")
+       .map(as_tuple, uid="tuples")
+       .sink(CollectSink(str(tmp / "out")), uid="out"))
+    return pipeline
+
+
+def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
+        tmp_path, postgres_logical, names):
+    """Stopped with a savepoint in the middle of the snapshot at 2 tasks,
+    resumed at 3 and stopped again in the stream phase, resumed at 1 to the
+    end, while the writer runs: every version of every row once, equal to
+    the table."""
+    from tests.fixtures import operator_state, start_and_await
+
+    dsn = postgres_logical
+    table, slot = names
+    n = 6000
+    fill(dsn, table, n)
+    PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
+    writer = Writer(dsn, table, n + 1, seed=9)
+    writer.start()
+
+    def position(savepoint: str) -> dict:
+        entries = [e for task in operator_state(savepoint, "cdc") for e in task if e.get("cdc")]
+        assert len(entries) == 1, entries
+        return entries[0]
+
+    try:
+        client = start_and_await(_rescale_job(dsn, table, slot, 2, tmp_path), launcher="local",
+                                 until=lambda pr: pr.records_read >= 600, timeout=240,
+                                 what="the first hop read too little")
+        first = client.stop(str(tmp_path / "savepoints"))
+        assert first.status == "stopped", first
+        assert position(first.savepoint)["table"] == 0, "not stopped in the snapshot"
+        client = start_and_await(_rescale_job(dsn, table, slot, 3, tmp_path), launcher="local",
+                                 from_savepoint=first.savepoint,
+                                 until=lambda pr: pr.records_read >= n + 1500, timeout=240,
+                                 what="the second hop read too little")
+        second = client.stop(str(tmp_path / "savepoints"))
+        assert second.status == "stopped", second
+        got = position(second.savepoint)
+        assert got["table"] == 1, ("not stopped in the stream", got["lower"], got["pos"])
+    finally:
+        writer.stop.set()
+        writer.join(60)
+    assert writer.error is None, writer.error
+    client = _rescale_job(dsn, table, slot, 1, tmp_path).start(
+        launcher="local", from_savepoint=second.savepoint)
+    result = client.result(timeout=240)
+    assert result.status == "finished", result
+    check([tuple(e) for e in CollectSink(str(tmp_path / "out")).results()], dsn, table)
