@@ -121,7 +121,7 @@ spark_gateway.spawn = watched
 sink = CollectSink()
 p = Pipeline("early", parallelism=1)
 p.source(SequenceSource(1, 20), uid="numbers").map(lambda x: x * 3, uid="m").sink(sink, uid="out")
-p.run(launcher="spark", master="local[2]")
+p.run(launcher="spark", master="local[2]", fresh=True)  # each run of the script anew
 warm = spark_gateway.last_warm_up
 print(json.dumps({"seen": seen, "total": sum(sink.results()),
                   "warm_up": warm and {"error": warm.error, "seconds": warm.seconds}}))

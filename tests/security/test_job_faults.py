@@ -140,11 +140,11 @@ def test_a_failure_half_way_through_a_savepoint_leaves_nothing(
     copied: list[str] = []
     real_copy = fs_transfer.copy
 
-    def filling_up(src, dst):
+    def filling_up(src, dst, *rest):
         if copied:
             raise OSError(errno.ENOSPC, "No space left on device", str(dst))
         copied.append(str(dst))
-        return real_copy(src, dst)
+        return real_copy(src, dst, *rest)
 
     client = start_and_await(_sums(tmp_path), launcher="local")
     monkeypatch.setattr(fs_transfer, "copy", filling_up)
