@@ -48,8 +48,7 @@ def lockgate_round(args: argparse.Namespace, bootstrap: str, source: str,
         p = build(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
                   storage=str(tmp / "chk"), interval=args.interval)
         t0 = time.perf_counter()
-        result = p.run(launcher=launcher, quiet=True) if _has_quiet() else p.run(
-            launcher=launcher)
+        result = p.run(launcher=launcher, progress=False)
         wall = time.perf_counter() - t0
         assert result.status == "finished", result
         if args.check:
@@ -57,13 +56,6 @@ def lockgate_round(args: argparse.Namespace, bootstrap: str, source: str,
         return wall
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _has_quiet() -> bool:
-    import inspect
-
-    from lockgate import Pipeline
-    return "quiet" in inspect.signature(Pipeline.run).parameters
 
 
 def bare_round(args: argparse.Namespace, bootstrap: str, source: str,

@@ -29,6 +29,7 @@ from lockgate.connectors.lakehouse import (
     LakeTable,
     StagedFile,
     beside,
+    check_columns,
     fault_point,
     read_parquet,
     require_lost,
@@ -93,13 +94,9 @@ class DeltaTarget(LakeTable):
             fields = [f for f in schema if f.name != self.delete_column]
             table = dl.DeltaTable.create(self.uri, schema=pa.schema(fields), mode="ignore",
                                          storage_options=self.storage_options)
-        names = [f.name for f in pa.schema(table.schema().to_arrow())]
-        written = [n for n in schema.names if n != self.delete_column]
-        if sorted(names) != sorted(written):
-            raise ConfigurationError(
-                f"DeltaSink {self.uid!r}: the table {fs.redact(self.uri)} has the columns "
-                f"{names}, the records have {written}; write records with the table's "
-                "columns (or give the sink a schema), or write to a new table")
+        check_columns(f"DeltaSink {self.uid!r}", fs.redact(self.uri),
+                      [f.name for f in pa.schema(table.schema().to_arrow())], schema,
+                      self.delete_column)
         return table
 
     def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:

@@ -32,6 +32,7 @@ from lockgate.connectors.lakehouse import (
     LakeTable,
     StagedFile,
     beside,
+    check_columns,
     fault_point,
     plain_uri,
     read_parquet,
@@ -102,13 +103,8 @@ class IcebergTarget(LakeTable):
             fields = [f for f in schema if f.name != self.delete_column]
             table = self.catalog.create_table_if_not_exists(self.identifier,
                                                             schema=pa.schema(fields))
-        names = [f.name for f in table.schema().fields]
-        written = [n for n in schema.names if n != self.delete_column]
-        if sorted(names) != sorted(written):
-            raise ConfigurationError(
-                f"IcebergSink {self.uid!r}: the table {self.identifier} has the columns "
-                f"{names}, the records have {written}; write records with the table's "
-                "columns (or give the sink a schema), or write to a new table")
+        check_columns(f"IcebergSink {self.uid!r}", self.identifier,
+                      [f.name for f in table.schema().fields], schema, self.delete_column)
         return table
 
     def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:

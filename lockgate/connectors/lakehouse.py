@@ -141,6 +141,18 @@ def plan_recovery(handles: list[dict[str, Any]],
     return plan
 
 
+def check_columns(sink: str, table: str, names: list[str], schema: pa.Schema,
+                  delete_column: str | None) -> None:
+    """The records (less the delete marker) have the table's columns, or a
+    ``ConfigurationError`` naming both and the fix."""
+    written = [n for n in schema.names if n != delete_column]
+    if sorted(names) != sorted(written):
+        raise ConfigurationError(
+            f"{sink}: the table {table} has the columns {names}, the records have "
+            f"{written}; write records with the table's columns (or give the sink a "
+            "schema), or write to a new table")
+
+
 class LakeTable(ABC):
     """One lakehouse table as the committer sees it."""
 
