@@ -27,7 +27,7 @@ def _environment(home: Path) -> dict[str, str]:
                 COLUMNS="100", PYTHONUNBUFFERED="1")
 
 
-def _run(command: str, folder: Path, env: dict[str, str], block: Block) -> tuple[int, list[str]]:
+def _run(command: str, folder: Path, env: dict[str, str]) -> tuple[int, list[str]]:
     done = subprocess.run(["bash", "-c", command], cwd=folder, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT)
     return done.returncode, done.stdout.splitlines()
@@ -48,7 +48,7 @@ def _check_block(block: Block, folder: Path, env: dict[str, str]) -> None:
     else:
         commands = [(block.text, [])]
     for n, (command, expected) in enumerate(commands):
-        code, output = _run(command, folder, env, block)
+        code, output = _run(command, folder, env)
         want = block.expected_exit if n == len(commands) - 1 else 0
         shown = "\n".join(output[-60:])
         assert code == want, (f"{block.name}: `{command.strip()}` exited with {code}, "
