@@ -13,6 +13,7 @@ failure. Entries are the unit of redistribution when parallelism changes
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -106,10 +107,19 @@ class Source(ABC, Generic[T]):
     def create_reader(self, info: TaskInfo) -> SourceReader[T]: ...
 
 
+def _no_fault(point: str) -> None:
+    """No fault injection: every protocol point passes."""
+
+
 class SinkWriter(ABC, Generic[T]):
     """Writes one task's share of a sink. All methods run on the task thread,
     in this order: ``restore`` once, then ``write_batch`` and the checkpoint
     calls interleaved, then ``finish`` (bounded end, drained) and ``close``."""
+
+    fault: Callable[[str], None] = staticmethod(_no_fault)
+    """Called at the sink's own named protocol points (``table_commit``,
+    ``table_committed``); the task sets it to its fault injector's ``hit``
+    (tests kill the task there)."""
 
     @abstractmethod
     def restore(self, state: list[Any]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -30,7 +31,6 @@ from lockgate.connectors.lakehouse import (
     StagedFile,
     beside,
     check_columns,
-    fault_point,
     read_parquet,
     require_lost,
 )
@@ -99,18 +99,20 @@ class DeltaTarget(LakeTable):
                       self.delete_column)
         return table
 
-    def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:
+    def commit(self, files: list[StagedFile], versions: dict[str, int],
+               fault: Callable[[str], None]) -> None:
         dl = _deltalake()
         props = dl.CommitProperties(
             app_transactions=[dl.Transaction(app_id=a, version=v) for a, v in versions.items()],
             custom_metadata={"lockgate.sink": self.uid,
                              "lockgate.checkpoints": json.dumps(versions)})
         if self.mode == "append":
-            self._append(files, props)
+            self._append(files, props, fault)
         else:
-            self._merge(files, props)
+            self._merge(files, props, fault)
 
-    def _append(self, files: list[StagedFile], props: Any) -> None:
+    def _append(self, files: list[StagedFile], props: Any,
+                  fault: Callable[[str], None]) -> None:
         """Step 1. Move each staged file into the table folder (a retry finds it there).
         Step 2. One commit adding them all, with the application transactions."""
         from deltalake.transaction import AddAction
@@ -131,13 +133,14 @@ class DeltaTarget(LakeTable):
                                      modification_time=now, data_change=True,
                                      stats=json.dumps({"numRecords": meta.num_rows})))
         fs.sync_dir(self.root)
-        fault_point("moved", self.attempt)
+        fault("table_commit")
         assert schema is not None
         table = self._ensure_table(schema)
         table.create_write_transaction(actions, mode="append", schema=table.schema(),
                                        commit_properties=props)
 
-    def _merge(self, files: list[StagedFile], props: Any) -> None:
+    def _merge(self, files: list[StagedFile], props: Any,
+                 fault: Callable[[str], None]) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
         Step 2. One MERGE with the application transactions.
         Step 3. Delete the staged files (a restore deletes any left)."""
@@ -162,7 +165,7 @@ class DeltaTarget(LakeTable):
         else:
             merger = merger.when_matched_update(updates=set_all) \
                 .when_not_matched_insert(updates=set_all)
-        fault_point("moved", self.attempt)
+        fault("table_commit")
         merger.execute()
         for f in files:
             fs.remove(f.path)

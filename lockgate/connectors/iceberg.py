@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -33,7 +34,6 @@ from lockgate.connectors.lakehouse import (
     StagedFile,
     beside,
     check_columns,
-    fault_point,
     plain_uri,
     read_parquet,
     read_parquet_schema,
@@ -107,16 +107,18 @@ class IcebergTarget(LakeTable):
                       [f.name for f in table.schema().fields], schema, self.delete_column)
         return table
 
-    def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:
+    def commit(self, files: list[StagedFile], versions: dict[str, int],
+               fault: Callable[[str], None]) -> None:
         props = {SUMMARY_PREFIX + a: str(v) for a, v in versions.items()}
         props["lockgate.sink"] = self.uid
         props["lockgate.commit"] = uuid.uuid4().hex  # one per table commit
         if self.mode == "append":
-            self._append(files, props)
+            self._append(files, props, fault)
         else:
-            self._merge(files, props)
+            self._merge(files, props, fault)
 
-    def _append(self, files: list[StagedFile], props: dict[str, str]) -> None:
+    def _append(self, files: list[StagedFile], props: dict[str, str],
+                  fault: Callable[[str], None]) -> None:
         """Step 1. Move each staged file into the table's data folder.
         Step 2. One commit adding them all (``add_files``), the checkpoint in
                 the snapshot summary."""
@@ -138,10 +140,11 @@ class IcebergTarget(LakeTable):
                 raise require_lost(f.path, self.uid)
             paths.append(plain_uri(final))
         fs.sync_dir(data)
-        fault_point("moved", self.attempt)
+        fault("table_commit")
         table.add_files(paths, snapshot_properties=props, check_duplicate_files=False)
 
-    def _merge(self, files: list[StagedFile], props: dict[str, str]) -> None:
+    def _merge(self, files: list[StagedFile], props: dict[str, str],
+                 fault: Callable[[str], None]) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
         Step 2. One transaction: delete the deleted keys, upsert the rest.
         Step 3. Delete the staged files (a restore deletes any left)."""
@@ -158,7 +161,7 @@ class IcebergTarget(LakeTable):
             parts.append(read_parquet(f.path))
         changes = last_per_key(pa.concat_tables(parts, promote_options="default"), self.key)
         table = self._ensure_table(changes.schema)
-        fault_point("moved", self.attempt)
+        fault("table_commit")
         with table.transaction() as tx:
             if self.delete_column:
                 gone_mask = changes.column(self.delete_column).fill_null(False)

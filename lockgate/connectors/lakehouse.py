@@ -34,10 +34,9 @@ implement :class:`LakeTable`.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -161,21 +160,12 @@ class LakeTable(ABC):
         """The newest checkpoint id committed under ``app``, None if none (or no table)."""
 
     @abstractmethod
-    def commit(self, files: list[StagedFile], versions: dict[str, int]) -> None:
+    def commit(self, files: list[StagedFile], versions: dict[str, int],
+               fault: Callable[[str], None]) -> None:
         """Commit ``files`` (ordered by checkpoint, then task) in ONE table
-        commit that records ``versions`` (app id -> checkpoint id)."""
-
-
-KILL_ENV = "LOCKGATE_TEST_LAKE_KILL"
-"""Fault injection for tests: ``POINT@ATTEMPT`` (``moved``: a commit's files
-are in place, the table commit not made; ``committed``: the table commit is
-made, the task has not noted it) SIGKILLs the committer there in that attempt."""
-
-
-def fault_point(point: str, attempt: int) -> None:
-    """SIGKILL this process if :data:`KILL_ENV` names ``point`` in ``attempt``."""
-    if os.environ.get(KILL_ENV) == f"{point}@{attempt}":
-        os.kill(os.getpid(), signal.SIGKILL)
+        commit that records ``versions`` (app id -> checkpoint id); call
+        ``fault("table_commit")`` when the commit is ready, just before the
+        table commit is made."""
 
 
 def beside(location: str, uri: str) -> str:
@@ -336,8 +326,8 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
                 files.append(self._staged(info.job_id, cid, task, attempt, name))
         if files:
             files.sort(key=lambda f: (f.checkpoint_id, f.task))
-            self.table.commit(files, {self.app: checkpoint_id})
-            fault_point("committed", info.attempt)
+            self.table.commit(files, {self.app: checkpoint_id}, self.fault)
+            self.fault("table_committed")
         self._committed = max(self._committed, checkpoint_id)
         for cid in [c for c in self._pending if c <= checkpoint_id]:
             del self._pending[cid]
@@ -383,7 +373,7 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
                                               parse_staged_name(str(h["file"])))
                     files.append(self._staged(str(h["job"]), cid, task, attempt,
                                               str(h["file"]), int(h.get("rows", -1))))
-                self.table.commit(files, plan.versions)
+                self.table.commit(files, plan.versions, self.fault)
             for h in plan.committed:
                 fs.remove(self._staged_path(h))
         # Step 2. Clean up.

@@ -24,7 +24,7 @@ from typing import Any
 from lockgate.errors import LockgateError, UserFunctionError
 from lockgate.runtime.coprocess import TwoInputOperator
 from lockgate.runtime.faults import FaultInjector
-from lockgate.runtime.operators import SourceOperator, StreamOperator
+from lockgate.runtime.operators import SinkOperator, SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.spec import TaskSpec
 from lockgate.runtime.timers import processing_time
@@ -38,6 +38,9 @@ class OperatorChain:
         self.chain = ops[1:] if self.source else ops
         """The operators a record read (from the source or a channel) goes through."""
         self.faults = faults
+        for op in ops:
+            if isinstance(op, SinkOperator):
+                op.writer.fault = faults.hit  # the sink's own protocol points
         self.outputs: list[OutputEdgeWriter] = []
         """The edges of the last operator's main output."""
         self.side_outputs: dict[str, list[OutputEdgeWriter]] = {}

@@ -37,6 +37,11 @@ the process runs on (as a read from a storage that never answers). Points:
   checkpoint is to upload
 - ``changelog``: the snapshot writer uploaded a changelog file (and the
   materialization before it, if any); the checkpoint is not acknowledged
+- ``table_commit``: a lakehouse sink's committer (Delta, Iceberg) has its
+  commit ready (append: the files moved into the table; merge: the changes
+  read), the table commit is not made
+- ``table_committed``: the table commit is made; the committer has not
+  noted it
 
 ``snapshot`` and ``final_snapshot`` are reached on the task's snapshot writer
 thread, before the ack is sent: the kill never races the acknowledgement.
@@ -52,7 +57,7 @@ from typing import Any
 
 POINTS = ("register", "restore", "batch", "alignment", "snapshot", "acked", "commit",
           "end_of_data", "final_snapshot", "finish", "unaligned_barrier", "channel_state",
-          "replay", "materialize", "changelog")
+          "replay", "materialize", "changelog", "table_commit", "table_committed")
 
 
 class FaultInjector:

@@ -4,11 +4,12 @@ The job (``lake_job.py``) writes numbers into a real Delta table, or a real
 Iceberg table (SQL catalog on SQLite, warehouse folder), on local disk,
 appended or merged by key. Kills strike at random moments from outside
 and at named protocol points: after the snapshot before the commit
-(``acked``, ``commit``), during the commit (``moved``: the files are in the
-table folder, the Delta commit not made) and after the commit before the
-task noted it (``committed``). The table must then hold exactly the expected
-rows, and no checkpoint may be committed twice (the application transactions
-in the Delta log; the snapshot summaries of Iceberg).
+(``acked``, ``commit``), during the commit (``table_commit``: the files are
+in the table folder or the changes read, the table commit not made) and
+after the commit before the task noted it (``table_committed``). The table
+must then hold exactly the expected rows, and no checkpoint may be committed
+twice (the application transactions in the Delta log; the snapshot summaries
+of Iceberg).
 """
 
 from __future__ import annotations
@@ -34,23 +35,13 @@ SINKS = ["delta", "iceberg"]
 def run_lake(tmp: Path, *, n: int, mode: str, launcher: str, sink: str = "delta",
              parallelism: int = 2,
              faults: list | None = None, kills: int = 0, seed: int = 0,
-             env_kill: str | None = None, extra: list[str] | None = None) -> tuple[dict, int]:
+             extra: list[str] | None = None) -> tuple[dict, int]:
     cmd = [sys.executable, str(HERE / "lake_job.py"), "--n", str(n), "--parallelism",
            str(parallelism), "--keys", str(KEYS), "--table", str(tmp / "table"),
            "--storage", str(tmp / "chk"), "--mode", mode, "--interval", "0.2", "--sink", sink,
            "--faults", json.dumps(faults or []), "--launcher", launcher] + (extra or [])
-    old = os.environ.get("LOCKGATE_TEST_LAKE_KILL")
-    if env_kill:
-        os.environ["LOCKGATE_TEST_LAKE_KILL"] = env_kill
-    try:
-        return drive(cmd, kills=kills, tasks=parallelism * (1 if mode == "append" else 2),
-                     seed=seed, kill_delays=(0.2, 0.8), timeout=300)
-    finally:
-        if env_kill:
-            if old is None:
-                del os.environ["LOCKGATE_TEST_LAKE_KILL"]
-            else:
-                os.environ["LOCKGATE_TEST_LAKE_KILL"] = old
+    return drive(cmd, kills=kills, tasks=parallelism * (1 if mode == "append" else 2),
+                 seed=seed, kill_delays=(0.2, 0.8), timeout=300)
 
 
 def delta_commits(table: Path) -> list[tuple[str, int]]:
@@ -120,10 +111,10 @@ def test_kills_at_protocol_points(tmp_path, sink, mode, launcher):
         {"point": "snapshot", "task": sink0 + 1, "attempt": 0, "count": 1},
         {"point": "acked", "task": sink0, "attempt": 1, "count": 1},
         {"point": "commit", "task": sink0, "attempt": 2, "count": 1},
+        {"point": "table_commit", "task": sink0, "attempt": 3, "count": 1},
     ]
-    # attempt 3: the committer is killed in the middle of its commit (env)
     result, _ = run_lake(tmp_path, n=n, mode=mode, launcher=launcher, faults=faults, sink=sink,
-                         env_kill="moved@3", extra=["--rate", "2000"])
+                         extra=["--rate", "2000"])
     check_table(tmp_path, n, mode, sink)
     assert result["status"] == "finished"
     assert result["restarts"] == 4, result["failures"]
@@ -134,8 +125,9 @@ def test_kill_after_commit_before_notify(tmp_path, sink, launcher):
     """The table commit is made, the committer dies before it notes it: the
     restore finds the checkpoint in the table and does not commit it again."""
     n = 3000
+    faults = [{"point": "table_committed", "task": 0, "attempt": 0, "count": 1}]
     result, _ = run_lake(tmp_path, n=n, mode="append", launcher=launcher, sink=sink,
-                         env_kill="committed@0", extra=["--rate", "4000"])
+                         faults=faults, extra=["--rate", "4000"])
     check_table(tmp_path, n, "append", sink)
     assert result["restarts"] == 1, result["failures"]
 

@@ -149,7 +149,7 @@ def s3(s3_process, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 @pytest.mark.parametrize("mode", ["append", "merge"])
-def test_on_s3_exactly_once_under_a_kill(tmp_path, s3, kind, mode, monkeypatch):
+def test_on_s3_exactly_once_under_a_kill(tmp_path, s3, kind, mode):
     """Table and staging on S3 (a moto server on loopback): a kill of the
     committer in the middle of its commit (files copied, table commit not
     made), then the table holds every row once and no staged file is left."""
@@ -173,8 +173,8 @@ def test_on_s3_exactly_once_under_a_kill(tmp_path, s3, kind, mode, monkeypatch):
     (p.source(SequenceSource(1, 3000, rate=3000), uid="numbers")
        .map(lambda x: {"id": x, "k": x % 7}, uid="rows")
        .sink(sink, uid="lake"))
-    monkeypatch.setenv("LOCKGATE_TEST_LAKE_KILL", "moved@0")
-    result = p.run(launcher="local")
+    result = p.run(launcher="local", fault_injection=[
+        {"point": "table_commit", "task": 0, "attempt": 0, "count": 1}])
     assert result.status == "finished" and result.restarts == 1, result.failures
     if kind == "delta":
         rows = deltalake.DeltaTable(f"s3://{bucket}/table",
