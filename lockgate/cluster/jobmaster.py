@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
-from lockgate.checkpoint import storage
+from lockgate.checkpoint import metadata, storage
 from lockgate.checkpoint.coordinator import (
     AttemptPlan,
     CheckpointCoordinator,
@@ -118,7 +118,8 @@ class JobMaster(RestartHandler):
         classes (sent to the tasks) and functions (tracebacks)."""
         self.script_classes = script_classes(*self._user_code)
         self.launcher: Launcher | None = None
-        self.records: dict[str, dict[int, int]] = {"read": {}, "written": {}}
+        self.records: dict[int, metadata.Progress] = {}
+        """Per task of this attempt: the records it read and wrote, as it last reported."""
         self.failures: list[str] = []
         self.failed_at_checkpoints: list[int] = []
         self._reported = 0
@@ -178,10 +179,11 @@ class JobMaster(RestartHandler):
             command, args, self.state in (JobStatus.CREATED, JobStatus.RUNNING), self.state)
 
     def status(self) -> dict[str, Any]:
+        totals = self._totals()
         return {
             "job_id": self.job_id, "name": self.pipeline.name, "status": self.state.value,
             "attempt": self.attempt, "restarts": len(self.failures),
-            "records_read": self._total("read"), "records_written": self._total("written"),
+            "records_read": totals.read, "records_written": totals.written,
             "started_at": self._started_wall, "launcher": self.options.launcher,
             "parallelism": max(v.parallelism for v in self.graph.vertices),
             "vertex_parallelism": describe(self.graph), "guarantee": self.guarantee,
@@ -238,15 +240,15 @@ class JobMaster(RestartHandler):
                     f"job {self.job_id} ended ({status}) before the rescaled tasks ran"))
             if served is not None:
                 served.detach()
-        latest = self.coordinator.latest
+        latest, totals = self.coordinator.latest, self._totals()
         return JobResult(
             job_id=self.job_id, status=status, guarantee=self.guarantee,
             savepoint=self.commands.savepoint_path,
             restarts=len(self.failures), failures=list(self.failures),
             checkpoints=list(self.coordinator.history),
             latest_checkpoint=str(latest.path) if latest else None,
-            records_in=self._total("read"),
-            records_out=self._total("written"),
+            records_in=totals.read,
+            records_out=totals.written,
             duration=time.monotonic() - started,
             recovery_times=list(self.recovery_times),
         )
@@ -289,7 +291,7 @@ class JobMaster(RestartHandler):
     # ------------------------------------------------------------ attempts
     def _run_attempt(self) -> None:
         n = self.graph.num_tasks
-        self.records = {"read": {}, "written": {}}
+        self.records = {}
         self._running = set()
         self._registered = {}
         self._finished = set()
@@ -471,10 +473,11 @@ class JobMaster(RestartHandler):
         latest = self.coordinator.latest
         record = next((r for r in reversed(self.coordinator.history)
                        if r.status == "completed"), None)
+        totals = self._totals()
         self.options.on_progress(Progress(
             job_id=self.job_id,
-            records_read=self._total("read"),
-            records_written=self._total("written"),
+            records_read=totals.read,
+            records_written=totals.written,
             checkpoints_completed=self._reported,
             last_checkpoint_id=(record.checkpoint_id if record  # a final savepoint too
                                 else latest.checkpoint_id if latest else None),
@@ -483,18 +486,17 @@ class JobMaster(RestartHandler):
             elapsed=time.monotonic() - self._started,
         ))
 
-    def _total(self, what: str) -> int:
-        """Records since the job started: the restored checkpoint's count plus
-        what this attempt's tasks last reported."""
-        baseline = self.coordinator.baseline
-        base = baseline.read if what == "read" else baseline.written
-        return base + sum(self.records[what].values())
+    def _totals(self) -> metadata.Progress:
+        """Records read and written since the job started: the restored
+        checkpoint's counts plus what this attempt's tasks last reported."""
+        base, counts = self.coordinator.baseline, self.records.values()
+        return metadata.Progress(base.read + sum(c.read for c in counts),
+                                 base.written + sum(c.written for c in counts))
 
     def _count(self, task: int, read: int, written: int) -> None:
         """Progress: records read by sources and written by sinks (this attempt;
         after a restart, counts restart from the restored positions)."""
-        self.records["read"][task] = read
-        self.records["written"][task] = written
+        self.records[task] = metadata.Progress(read, written)
 
     def _end_attempt(self) -> None:
         self.coordinator.on_attempt_failed()
