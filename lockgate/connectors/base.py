@@ -121,11 +121,22 @@ class SinkWriter(ABC, Generic[T]):
     ``table_committed``); the task sets it to its fault injector's ``hit``
     (tests kill the task there)."""
 
+    accepts_arrow = False
+    """``write_batch`` takes a ``pyarrow.RecordBatch`` as it is; False: an
+    Arrow batch is turned into rows (dicts) first."""
+
     @abstractmethod
     def restore(self, state: list[Any]) -> None:
         """Called once before any write, with this task's entries of the restored
         checkpoint (empty on a fresh start). Two-phase-commit writers commit the
         transactions recorded there and clean up anything else they own."""
+
+    def restore_sent(self, state: list[Any]) -> None:
+        """Instead of :meth:`restore`, when the restored savepoint's output
+        was all committed (its job ended after the commits: a stop's or a
+        drain's). The default restores as usual (committing again is
+        idempotent); a write-ahead writer sends nothing."""
+        self.restore(state)
 
     @abstractmethod
     def write_batch(self, batch: list[T]) -> None: ...

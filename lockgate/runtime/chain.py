@@ -28,6 +28,7 @@ from lockgate.runtime.operators import SinkOperator, SourceOperator, StreamOpera
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.spec import TaskSpec
 from lockgate.runtime.timers import processing_time
+from lockgate.state.backends import KeyedStateBackend
 
 
 class OperatorChain:
@@ -51,7 +52,7 @@ class OperatorChain:
         self.records_in = 0
         self.records_out = 0
         self._timed: list[int] = []
-        self._preparing: list[Any] = []
+        self._preparing: list[KeyedStateBackend] = []
 
     def start(self, outputs: list[OutputEdgeWriter], skipped: set[str]) -> None:
         self.outputs = [out for out in outputs if out.edge.tag is None]
@@ -63,7 +64,7 @@ class OperatorChain:
         self._timed = [i for i, op in enumerate(self.chain)
                        if op.has_processing_timers and op.uid not in skipped]
         self._preparing = [op.backend for op in self.ops
-                           if hasattr(op.backend, "prepare_snapshot")]
+                           if op.backend is not None and op.backend.prepares_snapshots]
         for backend in self._preparing:
             backend.expect_checkpoints(self.spec.checkpoint_interval)
             backend.fault = self.faults.hit  # the changelog's protocol points
@@ -207,4 +208,4 @@ class OperatorChain:
 
     def written(self) -> int:
         """Records this task's sinks wrote."""
-        return sum(getattr(op, "written", 0) for op in self.ops)
+        return sum(op.written for op in self.ops)

@@ -12,11 +12,7 @@ either backend and either format.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
-from typing import Any
 
 from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
@@ -26,18 +22,18 @@ from lockgate.state.backends import (
     IncrementalSnapshot,
     KeyedSnapshot,
     KeyedStateBackend,
-    RocksDBStateBackend,
+    StateFileWriter,
 )
 from lockgate.state.keygroups import key_group_range
 
 
-def write_keyed(snap: KeyedSnapshot, out: Any, checkpoint_id: int,
-                savepoint: bool) -> tuple[KeyedBlocks, IncrementalState | None]:
+def write_keyed(snap: KeyedSnapshot, out: StateFileWriter,
+                checkpoint_id: int, savepoint: bool) -> tuple[KeyedBlocks, IncrementalState | None]:
     """Write ``snap`` into ``out`` (a ``ChecksumWriter``): incrementally when
     it can be and this is no savepoint, else canonically."""
     if not savepoint and isinstance(snap, IncrementalSnapshot):
         state = snap.write_incremental(out, checkpoint_id)
-        return KeyedBlocks({}, dict(getattr(snap, "kinds", {}))), state
+        return KeyedBlocks({}, dict(snap.kinds)), state
     return snap.write(out), None
 
 
@@ -55,40 +51,6 @@ def restore_keyed(backend: KeyedStateBackend, op_meta: OperatorMetadata, task_in
              and h.incremental.key_groups[1] > wanted.start]
     if not parts:
         return
-    restore = getattr(backend, "restore_incremental", None)
-    if restore is not None:
-        restore(restore_dir, parts)
-        return
     states = {n: k for h in op_meta.subtasks if h is not None and h.incremental is not None
               for n, k in h.states.items()}
-    for state, data in parts:
-        for blob in incremental_blocks(state, data, restore_dir, wanted, backend):
-            backend.restore_block(blob, states)
-
-
-def incremental_blocks(state: IncrementalState, data: bytes, restore_dir: str, wanted: range,
-                       backend: KeyedStateBackend) -> list[bytes]:
-    """The canonical blocks of the key groups of ``wanted`` in incremental
-    ``state`` (a RocksDB checkpoint restored into a heap backend)."""
-    from lockgate.state.rocksdb_io import apply_changelog, export_blocks, materialize, open_db
-
-    folder = tempfile.mkdtemp(prefix="lockgate-restore-")
-    try:
-        path = os.path.join(folder, "db")
-        materialize(state, data, restore_dir, path)
-        config = RocksDBStateBackend(local_dir=folder, memory_mb=64)
-        if state.changelog:
-            db = open_db(path, config)
-            try:
-                apply_changelog(db, state, restore_dir, folder)
-            finally:
-                db.close()
-        db = open_db(path, config, read_only=True)
-        try:
-            lo = max(state.key_groups[0], wanted.start)
-            hi = min(state.key_groups[1], wanted.stop)
-            return [blob for _, blob in export_blocks(db, range(lo, hi), backend.serializer)]
-        finally:
-            db.close()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    backend.restore_incremental(restore_dir, parts, states)

@@ -61,9 +61,9 @@ class TaskMeter:
         elapsed = now - self.started
         backpressured = sum(out.send_time for out in list(task.outputs))
         busy = max(0.0, elapsed - idle - backpressured)
-        chain = getattr(task, "chain", None)
-        records_in = chain.records_in if chain is not None else 0
-        records_out = chain.records_out + chain.written() if chain is not None else 0
+        chain = task.chain
+        records_in = chain.records_in
+        records_out = chain.records_out + chain.written()
         keys = 0
         for op in task.ops:
             backend = op.backend

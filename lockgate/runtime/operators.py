@@ -62,6 +62,13 @@ class StreamOperator:
     """The job's keyed state backend (None: heap); the task sets it, and
     ``job_dir`` and ``wake``, before ``open``."""
     job_dir = ""
+    restored_committed = False
+    """The restored savepoint's output was all committed (its job ended after
+    the commits; the task sets it before restoring): a sink's write-ahead
+    writer does not send it again (its de-duplication ids may be out of the
+    target's window by now). Other operators ignore it."""
+    written = 0
+    """Records this operator wrote to a sink (a sink's)."""
     wake: Callable[[], None] | None = None
     """Wakes the task's loop from its wait for input (any thread): an operator
     whose timer became due because of another thread (an async result) calls
@@ -328,7 +335,7 @@ class ProcessOperator(KeyedOperator):
     def open(self, serializer: StateSerializer) -> None:
         super().open(serializer)
         assert self.backend is not None
-        self.fn: KeyedProcessFunction = self.spec.fn
+        self.fn: KeyedProcessFunction[Any, Any] = self.spec.fn
         self.timers = KeyedTimers(self.backend)
         self.ctx = KeyedContext(self, self.timers)
         with user_hook(self.uid, "open"):
@@ -381,26 +388,17 @@ class SinkOperator(StreamOperator):
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
         super().__init__(spec, info)
-        self.writer: SinkWriter = spec.fn.create_writer(info)
-
-    restored_committed = False
-    """The restored savepoint's transactions were all committed (its job
-    ended after the commits): a write-ahead writer does not send them again
-    (their de-duplication ids may be out of the target's window by now)."""
+        self.writer: SinkWriter[Any] = spec.fn.create_writer(info)
 
     def restore_operator_state(self, entries: list[Any] | None) -> None:
-        restore_sent = getattr(self.writer, "restore_sent", None)
-        if self.restored_committed and restore_sent is not None:
-            restore_sent(entries or [])
+        if self.restored_committed:
+            self.writer.restore_sent(entries or [])
         else:
             self.writer.restore(entries or [])
 
-    written = 0
-
     def process(self, batch: list[Any]) -> list[Any]:
         if batch:
-            if not isinstance(cast(Any, batch), list) and not getattr(self.writer, "accepts_arrow",
-                                                                  False):
+            if not isinstance(cast(Any, batch), list) and not self.writer.accepts_arrow:
                 batch = cast(Any, batch).to_pylist()  # a pyarrow.RecordBatch, to rows
             self.writer.write_batch(batch)
             self.written += len(batch)

@@ -76,8 +76,7 @@ def restore_operators(spec: TaskSpec, ops: list[StreamOperator],
                 per_subtask.append(serializer.loads(data_of(handle)[off:off + length]))
             else:
                 per_subtask.append([])
-        if spec.restore_committed and hasattr(op, "restored_committed"):
-            op.restored_committed = True  # a sink: what it restores was committed
+        op.restored_committed = spec.restore_committed  # a sink: what it restores was committed
         op.restore_operator_state(distribute_operator_state(
             per_subtask, op_meta.operator_state_mode, spec.task_index, p))
     return skipped
@@ -176,11 +175,10 @@ class SnapshotWriter:
 
 def _discard(snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:
     """Hand back the keyed snapshots of ``snaps`` that were not written
-    (``discard``: a RocksDB changelog snapshot's; written ones ignore it)."""
+    (``KeyedSnapshot.discard``; written ones ignore it)."""
     for op, snap in snaps:
-        discard = getattr(snap.keyed, "discard", None)
-        if discard is not None:
+        if snap.keyed is not None:
             try:
-                discard()
+                snap.keyed.discard()
             except Exception:
                 log.exception("could not hand back the snapshot of %s", op.uid)

@@ -409,7 +409,8 @@ class Task(TaskControl):
             origin = e.__cause__
             # a connector's error may quote its settings: no secret leaves the task
             self._send(Failed(redact(f"{type(e).__name__}: {e}"), type(e).__name__,
-                              getattr(e, "where", None), redact(trace),
+                              e.where if isinstance(e, UserFunctionError) else None,
+                              redact(trace),
                               type(origin).__name__ if origin is not None else None))
         except OSError:
             pass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.errors import LockgateError
@@ -110,9 +109,8 @@ class TaskControl(UnalignedCheckpoints):
         if savepoint:
             self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
         for op in self.ops:  # a RocksDB changelog keeps files for a canonical write
-            backend: Any = op.backend
-            if hasattr(backend, "savepoint_next"):
-                backend.savepoint_next = savepoint
+            if op.backend is not None:
+                op.backend.savepoint_next = savepoint
         snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
         self._flush_all()
         barrier = Barrier(checkpoint_id, *self._barrier)

@@ -13,7 +13,7 @@ the clock) is registered by the operator, not by the trigger.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from lockgate.api.triggers import Trigger, TriggerContext, TriggerResult, TriggerState
@@ -116,12 +116,14 @@ class TriggerRunner:
         self.ctx = _Context(op)
         self.global_window = isinstance(op.assigner, GlobalWindows)
 
-    def _call(self, hook: str, key: Any, w: Window, *args: Any) -> TriggerResult:
+    def _call(self, hook: str, call: Callable[..., Any], key: Any, w: Window,
+              *args: Any) -> TriggerResult:
+        """``call`` (the trigger's method ``hook``) with ``args``, the window and the context."""
         ctx = self.ctx
         ctx.key, ctx.window = key, w
         window = GlobalWindow() if w is None else TimeWindow(*w)
         with user_hook(self.op.uid, f"trigger.{hook}"):
-            res = getattr(self.trigger, hook)(*args, window, ctx)
+            res = call(*args, window, ctx)
         if not isinstance(res, TriggerResult):
             raise UserFunctionError(f"operator {self.op.uid!r}: {type(self.trigger).__name__}."
                                     f"{hook} returned {res!r}, not a TriggerResult")
@@ -153,7 +155,8 @@ class TriggerRunner:
                     continue  # too late for this window
                 skipped = False
                 op._add(key, w, r)
-                self._act(key, w, self._call("on_element", key, w, r, ts), out)
+                res = self._call("on_element", self.trigger.on_element, key, w, r, ts)
+                self._act(key, w, res, out)
             if skipped and event and ts + lateness <= watermark:
                 tag = op.window_spec.late_tag
                 if tag is not None:
@@ -167,13 +170,14 @@ class TriggerRunner:
         out: list[Any] = []
         event = domain == TimeDomain.EVENT_TIME
         hook = "on_event_time" if event else "on_processing_time"
+        call = self.trigger.on_event_time if event else self.trigger.on_processing_time
         cleans = event == op.event_time and not self.global_window
         for key, ts in due:
             backend.current_key = key
             windows = set(op.windows.get(key, ()))
             windows.update(_window_of(s) for s in self.ctx.states.get(key, ()))
             for w in sorted(windows, key=lambda v: (0, 0) if v is None else v):
-                self._act(key, w, self._call(hook, key, w, ts), out)
+                self._act(key, w, self._call(hook, call, key, w, ts), out)
                 if cleans and w is not None and op._cleanup_time(w) == ts:
                     self.clear(key, w)
         return out

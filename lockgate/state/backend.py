@@ -18,7 +18,7 @@ Immutable values (numbers, strings, tuples of them) are never copied.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, overload
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, overload
 from lockgate.errors import LockgateError
 from lockgate.state.keygroups import KeyGroupAssigner
 from lockgate.state.serde import StateSerializer
+from lockgate.state.ttl_cleanup import filter_table
 from lockgate.state.ttl_config import (
     SnapshotFilter,
     StateTtlConfig,
@@ -38,6 +39,8 @@ from lockgate.state.values import ATOMIC, private_copy
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
+
+    from lockgate.checkpoint.incremental import IncrementalState
 
 __all__ = [
     "StateKind",
@@ -225,6 +228,10 @@ def note_restored_kinds(states: dict[str, str], kinds: dict[str, str],
         restored[name] = kind
 
 
+def _no_fault(point: str) -> None:
+    pass
+
+
 def _copies(values: Iterable[Any]) -> list[Any]:
     """A new list of ``values``, mutable ones copied."""
     return [v if type(v) in ATOMIC else private_copy(v) for v in values]
@@ -232,6 +239,9 @@ def _copies(values: Iterable[Any]) -> list[Any]:
 
 class HeapKeyedStateBackend:
     """Keyed state of one task: the key groups in ``key_group_range``."""
+
+    prepares_snapshots = False
+    """Nothing to get ready between records: a snapshot copies the dicts."""
 
     def __init__(self, max_parallelism: int, key_group_range: range,
                  serializer: StateSerializer) -> None:
@@ -247,6 +257,11 @@ class HeapKeyedStateBackend:
         """As read back from a checkpoint: strings."""
         self._handles: dict[str, _State] = {}
         self._assigner = KeyGroupAssigner(max_parallelism)
+        self.savepoint_next = False
+        """Set by the task before a savepoint's snapshot: every snapshot here
+        is written canonically anyway."""
+        self.fault: Callable[[str], None] = _no_fault
+        """The heap backend has no protocol points of its own."""
 
     @overload
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
@@ -312,6 +327,24 @@ class HeapKeyedStateBackend:
         while state changes (TTL's incremental cleanup visits them)."""
         return list(self._tables.get(name, ()))
 
+    def iter_state_keys(self, name: str) -> Iterator[Any]:
+        """:meth:`state_keys`, listed now."""
+        return iter(self.state_keys(name))
+
+    def filter_keys(self, name: str, keys: list[Any], keep: SnapshotFilter) -> None:
+        """Replace the stored object ``o`` of each of ``keys`` by ``keep(o)``
+        (None: deleted) in the live dict (``ttl_cleanup.filter_table``)."""
+        table = self._tables.get(name)
+        if table is not None:
+            filter_table(table, keys, keep)
+
+    def expect_checkpoints(self, interval: float | None) -> None:
+        """Nothing to plan: a snapshot copies the dicts."""
+
+    def prepare_snapshot(self, now: float) -> float:
+        """Nothing to get ready (:attr:`prepares_snapshots` is False)."""
+        return float("inf")
+
     def restore_block(self, data: bytes, states: dict[str, str]) -> None:
         """Merge one key-group block written by ``KeyedStateSnapshot.write``."""
         note_restored_kinds(states, self._kinds, self._restored_kinds)
@@ -327,6 +360,21 @@ class HeapKeyedStateBackend:
             table = self._tables.setdefault(name, {})
             for key, value in entries:
                 table[key] = value
+
+    def restore_incremental(self, restore_dir: str, parts: list[tuple[IncrementalState, bytes]],
+                            states: dict[str, str]) -> None:
+        """Incremental state (a RocksDB backend's checkpoint) restored here:
+        read out of a temporary database as canonical blocks of this task's
+        key groups (:func:`~lockgate.state.rocksdb_io.canonical_blocks`)."""
+        from lockgate.state.rocksdb_io import canonical_blocks
+
+        for state, data in parts:
+            for blob in canonical_blocks(state, data, restore_dir, self.key_group_range,
+                                         self.serializer):
+                self.restore_block(blob, states)
+
+    def close(self) -> None:
+        """Nothing held outside memory."""
 
 
 @dataclass(frozen=True)
@@ -351,6 +399,9 @@ class KeyedStateSnapshot:
         self.filters = filters or {}
         """Per state name: what of a stored object is written (TTL: the
         unexpired part), None for nothing (``ttl_config.snapshot_filters``)."""
+
+    def discard(self) -> None:
+        """Never to be written: a copy in memory, nothing to hand back."""
 
     def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
         """Write one block per non-empty key group, ascending; return offsets

@@ -17,8 +17,10 @@ heap job restores on RocksDB and the reverse, at any parallelism.
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, overload
 
 from lockgate.errors import PipelineDefinitionError
 from lockgate.state.backend import (
@@ -33,6 +35,7 @@ from lockgate.state.backend import (
     ValueStateDescriptor,
 )
 from lockgate.state.serde import StateSerializer
+from lockgate.state.ttl_config import SnapshotFilter
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -47,6 +50,7 @@ __all__ = [
     "KeyedStateBackend",
     "KeyedSnapshot",
     "IncrementalSnapshot",
+    "StateFileWriter",
     "state_backend",
     "create_keyed_backend",
     "close_backend",
@@ -159,30 +163,73 @@ class BackendScope:
     """The job's checkpoint folder (shared files go to ``<job_dir>/shared``)."""
 
 
+class StateFileWriter(Protocol):
+    """A state file being written (``checkpoint.storage.ChecksumWriter``)."""
+
+    def write(self, data: bytes) -> int: ...
+
+    def tell(self) -> int:
+        """The bytes written so far: where the next write lands."""
+        ...
+
+
 class KeyedSnapshot(Protocol):
     """The synchronous part of a keyed snapshot; ``write`` (on the snapshot
     thread) writes it in the canonical format: one block per key group."""
 
     def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks: ...
 
+    def discard(self) -> None:
+        """It will never be written (its checkpoint was aborted after the
+        synchronous part, or failed before this state): hand back what it
+        holds, on the snapshot thread. Nothing once written; the heap
+        backend's holds nothing to hand back."""
+        ...
 
-@runtime_checkable
-class IncrementalSnapshot(Protocol):
+
+class IncrementalSnapshot(ABC):
     """A snapshot that can also be written incrementally (checkpoints, not
-    savepoints): new files uploaded, the others referenced."""
+    savepoints): new files uploaded, the others referenced. A base class, not
+    a protocol: the RocksDB backend's snapshots that can say so, and a
+    method renamed there fails loudly instead of turning the format off."""
 
-    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks: ...
+    kinds: dict[str, str]
+    """The kind of each state (a state file's handle records them)."""
 
-    def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState: ...
+    @abstractmethod
+    def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
+        """Canonically: one block per key group (a savepoint)."""
+
+    @abstractmethod
+    def discard(self) -> None:
+        """As :meth:`KeyedSnapshot.discard`."""
+
+    @abstractmethod
+    def write_incremental(self, out: StateFileWriter, checkpoint_id: int) -> IncrementalState:
+        """Incrementally, into the state file ``out``; the handle names the
+        files it references."""
 
 
 class KeyedStateBackend(Protocol):
-    """What operators, timers and TTL use of a keyed state backend."""
+    """What operators, timers, TTL and the task use of a keyed state backend.
+
+    Every capability is here, so the type checker sees each use; where the
+    heap backend has nothing to do, its method says so and does nothing."""
 
     max_parallelism: int
     key_group_range: range
     serializer: StateSerializer
     current_key: Any
+    savepoint_next: bool
+    """The next snapshot is a savepoint's (the task sets it before every
+    snapshot): a RocksDB changelog then takes a RocksDB checkpoint for the
+    canonical write; the heap backend writes canonically anyway."""
+    fault: Callable[[str], None]
+    """Fault injection at the backend's own protocol points (the task sets
+    it: a RocksDB changelog's ``materialize`` and ``changelog``)."""
+    prepares_snapshots: bool
+    """:meth:`prepare_snapshot` has work to do between records (RocksDB:
+    the early flush, the materialization); the heap backend's has none."""
 
     @overload
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
@@ -201,15 +248,51 @@ class KeyedStateBackend(Protocol):
 
     def state_keys(self, name: str) -> list[Any]: ...
 
+    def iter_state_keys(self, name: str) -> Iterator[Any]:
+        """The keys of state ``name``, safe to iterate while state changes
+        (TTL's incremental cleanup; RocksDB reads them lazily, a chunk at a
+        time)."""
+        ...
+
+    def filter_keys(self, name: str, keys: list[Any], keep: SnapshotFilter) -> None:
+        """Replace the stored object ``o`` of each of ``keys`` in state
+        ``name`` by ``keep(o)`` (the same object: no change; None: the key
+        deleted), without copying or holding what it reads (TTL's
+        incremental cleanup)."""
+        ...
+
     def num_keys(self) -> int: ...
 
     def approximate_keys(self) -> int:
         """A cheap estimate of the keys, safe from another thread (metrics)."""
         ...
 
+    def expect_checkpoints(self, interval: float | None) -> None:
+        """Checkpoints come every ``interval`` seconds (None: not
+        periodically), counted from now: the task starts running."""
+        ...
+
+    def prepare_snapshot(self, now: float) -> float:
+        """Get ready for the next checkpoint between records (``now``:
+        ``time.monotonic()``); returns the seconds until it wants to be
+        asked again (``inf``: not before the next snapshot)."""
+        ...
+
     def snapshot(self) -> KeyedSnapshot: ...
 
     def restore_block(self, data: bytes, states: dict[str, str]) -> None: ...
+
+    def restore_incremental(self, restore_dir: str, parts: list[tuple[IncrementalState, bytes]],
+                            states: dict[str, str]) -> None:
+        """Restore the task's key groups from incremental state handles
+        (RocksDB checkpoints: each with its state file's bytes; ``states``:
+        the kinds of the states, as the handles record them)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (RocksDB: the database and its
+        folder); the heap backend holds nothing outside memory."""
+        ...
 
 
 def create_keyed_backend(config: StateBackend | None, max_parallelism: int,
@@ -226,8 +309,7 @@ def create_keyed_backend(config: StateBackend | None, max_parallelism: int,
                                     scope)
 
 
-def close_backend(backend: object) -> None:
+def close_backend(backend: KeyedStateBackend | None) -> None:
     """Release what a backend holds (RocksDB: the database and its folder)."""
-    close = getattr(backend, "close", None)
-    if callable(close):
-        close()
+    if backend is not None:
+        backend.close()

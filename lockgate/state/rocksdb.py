@@ -108,6 +108,10 @@ __all__ = ["RocksDBKeyedStateBackend"]
 class RocksDBKeyedStateBackend:
     """Keyed state of one keyed operator in one task, in RocksDB."""
 
+    prepares_snapshots = True
+    """:meth:`prepare_snapshot` runs between records: the early flush, or
+    with a changelog the materialization."""
+
     def __init__(self, config: RocksDBStateBackend, max_parallelism: int,
                  key_group_range: range, serializer: StateSerializer,
                  scope: BackendScope) -> None:
@@ -126,11 +130,11 @@ class RocksDBKeyedStateBackend:
         self.db: Any = None
         """What the tables read and write: the database, or with a changelog
         the :class:`LoggedDB` over it."""
+        self._tables: dict[str, ValueTable | MapTable] = {}
         self._open(open_db(self.db_path, config))
         self._kinds: dict[str, str] = {}
         self._restored_kinds: dict[str, str] = {}
         self._ttl: dict[str, StateTtlConfig] = {}
-        self._tables: dict[str, ValueTable | MapTable] = {}
         self._handles: dict[str, Any] = {}
         self._snapshots = 0
         self.uploaded: dict[str, SharedFile] = {}
@@ -159,7 +163,7 @@ class RocksDBKeyedStateBackend:
     def _open(self, db: Any) -> None:
         self.raw_db = db
         self.db = LoggedDB(db) if self.logged else db
-        for table in self._tables.values() if hasattr(self, "_tables") else ():
+        for table in self._tables.values():
             table.db = self.db
 
     def batch(self) -> Any:
@@ -402,10 +406,12 @@ class RocksDBKeyedStateBackend:
             except OSError:
                 pass
 
-    def restore_incremental(self, restore_dir: str,
-                            parts: list[tuple[IncrementalState, bytes]]) -> None:
+    def restore_incremental(self, restore_dir: str, parts: list[tuple[IncrementalState, bytes]],
+                            states: dict[str, str]) -> None:
         """Restore from incremental state handles (with their state files'
-        bytes): see the module's docstring."""
+        bytes): see the module's docstring. The kinds of the states are read
+        from the databases restored (``states``, the handles' record of them,
+        is not needed)."""
         wanted = self.key_group_range
 
         def overlap(s: IncrementalState) -> int:

@@ -57,7 +57,7 @@ from lockgate.errors import LockgateError
 from lockgate.state.rocksdb_io import options, require, upload
 
 if TYPE_CHECKING:
-    from lockgate.state.backends import RocksDBStateBackend
+    from lockgate.state.backends import RocksDBStateBackend, StateFileWriter
     from lockgate.state.rocksdb import RocksDBKeyedStateBackend
 
 __all__ = ["LoggedDB", "LoggedBatch", "log_limit", "Chain", "Materialized", "Step", "advance",
@@ -231,7 +231,7 @@ def upload_shared(backend: RocksDBKeyedStateBackend, local: str, checkpoint_id: 
                                                      os.urandom(8).hex()))
 
 
-def write_private(out: Any, files: dict[str, bytes]) -> dict[str, tuple[int, int]]:
+def write_private(out: StateFileWriter, files: dict[str, bytes]) -> dict[str, tuple[int, int]]:
     """Write ``files`` into ``out`` (a state file); their ``(offset, length)``."""
     private: dict[str, tuple[int, int]] = {}
     for name, data in files.items():
@@ -308,7 +308,8 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
                 shutil.rmtree(cut, ignore_errors=True)
 
 
-def handle(backend: RocksDBKeyedStateBackend, chain: Chain, out: Any) -> IncrementalState:
+def handle(backend: RocksDBKeyedStateBackend, chain: Chain,
+           out: StateFileWriter) -> IncrementalState:
     """The state handle of the chain as it is now, its private files
     written into ``out`` (the state file)."""
     assert chain.base is not None

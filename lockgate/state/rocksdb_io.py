@@ -9,6 +9,8 @@ job uses the RocksDB backend (``pip install 'lockgate[rocksdb]'``).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -211,6 +213,33 @@ def export_blocks(db: Any, key_groups: range, serializer: StateSerializer,
             add(names[group[0]][0], loads(group[1]), entries)
         if content:
             yield kg, dumps([kg, content])
+
+
+def canonical_blocks(state: IncrementalState, data: bytes, restore_dir: str, wanted: range,
+                     serializer: StateSerializer) -> list[bytes]:
+    """The canonical blocks of the key groups of ``wanted`` in incremental
+    ``state`` (with its state file's bytes ``data``): a RocksDB checkpoint
+    restored into a heap backend, read out of a temporary database."""
+    folder = tempfile.mkdtemp(prefix="lockgate-restore-")
+    try:
+        path = os.path.join(folder, "db")
+        materialize(state, data, restore_dir, path)
+        config = RocksDBStateBackend(local_dir=folder, memory_mb=64)
+        if state.changelog:
+            db = open_db(path, config)
+            try:
+                apply_changelog(db, state, restore_dir, folder)
+            finally:
+                db.close()
+        db = open_db(path, config, read_only=True)
+        try:
+            lo = max(state.key_groups[0], wanted.start)
+            hi = min(state.key_groups[1], wanted.stop)
+            return [blob for _, blob in export_blocks(db, range(lo, hi), serializer)]
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def copy_range(source: Any, target: Any, start: int, stop: int, batch: Callable[[], Any],

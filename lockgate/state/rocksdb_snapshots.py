@@ -8,12 +8,12 @@ its iterators read the live database, 0.3.29)."""
 from __future__ import annotations
 
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.errors import LockgateError
 from lockgate.state.backend import KeyedBlocks
-from lockgate.state.backends import RocksDBStateBackend
+from lockgate.state.backends import IncrementalSnapshot, RocksDBStateBackend, StateFileWriter
 from lockgate.state.rocksdb_changelog import advance, handle, upload_folder, write_private
 from lockgate.state.rocksdb_io import export_blocks, open_db
 from lockgate.state.ttl_config import SnapshotFilter
@@ -60,11 +60,16 @@ class RocksDBSnapshot:
         finally:
             shutil.rmtree(self.path, ignore_errors=True)
 
+    def discard(self) -> None:
+        """Never to be written: its RocksDB checkpoint folder is deleted
+        (nothing once written: the write deleted it)."""
+        shutil.rmtree(self.path, ignore_errors=True)
 
-class RocksDBIncrementalSnapshot(RocksDBSnapshot):
+
+class RocksDBIncrementalSnapshot(RocksDBSnapshot, IncrementalSnapshot):
     """A snapshot a checkpoint writes incrementally (a savepoint canonically)."""
 
-    def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState:
+    def write_incremental(self, out: StateFileWriter, checkpoint_id: int) -> IncrementalState:
         """Upload the SST files no earlier checkpoint uploaded, reference the
         others, write the private files into ``out`` (the state file)."""
         b = self.backend
@@ -77,7 +82,7 @@ class RocksDBIncrementalSnapshot(RocksDBSnapshot):
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-class RocksDBChangelogSnapshot:
+class RocksDBChangelogSnapshot(IncrementalSnapshot):
     """A snapshot with a changelog: its log (and the materialization taken
     since the last snapshot, if any), and for a savepoint a RocksDB
     checkpoint folder (``frozen``) for its canonical write."""
@@ -108,7 +113,7 @@ class RocksDBChangelogSnapshot:
             shutil.rmtree(self.frozen, ignore_errors=True)
         self.backend.chain.carry((self.seq, self.cut, self.epoch, self.log))
 
-    def write_incremental(self, out: Any, checkpoint_id: int) -> IncrementalState:
+    def write_incremental(self, out: StateFileWriter, checkpoint_id: int) -> IncrementalState:
         """Upload the changes (and the materialization), reference the rest."""
         self.taken = True
         b = self.backend

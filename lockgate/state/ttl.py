@@ -18,7 +18,7 @@ Cleanup, as in Flink:
   snapshot leaves expired entries out);
 - **incrementally**: every access of a state checks ``size`` more of its keys
   (and, with ``run_for_every_record``, every record the operator processes),
-  in rounds over all the task's keys (``backend.state_keys(name)``), so keys
+  in rounds over all the task's keys (``backend.iter_state_keys(name)``), so keys
   never touched again are removed too.
 
 Expiry only hides or removes values; it never changes one.
@@ -42,17 +42,16 @@ from lockgate.state.backend import (
     ValueState,
     ValueStateDescriptor,
 )
-from lockgate.state.ttl_cleanup import CleanupCursor
+from lockgate.state.ttl_cleanup import CleanupBackend, CleanupCursor
 from lockgate.state.ttl_config import StateTtlConfig, StateVisibility, UpdateType
 from lockgate.state.values import ATOMIC, private_copy
 
 __all__ = ["TtlStates", "TtlValueState", "TtlListState", "TtlMapState", "TtlBackend"]
 
 
-class TtlBackend(Protocol):
-    """What TTL needs of a keyed state backend."""
-
-    current_key: Any
+class TtlBackend(CleanupBackend, Protocol):
+    """What TTL needs of a keyed state backend (the incremental cleanup's
+    needs included)."""
 
     @overload
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState: ...
@@ -61,18 +60,6 @@ class TtlBackend(Protocol):
     @overload
     def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
     def get_state(self, descriptor: Descriptor) -> Any: ...
-
-    def state_keys(self, name: str) -> Iterable[Any]:
-        """Every key with a value in state ``name``, safe to iterate while
-        state changes (a key may be gone when it comes up)."""
-        ...
-
-    # Optional, for the incremental cleanup (found with getattr):
-    # ``filter_keys(name, keys, keep)``: for each of ``keys``, replace its
-    # stored object ``o`` by ``keep(o)`` (the same object: no change; None:
-    # delete the key), without copying or holding what it reads. Without
-    # it, the cleanup goes through the handles (the heap backend's dict is
-    # used directly).
 
 
 _END = object()
@@ -110,8 +97,7 @@ class _TtlHandle:
             config.state_visibility == StateVisibility.RETURN_EXPIRED_IF_NOT_CLEANED_UP)
         inc = config.cleanup_incrementally
         self._cleanup_size = inc.size if inc is not None else 0
-        self._cursor = CleanupCursor(backend, name, self._structure, self._ttl_ms,
-                                     self._clean_current)
+        self._cursor = CleanupCursor(backend, name, self._structure, self._ttl_ms)
         self._debt = 0
         self._now: Callable[[], int] = config.now if config.clock is not None else _wall_ms
 
@@ -132,10 +118,6 @@ class _TtlHandle:
         values and remove them (:class:`CleanupCursor`); the current key is
         left as it was."""
         self._cursor.run(count, self._now())
-
-    def _clean_current(self, now: int) -> None:
-        """Remove what expired at ``now`` of the current key's value."""
-        raise NotImplementedError
 
 
 class TtlValueState(_TtlHandle, ValueState):
@@ -183,12 +165,6 @@ class TtlValueState(_TtlHandle, ValueState):
         self._accessed()
         self._inner.clear()
 
-    def _clean_current(self, now: int) -> None:
-        stored = self._inner.value()
-        if stored is not None and not self._alive(_checked(self._name, stored)[1], now):
-            self._inner.clear()
-
-
 
 class TtlListState(_TtlHandle, ListState):
     """A list state with TTL: each element has its own timestamp and expires
@@ -233,14 +209,6 @@ class TtlListState(_TtlHandle, ListState):
     def clear(self) -> None:
         self._accessed()
         self._inner.clear()
-
-    def _clean_current(self, now: int) -> None:
-        stored = self._inner.get()
-        if stored:
-            alive = [p for p in stored if self._alive(_checked(self._name, p)[1], now)]
-            if len(alive) != len(stored):
-                self._inner.update(alive)
-
 
 
 class TtlMapState(_TtlHandle, MapState):
@@ -338,12 +306,6 @@ class TtlMapState(_TtlHandle, MapState):
     def clear(self) -> None:
         self._accessed()
         self._inner.clear()
-
-    def _clean_current(self, now: int) -> None:
-        for k, pair in self._inner.items():
-            if not self._alive(_checked(self._name, pair)[1], now):
-                self._inner.remove(k)
-
 
 
 TtlHandle = TtlValueState | TtlListState | TtlMapState

@@ -1,27 +1,46 @@
 """The incremental cleanup of one TTL state (Flink's ``TtlIncrementalCleanup``):
 a cursor over all the task's keys of the state, advanced a few keys at a
-time, removing what expired. The keys come from the backend's lazy
-``iter_state_keys(name)`` where it has one (the RocksDB backend: a resumable
-walk over its key groups, :mod:`lockgate.state.rocksdb_cleanup`), else from
-``state_keys(name)`` listed when a round starts.
+time, removing what expired. The keys come from the backend's
+``iter_state_keys(name)`` (the RocksDB backend: a resumable walk over its key
+groups, :mod:`lockgate.state.rocksdb_cleanup`; the heap backend: the keys
+listed when a round starts).
 
-Each key is checked by the fastest means the backend offers: the heap
-backend's live dict directly; a backend's ``filter_keys(name, keys, keep)``
-(reads without copying or holding, writes back only what changed); a raw
-view with ``read`` and ``write`` (the RocksDB backend's value and list
-states); or else the state's own handles with ``current_key`` set to each
-key in turn (and restored after).
+The heap backend's live dict is checked directly (a value state's pairs
+inline); any other backend's stored objects through its
+``filter_keys(name, keys, keep)`` (reads without copying or holding, writes
+back only what changed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from lockgate.state.ttl_config import SnapshotFilter, expiry_filter
 
-__all__ = ["CleanupCursor", "filter_table"]
+__all__ = ["CleanupCursor", "CleanupBackend", "filter_table"]
+
+
+class CleanupBackend(Protocol):
+    """What the incremental cleanup needs of a keyed state backend (both
+    backends have it: ``state.backends.KeyedStateBackend``)."""
+
+    def raw(self, name: str) -> Any:
+        """State ``name`` as a mapping key -> stored object (the heap
+        backend's: its live dict)."""
+        ...
+
+    def iter_state_keys(self, name: str) -> Iterator[Any]:
+        """The keys of state ``name``, safe to iterate while state changes
+        (a key may be gone when it comes up)."""
+        ...
+
+    def filter_keys(self, name: str, keys: list[Any], keep: SnapshotFilter) -> None:
+        """Replace the stored object ``o`` of each of ``keys`` by ``keep(o)``
+        (the same object: no change; None: the key deleted), without copying
+        or holding what it reads."""
+        ...
 
 
 def filter_table(table: dict[Any, Any], keys: list[Any], keep: SnapshotFilter) -> None:
@@ -52,34 +71,27 @@ def _drop_expired_pairs(table: dict[Any, Any], keys: list[Any], deadline: int) -
 
 
 class CleanupCursor:
-    """Where the incremental cleanup of state ``name`` stands in its round.
+    """Where the incremental cleanup of state ``name`` stands in its round."""
 
-    ``clean_current(now)`` cleans the backend's current key through the
-    state's handles (the fallback)."""
-
-    def __init__(self, backend: Any, name: str, structure: str, ttl_ms: int,
-                 clean_current: Callable[[int], None]) -> None:
+    def __init__(self, backend: CleanupBackend, name: str, structure: str, ttl_ms: int) -> None:
         self.backend = backend
         self.name = name
         self.structure = structure
         self.ttl_ms = ttl_ms
-        self.clean_current = clean_current
         self._keys: Iterator[Any] | None = None
 
     def run(self, count: int, now: int) -> None:
         """Check the next ``count`` keys for what expired at ``now`` and
         remove it. A round ends when its keys do and the next lists them anew
-        (``backend.iter_state_keys``, a lazy walk, where the backend has one:
-        the RocksDB backend's; else ``backend.state_keys``); at most one round
-        starts per call, so a small state is checked at most once."""
+        (``backend.iter_state_keys``: the RocksDB backend's a lazy walk); at
+        most one round starts per call, so a small state is checked at most
+        once."""
         started = False
         while count > 0:
             if self._keys is None:
                 if started:
                     return
-                lazy = getattr(self.backend, "iter_state_keys", None)
-                self._keys = iter(lazy(self.name) if lazy is not None
-                                  else self.backend.state_keys(self.name))
+                self._keys = self.backend.iter_state_keys(self.name)
                 started = True
             keys = list(islice(self._keys, count))
             if len(keys) < count:
@@ -89,38 +101,12 @@ class CleanupCursor:
                 self._clean(keys, now)
 
     def _clean(self, keys: list[Any], now: int) -> None:
-        backend = self.backend
-        raw = getattr(backend, "raw", None)
-        table = raw(self.name) if raw is not None else None
-        if type(table) is dict:
+        table = self.backend.raw(self.name)
+        if type(table) is dict:  # the heap backend's live dict: at once
             if self.structure == "value":
                 _drop_expired_pairs(table, keys, now - self.ttl_ms)
             else:
                 filter_table(table, keys, expiry_filter(self.structure, self.ttl_ms, now))
             return
-        filter_keys = getattr(backend, "filter_keys", None)
-        if filter_keys is not None:
-            filter_keys(self.name, keys, expiry_filter(self.structure, self.ttl_ms, now))
-            return
-        if self.structure != "map" and callable(getattr(table, "read", None)) \
-                and callable(getattr(table, "write", None)):
-            # the RocksDB backend's view of a value or list state: ``read``
-            # decodes without holding, ``write`` stores at once
-            keep = expiry_filter(self.structure, self.ttl_ms, now)
-            view: Any = table
-            for key in keys:
-                stored = view.read(key)
-                if stored is not None:
-                    kept = keep(stored)
-                    if kept is None:
-                        view.pop(key, None)
-                    elif kept is not stored:
-                        view.write(key, kept)
-            return
-        saved = backend.current_key
-        try:
-            for key in keys:
-                backend.current_key = key
-                self.clean_current(now)
-        finally:
-            backend.current_key = saved
+        self.backend.filter_keys(self.name, keys,
+                                 expiry_filter(self.structure, self.ttl_ms, now))
