@@ -56,20 +56,24 @@ class Snapshot:
         return xid < self.xmin or (xid < self.xmax and xid not in self.xip)
 
 
-def key_of(row: dict[str, Any] | None, key: Sequence[str]) -> tuple | None:
+Key = tuple[Any, ...]
+"""A row's primary key values, in the key's column order."""
+
+
+def key_of(row: dict[str, Any] | None, key: Sequence[str]) -> Key | None:
     if row is None or any(k not in row for k in key):
         return None
     return tuple(row[k] for k in key)
 
 
-def _in_range(k: tuple | None, lower: tuple | None, upper: tuple | None) -> bool:
+def _in_range(k: Key | None, lower: Key | None, upper: Key | None) -> bool:
     return (k is not None and (lower is None or k > lower)
             and (upper is None or k <= upper))
 
 
-def merge_chunk(rows: dict[tuple, dict[str, Any]], txns: Sequence[Transaction],
+def merge_chunk(rows: dict[Key, dict[str, Any]], txns: Sequence[Transaction],
                 snapshot: Snapshot, high: int, table: str, key: Sequence[str],
-                lower: tuple | None, upper: tuple | None) -> dict[tuple, dict[str, Any]]:
+                lower: Key | None, upper: Key | None) -> dict[Key, dict[str, Any]]:
     """The chunk's rows as of ``high``: the SELECT's ``rows`` (by key), with
     the changes of ``table`` in ``(lower, upper]`` of every transaction that
     committed before ``high`` and that ``snapshot`` did not see applied in
@@ -93,7 +97,7 @@ def merge_chunk(rows: dict[tuple, dict[str, Any]], txns: Sequence[Transaction],
     return out
 
 
-def chunk_high(chunks: list[list[Any]], k: tuple | None) -> int:
+def chunk_high(chunks: list[list[Any]], k: Key | None) -> int:
     """The high watermark of the chunk holding ``k``: ``chunks`` are a
     table's ``[upper, high]`` in key order, the last one's upper ``None``."""
     uppers = [tuple(c[0]) for c in chunks[:-1]]
