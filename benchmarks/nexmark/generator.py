@@ -25,7 +25,14 @@ Events are tuples (cheap to pickle between tasks, exact in state):
 * person:  ``("P", id, name, email, credit_card, city, state, date_time, extra)``
 * auction: ``("A", id, item_name, description, initial_bid, reserve, date_time,
   expires, seller, category, extra)``
-* bid:     ``("B", auction, bidder, price, channel, date_time, extra)``
+* bid:     ``("B", auction, bidder, price, channel, url, date_time, extra)``
+
+A bid's channel and URL follow Flink's generator: with probability 1/2 one
+of four hot channels (``Google`` ... ``Apple``, each with its URL), else
+``channel-N`` of 10,000, whose URL ends with ``&channel_id=`` and ``N``'s
+32 bits reversed (as Java's ``Math.abs(Integer.reverse(N))``) for 9 in 10
+of them. URLs are ``https://www.nexmark.com/<dir>/<dir>/<dir>/item.htm?query=1``,
+each directory 3 or 4 letters, now and then ``_``.
 
 The field positions are the constants below (``BID_PRICE`` ...).
 """
@@ -40,7 +47,7 @@ KIND = 0
 P_ID, P_NAME, P_EMAIL, P_CARD, P_CITY, P_STATE, P_TIME, P_EXTRA = range(1, 9)
 A_ID, A_ITEM, A_DESC, A_INITIAL, A_RESERVE, A_TIME, A_EXPIRES, A_SELLER, A_CATEGORY, \
     A_EXTRA = range(1, 11)
-B_AUCTION, B_BIDDER, B_PRICE, B_CHANNEL, B_TIME, B_EXTRA = range(1, 7)
+B_AUCTION, B_BIDDER, B_PRICE, B_CHANNEL, B_URL, B_TIME, B_EXTRA = range(1, 8)
 
 Event = tuple[Any, ...]
 
@@ -61,7 +68,9 @@ FIRST_NAMES = ("Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie"
                "Deiter", "Walter")
 LAST_NAMES = ("Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones",
               "Noris")
-CHANNELS = ("Google", "Facebook", "Baidu", "Apple")
+HOT_CHANNELS = ("Google", "Facebook", "Baidu", "Apple")
+HOT_CHANNELS_RATIO = 2
+NUM_CHANNELS = 10_000
 
 _M64 = (1 << 64) - 1
 
@@ -231,8 +240,11 @@ class NexmarkGenerator:
         else:
             bidder = self._some_person(i, r)
         price = _price(r)
-        channel = CHANNELS[r.below(len(CHANNELS))]
-        return ("B", auction + FIRST_AUCTION_ID, bidder + FIRST_PERSON_ID, price, channel,
+        if r.below(HOT_CHANNELS_RATIO) > 0:
+            channel, url = _HOT[r.below(len(HOT_CHANNELS))]
+        else:
+            channel, url = _channel(r.below(NUM_CHANNELS))
+        return ("B", auction + FIRST_AUCTION_ID, bidder + FIRST_PERSON_ID, price, channel, url,
                 c.timestamp(i), _extra(r, 32, c.avg_bid_bytes))
 
     def _some_person(self, i: int, r: _Draws) -> int:
@@ -240,6 +252,41 @@ class NexmarkGenerator:
         people = self.config.last_person(i) + 1
         active = min(people, self.config.num_active_people)
         return people - active + r.below(active + PERSON_ID_LEAD)
+
+
+def _dir(r: _Draws) -> str:
+    """3 or 4 letters, each ``_`` with probability 1/13 (Flink's ``nextString(5, '_')``)."""
+    return "".join("_" if r.below(13) == 0 else chr(ord("a") + r.below(26))
+                   for _ in range(3 + r.below(2)))
+
+
+def _url(r: _Draws) -> str:
+    return f"https://www.nexmark.com/{_dir(r)}/{_dir(r)}/{_dir(r)}/item.htm?query=1"
+
+
+def java_abs_reverse(n: int) -> int:
+    """Java's ``Math.abs(Integer.reverse(n))`` (``Integer.MIN_VALUE`` stays negative)."""
+    v = int(f"{n & 0xFFFFFFFF:032b}"[::-1], 2)
+    if v >= 1 << 31:
+        v -= 1 << 32
+    return v if v == -(1 << 31) else abs(v)
+
+
+_URL_SEED = 0x4E45584D41524B  # the URLs' own random stream, apart from the events'
+_HOT = tuple((ch, _url(_Draws(_URL_SEED + k))) for k, ch in enumerate(HOT_CHANNELS))
+_CHANNELS: list[tuple[str, str] | None] = [None] * NUM_CHANNELS
+
+
+def _channel(n: int) -> tuple[str, str]:
+    """``("channel-<n>", its URL)``, made on first use (Flink's channel cache)."""
+    got = _CHANNELS[n]
+    if got is None:
+        r = _Draws(_URL_SEED + len(HOT_CHANNELS) + n)
+        url = _url(r)
+        if r.below(10) > 0:
+            url += f"&channel_id={java_abs_reverse(n)}"
+        got = _CHANNELS[n] = (f"channel-{n}", url)
+    return got
 
 
 def _price(r: _Draws) -> int:

@@ -20,20 +20,23 @@
 * q18  last bid of each bidder on each auction.
 * q19  the ten highest bids of each auction.
 * q20  bids of auctions in category 10, with the auction (an unbounded join).
-* q21  every bid with its channel's id.
+* q21  every bid with its channel's id: 0-3 for the four hot channels, else
+  the ``channel_id`` parameter of its URL (bids with neither are left out).
+* q22  every bid with the first three directories of its URL
+  (``SPLIT_INDEX(url, '/', 3..5)``).
 
 The daily queries (q15-q17) use event-time tumbling windows of a day, and
 q18/q19 emit their result once the input ended (Flink's versions emit
 updates and retract them; a final result is what a bounded run of theirs
-ends with). Not here: q4 and q6 (averages over closed auctions that Flink
-maintains with retractions), q12 (processing-time windows: not
-reproducible), q22 (the bids of this generator carry no URL).
+ends with). Not here yet: q4 and q6 (averages over closed auctions that
+Flink maintains with retractions), q12 (processing-time windows).
 
 Every output record ends with its result time.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -52,6 +55,7 @@ from benchmarks.nexmark.generator import (
     B_EXTRA,
     B_PRICE,
     B_TIME,
+    B_URL,
 )
 from lockgate import (
     END_OF_TIME,
@@ -68,7 +72,8 @@ from lockgate.state.backend import ListStateDescriptor
 
 DAY = 86_400_000
 SIDE_TABLE = 10_000
-CHANNEL_IDS = {"apple": 0, "google": 1, "facebook": 2, "baidu": 3}
+CHANNEL_IDS = {"apple": "0", "google": "1", "facebook": "2", "baidu": "3"}
+CHANNEL_ID = re.compile(r"(&|^)channel_id=([^&]*)")
 
 
 def _is_bid(e: tuple[Any, ...]) -> bool:
@@ -377,13 +382,51 @@ def q20(events: DataStream[Any], w: Any) -> DataStream[Any]:
 
 
 # ---------------------------------------------------------------- q21
+def channel_id(channel: str, url: str) -> str | None:
+    """Flink's ``CASE lower(channel) ... ELSE REGEXP_EXTRACT(url,
+    '(&|^)channel_id=([^&]*)', 2)``: None where neither gives one."""
+    known = CHANNEL_IDS.get(channel.lower())
+    if known is not None:
+        return known
+    m = CHANNEL_ID.search(url)
+    return None if m is None else m.group(2)
+
+
+def _q21_rows(batch: list[Any]) -> list[Any]:
+    out = []
+    for b in batch:
+        if b[0] != "B":
+            continue
+        cid = channel_id(b[B_CHANNEL], b[B_URL])
+        if cid is not None:
+            out.append((b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_CHANNEL], cid, b[B_TIME]))
+    return out
+
+
 def q21(events: DataStream[Any], w: Any) -> DataStream[Any]:
-    return _bids(events, "q21.bids").map(
-        lambda b: (b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_CHANNEL],
-                   CHANNEL_IDS.get(b[B_CHANNEL].lower(), -1), b[B_TIME]), uid="q21")
+    return events.map_batch(_q21_rows, uid="q21")
+
+
+# ---------------------------------------------------------------- q22
+def split_index(s: str, sep: str, index: int) -> str | None:
+    """Flink's ``SPLIT_INDEX``: the ``index``-th piece (from 0), None past the last."""
+    parts = s.split(sep)
+    return parts[index] if 0 <= index < len(parts) else None
+
+
+def _q22_row(b: tuple[Any, ...]) -> tuple[Any, ...]:
+    parts = b[B_URL].split("/")
+    n = len(parts)
+    return (b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_CHANNEL],
+            parts[3] if n > 3 else None, parts[4] if n > 4 else None,
+            parts[5] if n > 5 else None, b[B_TIME])
+
+
+def q22(events: DataStream[Any], w: Any) -> DataStream[Any]:
+    return _bids(events, "q22.bids").map(_q22_row, uid="q22")
 
 
 MORE: dict[str, Callable[[DataStream[Any], Any], DataStream[Any]]] = {
     "q9": q9, "q10": q10, "q11": q11, "q13": q13, "q14": q14, "q15": q15, "q16": q16,
-    "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21,
+    "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21, "q22": q22,
 }

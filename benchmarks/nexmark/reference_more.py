@@ -21,14 +21,17 @@ from benchmarks.nexmark.generator import (
     B_EXTRA,
     B_PRICE,
     B_TIME,
+    B_URL,
 )
 from benchmarks.nexmark.queries_more import (
+    CHANNEL_ID,
     CHANNEL_IDS,
     DAY,
     SIDE_TABLE,
     day_and_minute,
     rank,
     side_value,
+    split_index,
     time_of_day,
 )
 
@@ -159,8 +162,21 @@ def _q20(events: Events, w: Any) -> Rows:
 
 
 def _q21(events: Events, w: Any) -> Rows:
+    rows = []
+    for b in _bids(events):
+        cid = CHANNEL_IDS.get(b[B_CHANNEL].lower())
+        if cid is None:
+            m = CHANNEL_ID.search(b[B_URL])
+            cid = m.group(2) if m else None
+        if cid is not None:
+            rows.append((b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_CHANNEL], cid, b[B_TIME]))
+    return rows
+
+
+def _q22(events: Events, w: Any) -> Rows:
     return [(b[B_AUCTION], b[B_BIDDER], b[B_PRICE], b[B_CHANNEL],
-             CHANNEL_IDS.get(b[B_CHANNEL].lower(), -1), b[B_TIME]) for b in _bids(events)]
+             *(split_index(b[B_URL], "/", i) for i in (3, 4, 5)), b[B_TIME])
+            for b in _bids(events)]
 
 
 REFERENCES = {name[1:]: fn for name, fn in list(globals().items())

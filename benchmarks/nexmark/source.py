@@ -28,7 +28,7 @@ from lockgate.connectors.sequence import SequenceReader
 
 __all__ = ["NexmarkSource", "event_time", "WATERMARKS"]
 
-_TIME_FIELD = {"P": 7, "A": 6, "B": 5}
+_TIME_FIELD = {"P": 7, "A": 6, "B": 6}
 
 
 def event_time(event: Event) -> int:
