@@ -31,7 +31,9 @@ from lockgate.connectors.lakehouse import (
     StagedFile,
     beside,
     check_columns,
-    read_parquet,
+    check_partitioning,
+    concat_staged,
+    partition_columns,
     require_lost,
 )
 from lockgate.errors import ConfigurationError
@@ -63,7 +65,8 @@ class DeltaTarget(LakeTable):
 
     def __init__(self, uri: str, mode: str, key: list[str], delete_column: str | None,
                  uid: str, attempt: int = 0, storage_options: dict[str, str] | None = None,
-                 root: str | None = None) -> None:
+                 root: str | None = None, partition_by: list[str] | None = None) -> None:
+        self.partition_by = list(partition_by or [])
         self.attempt = attempt
         self.storage_options = storage_options
         self.root = root or uri
@@ -93,11 +96,19 @@ class DeltaTarget(LakeTable):
         if table is None:
             fields = [f for f in schema if f.name != self.delete_column]
             table = dl.DeltaTable.create(self.uri, schema=pa.schema(fields), mode="ignore",
+                                         partition_by=self.partition_by or None,
                                          storage_options=self.storage_options)
         check_columns(f"DeltaSink {self.uid!r}", fs.redact(self.uri),
                       [f.name for f in pa.schema(table.schema().to_arrow())], schema,
                       self.delete_column)
+        check_partitioning(f"DeltaSink {self.uid!r}", fs.redact(self.uri),
+                           list(table.metadata().partition_columns), self.partition_by)
         return table
+
+    def _partitioned(self) -> list[str]:
+        """The partition columns of the table (the sink's, for a new table)."""
+        table = self._table()
+        return self.partition_by if table is None else list(table.metadata().partition_columns)
 
     def commit(self, files: list[StagedFile], versions: dict[str, int],
                fault: Callable[[str], None]) -> None:
@@ -106,8 +117,10 @@ class DeltaTarget(LakeTable):
             app_transactions=[dl.Transaction(app_id=a, version=v) for a, v in versions.items()],
             custom_metadata={"lockgate.sink": self.uid,
                              "lockgate.checkpoints": json.dumps(versions)})
-        if self.mode == "append":
+        if self.mode == "append" and not self._partitioned():
             self._append(files, props, fault)
+        elif self.mode == "append":
+            self._append_partitioned(files, props, fault)
         else:
             self._merge(files, props, fault)
 
@@ -139,17 +152,31 @@ class DeltaTarget(LakeTable):
         table.create_write_transaction(actions, mode="append", schema=table.schema(),
                                        commit_properties=props)
 
+    def _append_partitioned(self, files: list[StagedFile], props: Any,
+                            fault: Callable[[str], None]) -> None:
+        """A partitioned table (Hive-style folders, ``col=value/``; the
+        partition columns live in the log, not in the files):
+        Step 1. Read the staged files.
+        Step 2. One append (delta-rs splits the rows by partition) with the
+                application transactions; files written before a kill and
+                never committed are not in the table (``vacuum`` removes them).
+        Step 3. Delete the staged files (a restore deletes any left)."""
+        dl = _deltalake()
+        rows = concat_staged(files, self.uid)
+        table = self._ensure_table(rows.schema)
+        fault("table_commit")
+        dl.write_deltalake(table, rows.cast(pa.schema(table.schema().to_arrow())),
+                           mode="append", partition_by=self._partitioned(),
+                           commit_properties=props)
+        for f in files:
+            fs.remove(f.path)
+
     def _merge(self, files: list[StagedFile], props: Any,
                  fault: Callable[[str], None]) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
         Step 2. One MERGE with the application transactions.
         Step 3. Delete the staged files (a restore deletes any left)."""
-        parts = []
-        for f in files:
-            if not fs.exists(f.path):
-                raise require_lost(f.path, self.uid)
-            parts.append(read_parquet(f.path))
-        changes = last_per_key(pa.concat_tables(parts, promote_options="default"), self.key)
+        changes = last_per_key(concat_staged(files, self.uid), self.key)
         table = self._ensure_table(changes.schema)
         cols = [n for n in changes.schema.names if n != self.delete_column]
         on = " AND ".join(f"t.{k} = s.{k}" for k in self.key)
@@ -180,14 +207,18 @@ class DeltaSink(Sink[Any]):
     def __init__(self, path: str, mode: str = "append", key: list[str] | str | None = None,
                  delete_column: str | None = None, schema: pa.Schema | None = None,
                  storage_options: dict[str, str] | None = None,
-                 staging: str | None = None) -> None:
+                 staging: str | None = None,
+                 partition_by: list[str] | str | None = None) -> None:
         """``path``: the table's folder (a local path, or a URL such as
         ``s3://bucket/table`` with delta-rs ``storage_options``); ``mode``:
         ``"append"`` or ``"merge"`` (upsert by ``key``; rows whose
         ``delete_column`` is true delete their key); ``schema``: the records'
         Arrow schema (default: the first batch's); ``staging``: where tasks
         stage their files, a :mod:`lockgate.fs` location in the table's
-        filesystem (default and local: ``<path>/_lockgate``; needed for a URL)."""
+        filesystem (default and local: ``<path>/_lockgate``; needed for a URL);
+        ``partition_by``: the partition columns of a new table (Hive-style
+        folders ``col=value/``); an existing table keeps its own, which must
+        then be these."""
         if mode not in LAKE_MODES:
             raise ConfigurationError(
                 f"DeltaSink: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
@@ -210,6 +241,8 @@ class DeltaSink(Sink[Any]):
                 raise ConfigurationError(
                     f"DeltaSink: the schema lacks the column(s) {missing}; add them or fix "
                     "key/delete_column")
+        self.partition_by = partition_columns("DeltaSink", partition_by, keys, delete_column,
+                                              schema)
         local = fs.local_path(path)
         self.path = fs.absolute(path) if local is not None else path
         self.storage_options = storage_options
@@ -227,19 +260,22 @@ class DeltaSink(Sink[Any]):
         dl = _deltalake()
         ensure_writable_dir(self.staging or self.path, ".lockgate-probe-driver")
         so = self.storage_options
-        if self.key and dl.DeltaTable.is_deltatable(self.path, storage_options=so):
-            names = pa.schema(dl.DeltaTable(self.path, storage_options=so)
-                              .schema().to_arrow()).names
-            missing = [k for k in self.key if k not in names]
+        if dl.DeltaTable.is_deltatable(self.path, storage_options=so):
+            table = dl.DeltaTable(self.path, storage_options=so)
+            names = pa.schema(table.schema().to_arrow()).names
+            missing = [k for k in self.key + self.partition_by if k not in names]
             if missing:
                 raise ConfigurationError(
-                    f"DeltaSink: the table {self.path} has no column(s) {missing} "
-                    f"(it has {names}); fix key=...")
+                    f"DeltaSink: the table {fs.redact(self.path)} has no column(s) {missing} "
+                    f"(it has {names}); fix key=... or partition_by=...")
+            check_partitioning("DeltaSink", fs.redact(self.path),
+                               list(table.metadata().partition_columns), self.partition_by)
 
     def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
         target = DeltaTarget(self.path, self.mode, self.key, self.delete_column, info.uid,
-                             info.attempt, self.storage_options, self.root)
+                             info.attempt, self.storage_options, self.root, self.partition_by)
         return LakeSinkWriter(info, self.root, target, self.schema, staging=self.staging)
 
     def __repr__(self) -> str:
-        return f"DeltaSink({self.path!r}, mode={self.mode!r}, key={self.key!r})"
+        parts = f", partition_by={self.partition_by!r}" if self.partition_by else ""
+        return f"DeltaSink({self.path!r}, mode={self.mode!r}, key={self.key!r}{parts})"

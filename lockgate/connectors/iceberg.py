@@ -34,8 +34,10 @@ from lockgate.connectors.lakehouse import (
     StagedFile,
     beside,
     check_columns,
+    check_partitioning,
+    concat_staged,
+    partition_columns,
     plain_uri,
-    read_parquet,
     read_parquet_schema,
     require_lost,
     safe,
@@ -67,12 +69,28 @@ def committed_in(snapshots: list[Any], app: str) -> int | None:
     return found
 
 
+def partitioned_by(table: Any) -> list[str]:
+    """The identity partition columns of an Iceberg table, or a
+    ``ConfigurationError`` for another transform (which the sink does not
+    write)."""
+    columns = []
+    for field in table.spec().fields:
+        if str(field.transform) != "identity":
+            raise ConfigurationError(
+                f"IcebergSink: the table {table.name()} has the partition field {field.name} "
+                f"({field.transform}); the sink writes identity partitions only: write to a "
+                "table partitioned by columns (partition_by=[...])")
+        columns.append(table.schema().find_column_name(field.source_id))
+    return columns
+
+
 class IcebergTarget(LakeTable):
     """The Iceberg table ``identifier`` of the catalog ``properties``."""
 
     def __init__(self, catalog_name: str, properties: dict[str, str], identifier: str,
                  mode: str, key: list[str], delete_column: str | None, uid: str,
-                 attempt: int = 0) -> None:
+                 attempt: int = 0, partition_by: list[str] | None = None) -> None:
+        self.partition_by = list(partition_by or [])
         self.catalog_name = catalog_name
         self.properties = properties
         self.identifier = identifier
@@ -100,20 +118,41 @@ class IcebergTarget(LakeTable):
         if table is None:
             namespace = self.identifier.rsplit(".", 1)[0]
             self.catalog.create_namespace_if_not_exists(namespace)
-            fields = [f for f in schema if f.name != self.delete_column]
-            table = self.catalog.create_table_if_not_exists(self.identifier,
-                                                            schema=pa.schema(fields))
+            fields = pa.schema([f for f in schema if f.name != self.delete_column])
+            if not self.partition_by:
+                table = self.catalog.create_table_if_not_exists(self.identifier, schema=fields)
+            else:
+                table = self._create_partitioned(fields)
         check_columns(f"IcebergSink {self.uid!r}", self.identifier,
                       [f.name for f in table.schema().fields], schema, self.delete_column)
+        check_partitioning(f"IcebergSink {self.uid!r}", self.identifier,
+                           partitioned_by(table), self.partition_by)
         return table
+
+    def _create_partitioned(self, schema: pa.Schema) -> Any:
+        """The table with an identity partition spec on ``partition_by``, made
+        in one catalog commit (a table another task made meanwhile is taken)."""
+        from pyiceberg.exceptions import TableAlreadyExistsError
+        try:
+            with self.catalog.create_table_transaction(self.identifier, schema=schema) as tx:
+                with tx.update_spec() as spec:
+                    for column in self.partition_by:
+                        spec.add_identity(column)
+        except TableAlreadyExistsError:
+            pass
+        return self.catalog.load_table(self.identifier)
 
     def commit(self, files: list[StagedFile], versions: dict[str, int],
                fault: Callable[[str], None]) -> None:
         props = {SUMMARY_PREFIX + a: str(v) for a, v in versions.items()}
         props["lockgate.sink"] = self.uid
         props["lockgate.commit"] = uuid.uuid4().hex  # one per table commit
-        if self.mode == "append":
+        table = self._table()
+        partitioned = bool(self.partition_by if table is None else partitioned_by(table))
+        if self.mode == "append" and not partitioned:
             self._append(files, props, fault)
+        elif self.mode == "append":
+            self._append_partitioned(files, props, fault)
         else:
             self._merge(files, props, fault)
 
@@ -143,6 +182,22 @@ class IcebergTarget(LakeTable):
         fault("table_commit")
         table.add_files(paths, snapshot_properties=props, check_duplicate_files=False)
 
+    def _append_partitioned(self, files: list[StagedFile], props: dict[str, str],
+                            fault: Callable[[str], None]) -> None:
+        """A partitioned table (each data file holds one partition):
+        Step 1. Read the staged files.
+        Step 2. One append (pyiceberg splits the rows by partition), the
+                checkpoint in the snapshot summary; files written before a
+                kill and never committed are not in the table.
+        Step 3. Delete the staged files (a restore deletes any left)."""
+        rows = concat_staged(files, self.uid)
+        table = self._ensure_table(rows.schema)
+        fault("table_commit")
+        with table.transaction() as tx:
+            tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props)
+        for f in files:
+            fs.remove(f.path)
+
     def _merge(self, files: list[StagedFile], props: dict[str, str],
                  fault: Callable[[str], None]) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
@@ -154,12 +209,7 @@ class IcebergTarget(LakeTable):
         either: Any = expressions.Or
         equal: Any = expressions.EqualTo
 
-        parts = []
-        for f in files:
-            if not fs.exists(f.path):
-                raise require_lost(f.path, self.uid)
-            parts.append(read_parquet(f.path))
-        changes = last_per_key(pa.concat_tables(parts, promote_options="default"), self.key)
+        changes = last_per_key(concat_staged(files, self.uid), self.key)
         table = self._ensure_table(changes.schema)
         fault("table_commit")
         with table.transaction() as tx:
@@ -192,14 +242,17 @@ class IcebergSink(Sink[Any]):
     def __init__(self, table: str, catalog: dict[str, str], mode: str = "append",
                  key: list[str] | str | None = None, delete_column: str | None = None,
                  schema: pa.Schema | None = None, catalog_name: str = "lockgate",
-                 staging: str | None = None) -> None:
+                 staging: str | None = None,
+                 partition_by: list[str] | str | None = None) -> None:
         """``table``: ``"namespace.name"``; ``catalog``: pyiceberg catalog
         properties (e.g. ``{"type": "sql", "uri": "sqlite:////abs/catalog.db",
         "warehouse": "file:///abs/warehouse"}``); ``mode``: ``"append"`` or
         ``"merge"`` (upsert by ``key``; rows whose ``delete_column`` is true
         delete their key); ``schema``: the records' Arrow schema (default: the
         first batch's); ``staging``: the folder for the tasks' staged files
-        (default: ``_lockgate/<table>`` under a local warehouse)."""
+        (default: ``_lockgate/<table>`` under a local warehouse);
+        ``partition_by``: the columns of a new table's identity partition
+        spec; an existing table keeps its own, which must then be these."""
         if mode not in LAKE_MODES:
             raise ConfigurationError(
                 f"IcebergSink: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
@@ -213,6 +266,8 @@ class IcebergSink(Sink[Any]):
                 "identify a row")
         if delete_column and mode != "merge":
             raise ConfigurationError("IcebergSink: delete_column needs mode=\"merge\"")
+        self.partition_by = partition_columns("IcebergSink", partition_by, keys, delete_column,
+                                              schema)
         if staging is None:
             warehouse = str(catalog.get("warehouse", ""))
             if not warehouse or fs.local_path(warehouse) is None:
@@ -231,7 +286,7 @@ class IcebergSink(Sink[Any]):
 
     def _target(self, uid: str, attempt: int = 0) -> IcebergTarget:
         return IcebergTarget(self.catalog_name, self.catalog, self.table, self.mode, self.key,
-                             self.delete_column, uid, attempt)
+                             self.delete_column, uid, attempt, self.partition_by)
 
     def validate(self) -> None:
         """pyiceberg is there; the catalog answers; the staging folder can be
@@ -246,17 +301,20 @@ class IcebergSink(Sink[Any]):
             raise ConfigurationError(
                 f"IcebergSink: the catalog does not answer ({type(e).__name__}: {e}); fix "
                 "the catalog properties") from e
-        if table is not None and self.key:
+        if table is not None:
             names = [f.name for f in table.schema().fields]
-            missing = [k for k in self.key if k not in names]
+            missing = [k for k in self.key + self.partition_by if k not in names]
             if missing:
                 raise ConfigurationError(
                     f"IcebergSink: the table {self.table} has no column(s) {missing} "
-                    f"(it has {names}); fix key=...")
+                    f"(it has {names}); fix key=... or partition_by=...")
+            check_partitioning("IcebergSink", self.table, partitioned_by(table),
+                               self.partition_by)
 
     def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
         return LakeSinkWriter(info, self.staging, self._target(info.uid, info.attempt),
                               self.schema, staging=self.staging)
 
     def __repr__(self) -> str:
-        return f"IcebergSink({self.table!r}, mode={self.mode!r}, key={self.key!r})"
+        parts = f", partition_by={self.partition_by!r}" if self.partition_by else ""
+        return f"IcebergSink({self.table!r}, mode={self.mode!r}, key={self.key!r}{parts})"

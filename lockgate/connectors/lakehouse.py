@@ -152,6 +152,48 @@ def check_columns(sink: str, table: str, names: list[str], schema: pa.Schema,
             "schema), or write to a new table")
 
 
+def partition_columns(sink: str, partition_by: list[str] | str | None, key: list[str],
+                      delete_column: str | None, schema: pa.Schema | None) -> list[str]:
+    """``partition_by`` as a list, checked: no column twice, not the delete
+    marker, in ``schema`` if one is given."""
+    cols = [partition_by] if isinstance(partition_by, str) else list(partition_by or [])
+    if len(set(cols)) != len(cols) or not all(isinstance(c, str) and c for c in cols):
+        raise ConfigurationError(
+            f"{sink}: partition_by={cols!r} names a column twice or not by name; name each "
+            "partition column once")
+    if delete_column in cols:
+        raise ConfigurationError(
+            f"{sink}: the delete marker {delete_column!r} cannot be a partition column "
+            "(it is not written to the table); partition by a column of the table")
+    if schema is not None:
+        missing = [c for c in cols if c not in schema.names]
+        if missing:
+            raise ConfigurationError(
+                f"{sink}: the schema lacks the partition column(s) {missing}; add them or "
+                "fix partition_by")
+    return cols
+
+
+def check_partitioning(sink: str, table: str, have: list[str], want: list[str]) -> None:
+    """An existing table is partitioned as the sink says (``want``; no
+    ``partition_by`` given accepts the table's), or a ``ConfigurationError``."""
+    if want and have != want:
+        raise ConfigurationError(
+            f"{sink}: the table {table} is partitioned by {have or 'nothing'}, the sink by "
+            f"{want}; give partition_by={have!r} (or leave it out: the table's own "
+            "partitioning is used), or write to a new table")
+
+
+def concat_staged(files: list[StagedFile], uid: str) -> pa.Table:
+    """The rows of ``files``, in order (a staged file that is gone: lost output)."""
+    parts = []
+    for f in files:
+        if not fs.exists(f.path):
+            raise require_lost(f.path, uid)
+        parts.append(read_parquet(f.path))
+    return pa.concat_tables(parts, promote_options="default")
+
+
 class LakeTable(ABC):
     """One lakehouse table as the committer sees it."""
 

@@ -6,6 +6,8 @@ Run as the driver process of a fault test::
 
 ``append``: the rows ``{"id": x, "k": x % keys}`` for x in 1..n.
 ``merge``: the running sum and count per key ``x % keys``, upserted by key.
+``--partitioned``: every row has ``band`` = its ``k % 3`` too, and the table
+is partitioned by ``band``.
 Prints the JobResult as one JSON line on stdout.
 """
 
@@ -41,15 +43,21 @@ def build(args: argparse.Namespace) -> Pipeline:
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
     numbers = p.source(SequenceSource(1, args.n, rate=args.rate), uid="numbers")
     keys = args.keys
+    bands = getattr(args, "partitioned", False)
+    parts: dict[str, object] = {"partition_by": ["band"]} if bands else {}
+
+    def banded(row: dict) -> dict:
+        return dict(row, band=row["k"] % 3) if bands else row
+
     if args.mode == "append":
-        rows = numbers.map(lambda x: {"id": x, "k": x % keys}, uid="rows")
-        rows.sink(lake_sink(args), uid="lake")
+        rows = numbers.map(lambda x: banded({"id": x, "k": x % keys}), uid="rows")
+        rows.sink(lake_sink(args, **parts), uid="lake")
     else:
         sums = (numbers.map(lambda x: (x % keys, x, 1), uid="pairs")
                 .key_by(lambda t: t[0])
                 .reduce(lambda a, b: (a[0], a[1] + b[1], a[2] + b[2]), uid="sums"))
-        rows = sums.map(lambda t: {"k": t[0], "total": t[1], "n": t[2]}, uid="rows")
-        rows.sink(lake_sink(args, mode="merge", key="k"), uid="lake")
+        rows = sums.map(lambda t: banded({"k": t[0], "total": t[1], "n": t[2]}), uid="rows")
+        rows.sink(lake_sink(args, mode="merge", key="k", **parts), uid="lake")
     return p
 
 
@@ -64,6 +72,7 @@ def main() -> None:
     ap.add_argument("--sink", default="delta", choices=["delta", "iceberg"])
     ap.add_argument("--interval", type=float, default=0.2)
     ap.add_argument("--rate", type=float)
+    ap.add_argument("--partitioned", action="store_true")
     ap.add_argument("--faults", default="[]")
     ap.add_argument("--from-checkpoint")
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])

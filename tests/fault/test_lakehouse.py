@@ -75,7 +75,8 @@ def iceberg_commits(tmp: Path) -> list[tuple[str, int]]:
     return list(commits.values())
 
 
-def check_table(tmp: Path, n: int, mode: str, sink: str = "delta") -> None:
+def check_table(tmp: Path, n: int, mode: str, sink: str = "delta",
+                partitioned: bool = False) -> None:
     """The table holds exactly the expected rows; no checkpoint twice."""
     table = tmp / "table"
     if sink == "delta":
@@ -86,6 +87,9 @@ def check_table(tmp: Path, n: int, mode: str, sink: str = "delta") -> None:
         rows = iceberg_table(tmp).scan().to_arrow().to_pylist()
         txns = iceberg_commits(tmp)
         staging = table / "warehouse" / "_lockgate"
+    if partitioned:
+        assert all(r["band"] == r["k"] % 3 for r in rows)
+        check_partition_folders(tmp, sink)
     if mode == "append":
         got = sorted((r["id"], r["k"]) for r in rows)
         assert got == [(x, x % KEYS) for x in range(1, n + 1)], (len(got), n)
@@ -99,6 +103,42 @@ def check_table(tmp: Path, n: int, mode: str, sink: str = "delta") -> None:
         assert versions == sorted(versions), versions
     staged = [p for p in staging.rglob("*") if p.is_file() and ".lockgate-probe" not in p.name]
     assert not staged, f"staged files left behind: {staged}"
+
+
+def check_partition_folders(tmp: Path, sink: str) -> None:
+    """Every data file of the table lies in its ``band=<b>/`` folder, and the
+    table says it is partitioned by ``band``."""
+    if sink == "delta":
+        table = deltalake.DeltaTable(str(tmp / "table"))
+        assert table.metadata().partition_columns == ["band"]
+        files = table.file_uris()
+    else:
+        table = iceberg_table(tmp)
+        assert [f.name for f in table.spec().fields] == ["band"]
+        files = [t.file.file_path for t in table.scan().plan_files()]
+    assert files
+    for f in files:
+        assert Path(f).parent.name in {"band=0", "band=1", "band=2"}, f
+
+
+@pytest.mark.parametrize("sink", SINKS)
+@pytest.mark.parametrize("mode", ["append", "merge"])
+def test_partitioned_table_under_kills(tmp_path, sink, mode, launcher):
+    """A table partitioned by a column (Hive-style folders for Delta, an
+    identity partition spec for Iceberg): kills before the ack, in the middle
+    of the table commit and after it; every row once, each in its partition."""
+    n = 3000
+    sink0 = 0 if mode == "append" else 2  # the committer's global task number
+    faults = [
+        {"point": "snapshot", "task": sink0 + 1, "attempt": 0, "count": 1},
+        {"point": "table_commit", "task": sink0, "attempt": 1, "count": 1},
+        {"point": "table_committed", "task": sink0, "attempt": 2, "count": 1},
+    ]
+    result, _ = run_lake(tmp_path, n=n, mode=mode, launcher=launcher, faults=faults, sink=sink,
+                         extra=["--rate", "2000", "--partitioned"])
+    check_table(tmp_path, n, mode, sink, partitioned=True)
+    assert result["status"] == "finished"
+    assert result["restarts"] == 3, result["failures"]
 
 
 @pytest.mark.parametrize("sink", SINKS)

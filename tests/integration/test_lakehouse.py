@@ -104,6 +104,41 @@ def test_settings_are_checked(tmp_path):
         DeltaSink(str(tmp_path), delete_column="gone")
 
 
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_partitioned_merge_moves_a_row_between_partitions(tmp_path, kind):
+    """A row whose partition column changes leaves its old partition; an
+    existing table's partitioning is checked against the sink's."""
+    def row(x: int) -> dict:  # key x % 20; its partition moves at each round
+        return {"id": x % 20, "v": x, "part": (x // 20) % 3, "gone": x > 80 and x % 20 < 4}
+
+    def job(**kw) -> Pipeline:
+        p = Pipeline("parts", parallelism=2,
+                     checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp_path / "chk")))
+        (p.source(SequenceSource(1, 100, rate=300), uid="numbers")
+           .map(row, uid="rows").key_by(lambda r: r["id"])
+           .reduce(latest, uid="latest")
+           .sink(_sink(kind, tmp_path, mode="merge", key="id", delete_column="gone", **kw),
+                 uid="lake"))
+        return p
+
+    assert job(partition_by=["part"]).run(launcher="local").status == "finished"
+    got = sorted((r["id"], r["v"], r["part"]) for r in _rows(kind, tmp_path))
+    assert got == [(k, 80 + k, (80 + k) // 20 % 3) for k in range(4, 20)]
+    with pytest.raises(ConfigurationError, match=r"partitioned by \['part'\], the sink by"):
+        _sink(kind, tmp_path, mode="merge", key="id", partition_by=["v"]).validate()
+    _sink(kind, tmp_path, mode="merge", key="id").validate()  # the table's own partitioning
+
+
+def test_partition_settings_are_checked(tmp_path):
+    with pytest.raises(ConfigurationError, match="delete marker"):
+        DeltaSink(str(tmp_path), mode="merge", key="id", delete_column="gone",
+                  partition_by="gone")
+    with pytest.raises(ConfigurationError, match="twice"):
+        IcebergSink("a.b", _catalog(tmp_path), partition_by=["p", "p"])
+    with pytest.raises(ConfigurationError, match="lacks the partition column"):
+        DeltaSink(str(tmp_path), schema=pa.schema([("id", pa.int64())]), partition_by=["p"])
+
+
 # ---------------------------------------------------------------- on S3
 
 
