@@ -1,7 +1,20 @@
 """More Nexmark queries (Flink's ``nexmark-flink`` SQL, on the DataStream API).
 
+* q4   average price per category: per category, the average of the winning
+  prices (q9's) of the auctions closed so far, a new row each time auctions
+  of it close (the event time they close at ends the row). Flink's SQL keeps
+  one average per category and updates it (retract and insert) on every
+  bid; the last row of each category here is its final value.
+* q6   average selling price per seller: for each auction with a winning bid,
+  the average price of it and the seller's 10 auctions before it, ordered
+  by the time of the winning bid (``ROWS BETWEEN 10 PRECEDING AND CURRENT
+  ROW``: 11 auctions, though the SQL's comment says 10). A row is emitted
+  once no auction of the seller that could still come before it is open,
+  so each row is final (Flink's SQL cannot run this query: its OVER window
+  does not take retractions); it ends with its auction's expiry.
 * q9   winning bids: each auction with its highest bid made while it was open
-  (the earliest of equal prices), known when the auction expires.
+  (``date_time <= bid time <= expires``; the earliest of equal prices, then
+  the lowest bidder), known when the auction expires.
 * q10  log to file system: every bid with its day and ``HH:mm`` (``dt``,
   ``hm``), for a partitioned file sink (the job writes it through the
   exactly-once ``FileSink``).
@@ -28,8 +41,7 @@
 The daily queries (q15-q17) use event-time tumbling windows of a day, and
 q18/q19 emit their result once the input ended (Flink's versions emit
 updates and retract them; a final result is what a bounded run of theirs
-ends with). Not here yet: q4 and q6 (averages over closed auctions that
-Flink maintains with retractions), q12 (processing-time windows).
+ends with). Not here yet: q12 (processing-time windows).
 
 Every output record ends with its result time.
 """
@@ -116,7 +128,7 @@ class WinningBid(CoProcessFunction):
         return None
 
     def _offer(self, auction: tuple[Any, ...], bid: tuple[Any, ...]) -> None:
-        if not auction[4] <= bid[3] < auction[5]:
+        if not auction[4] <= bid[3] <= auction[5]:
             return
         best = self.best.value()
         if best is None or (bid[2], -bid[3], -bid[1]) > (best[2], -best[3], -best[1]):
@@ -132,11 +144,118 @@ class WinningBid(CoProcessFunction):
         return [(*auction, best[1], best[2], best[3], auction[5])]
 
 
-def q9(events: DataStream[Any], w: Any) -> DataStream[Any]:
-    auctions = events.filter(lambda e: e[0] == "A", uid="q9.auctions")
+def _winning_bids(events: DataStream[Any], q: str) -> DataStream[Any]:
+    """q9's rows: ``(id, item, initial, reserve, date_time, expires, seller,
+    category, bidder, price, bid time, expires)``."""
+    auctions = events.filter(lambda e: e[0] == "A", uid=f"{q}.auctions")
+    uid = "q9" if q == "q9" else f"{q}.winning"
     return (auctions.key_by(lambda a: a[A_ID])
-                    .connect(_bids(events, "q9.bids").key_by(lambda b: b[B_AUCTION]))
-                    .process(WinningBid(), uid="q9"))
+                    .connect(_bids(events, f"{q}.bids").key_by(lambda b: b[B_AUCTION]))
+                    .process(WinningBid(), uid=uid))
+
+
+def q9(events: DataStream[Any], w: Any) -> DataStream[Any]:
+    return _winning_bids(events, "q9")
+
+
+# ---------------------------------------------------------------- q4
+class CategoryAverage(KeyedProcessFunction):
+    """q9's rows keyed by category: at each expiry time, the average of the
+    winning prices of every auction of the category closed by then. Rows of
+    auctions that close later (from upstream tasks ahead of the others) wait
+    in ``pending`` until the watermark reaches their expiry."""
+
+    def open(self, ctx: Any) -> None:
+        self.total = ctx.get_state(ValueStateDescriptor("total"))
+        self.pending = ctx.get_state(ValueStateDescriptor("pending"))
+
+    def process_element(self, r: Any, ctx: Any) -> Iterable[Any] | None:
+        expires, price = r[5], r[9]
+        pending = dict(self.pending.value() or {})
+        s, n = pending.get(expires, (0, 0))
+        pending[expires] = (s + price, n + 1)
+        self.pending.update(pending)
+        ctx.timer_service.register_event_time_timer(expires)
+        return None
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Iterable[Any] | None:
+        pending = self.pending.value() or {}
+        s, n = self.total.value() or (0, 0)
+        for t in [t for t in pending if t <= timestamp]:
+            ps, pn = pending.pop(t)
+            s, n = s + ps, n + pn
+        self.total.update((s, n))
+        self.pending.update(pending or None)
+        return [(ctx.current_key, s // n, timestamp)]
+
+
+def q4(events: DataStream[Any], w: Any) -> DataStream[Any]:
+    return (_winning_bids(events, "q4").key_by(lambda r: r[7])
+            .process(CategoryAverage(), uid="q4"))
+
+
+# ---------------------------------------------------------------- q6
+LAST_AUCTIONS = 10
+"""q6's window: the current auction and this many before it."""
+
+
+class SellerAverage(CoProcessFunction):
+    """Auctions (input 1) and q9's rows (input 2) keyed by seller. A winning
+    row waits (``pending``) until every auction of the seller that started
+    at or before its winning bid has closed: then no row can still come
+    before it in the order of the winning bids' times (an auction not seen
+    yet starts after the watermark). Rows leave in that order, each with the
+    average of its price and the ``LAST_AUCTIONS`` prices before it."""
+
+    def open(self, ctx: Any) -> None:
+        self.open_ = ctx.get_state(ValueStateDescriptor("open"))  # {id: (start, expires)}
+        self.pending = ctx.get_state(ValueStateDescriptor("pending"))  # [(bid time, id, ...)]
+        self.recent = ctx.get_state(ValueStateDescriptor("recent"))  # the last prices
+
+    def process_element1(self, a: Any, ctx: Any) -> Iterable[Any] | None:
+        opened = dict(self.open_.value() or {})
+        opened[a[A_ID]] = (a[A_TIME], a[A_EXPIRES])
+        self.open_.update(opened)
+        ctx.timer_service.register_event_time_timer(a[A_EXPIRES])
+        return None
+
+    def process_element2(self, r: Any, ctx: Any) -> Iterable[Any] | None:
+        pending = list(self.pending.value() or [])
+        pending.append((r[10], r[0], r[9], r[5]))  # bid time, auction, price, expires
+        self.pending.update(pending)
+        ctx.timer_service.register_event_time_timer(r[10])
+        return None
+
+    def on_timer(self, timestamp: int, ctx: Any) -> Iterable[Any] | None:
+        opened = self.open_.value() or {}
+        left = {k: v for k, v in opened.items() if v[1] > timestamp}
+        if len(left) != len(opened):
+            self.open_.update(left or None)
+        pending = sorted(self.pending.value() or [])
+        first_open = min((start for start, _ in left.values()), default=None)
+        ready = 0
+        for bid_time, _, _, _ in pending:
+            if bid_time > timestamp or (first_open is not None and first_open <= bid_time):
+                break
+            ready += 1
+        if not ready:
+            return None
+        recent = list(self.recent.value() or [])
+        out = []
+        for _, _, price, expires in pending[:ready]:
+            recent.append(price)
+            out.append((ctx.current_key, sum(recent) // len(recent), expires))
+            del recent[:-LAST_AUCTIONS]
+        self.recent.update(recent)
+        self.pending.update(pending[ready:] or None)
+        return out
+
+
+def q6(events: DataStream[Any], w: Any) -> DataStream[Any]:
+    auctions = events.filter(lambda e: e[0] == "A", uid="q6.sellers")
+    return (auctions.key_by(lambda a: a[A_SELLER])
+                    .connect(_winning_bids(events, "q6").key_by(lambda r: r[6]))
+                    .process(SellerAverage(), uid="q6"))
 
 
 # ---------------------------------------------------------------- q10
@@ -427,6 +546,6 @@ def q22(events: DataStream[Any], w: Any) -> DataStream[Any]:
 
 
 MORE: dict[str, Callable[[DataStream[Any], Any], DataStream[Any]]] = {
-    "q9": q9, "q10": q10, "q11": q11, "q13": q13, "q14": q14, "q15": q15, "q16": q16,
-    "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21, "q22": q22,
+    "q4": q4, "q6": q6, "q9": q9, "q10": q10, "q11": q11, "q13": q13, "q14": q14, "q15": q15,
+    "q16": q16, "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21, "q22": q22,
 }

@@ -27,6 +27,7 @@ from benchmarks.nexmark.queries_more import (
     CHANNEL_ID,
     CHANNEL_IDS,
     DAY,
+    LAST_AUCTIONS,
     SIDE_TABLE,
     day_and_minute,
     rank,
@@ -51,13 +52,41 @@ def _q9(events: Events, w: Any) -> Rows:
     for a in events:
         if a[0] != "A":
             continue
-        open_ = [b for b in bids[a[A_ID]] if a[A_TIME] <= b[B_TIME] < a[A_EXPIRES]]
+        open_ = [b for b in bids[a[A_ID]] if a[A_TIME] <= b[B_TIME] <= a[A_EXPIRES]]
         if not open_:
             continue
         best = max(open_, key=lambda b: (b[B_PRICE], -b[B_TIME], -b[B_BIDDER]))
         rows.append((a[A_ID], a[A_ITEM], a[A_INITIAL], a[A_RESERVE], a[A_TIME], a[A_EXPIRES],
                      a[A_SELLER], a[A_CATEGORY], best[B_BIDDER], best[B_PRICE], best[B_TIME],
                      a[A_EXPIRES]))
+    return rows
+
+
+def _q4(events: Events, w: Any) -> Rows:
+    per_category = defaultdict(list)
+    for r in _q9(events, w):
+        per_category[r[7]].append((r[5], r[9]))  # expires, price
+    rows = []
+    for category, closed in per_category.items():
+        closed.sort()
+        total = n = 0
+        for i, (expires, price) in enumerate(closed):
+            total, n = total + price, n + 1
+            if i + 1 == len(closed) or closed[i + 1][0] != expires:
+                rows.append((category, total // n, expires))
+    return rows
+
+
+def _q6(events: Events, w: Any) -> Rows:
+    per_seller = defaultdict(list)
+    for r in _q9(events, w):
+        per_seller[r[6]].append((r[10], r[0], r[9], r[5]))  # bid time, id, price, expires
+    rows = []
+    for seller, wins in per_seller.items():
+        wins.sort()
+        for i, (_, _, _, expires) in enumerate(wins):
+            prices = [p for _, _, p, _ in wins[max(0, i - LAST_AUCTIONS):i + 1]]
+            rows.append((seller, sum(prices) // len(prices), expires))
     return rows
 
 
