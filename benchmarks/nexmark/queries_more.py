@@ -20,6 +20,13 @@
   exactly-once ``FileSink``).
 * q11  user sessions: per bidder, the bids of each session (event-time
   session windows, the gap of the ``Windows``' size).
+* q12  processing-time windows: per bidder, the bids of each tumbling window
+  of the task's clock (the ``Windows``' size; Flink's: 10 s), as
+  ``(bidder, bids, start, end)``. The windows still open when the input ends
+  fire then (a trigger: the window's end on the clock, or the end of input),
+  so every bid is counted once; a run's result depends on when each bid was
+  processed, so the check is by invariant (``tests/integration/test_nexmark.py``)
+  and, on a clock the test sets, record by record.
 * q13  bounded side input join: every bid with the value of its auction in a
   side table of 10,000 entries (the table is in every task, as Flink's
   lookup join of a bounded file).
@@ -41,7 +48,7 @@
 The daily queries (q15-q17) use event-time tumbling windows of a day, and
 q18/q19 emit their result once the input ended (Flink's versions emit
 updates and retract them; a final result is what a bounded run of theirs
-ends with). Not here yet: q12 (processing-time windows).
+ends with).
 
 Every output record ends with its result time.
 """
@@ -77,9 +84,11 @@ from lockgate import (
     KeyedProcessFunction,
     ProcessWindowFunction,
     TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
     ValueStateDescriptor,
 )
 from lockgate.api.connected import CoProcessFunction
+from lockgate.api.triggers import Trigger, TriggerResult
 from lockgate.state.backend import ListStateDescriptor
 
 DAY = 86_400_000
@@ -289,6 +298,52 @@ def q11(events: DataStream[Any], w: Any) -> DataStream[Any]:
             .key_by(lambda p: p[0])
             .window(EventTimeSessionWindows.with_gap(w.size), timestamp_of=lambda p: p[1])
             .process(SessionCount(), uid="q11"))
+
+
+# ---------------------------------------------------------------- q12
+class ClockOrEndOfInput(Trigger):
+    """Fire and purge a processing-time window at its end on the clock, or
+    at the end of the input, whichever comes first."""
+
+    def on_element(self, element: Any, timestamp: int, window: Any, ctx: Any) -> TriggerResult:
+        ctx.register_processing_time_timer(window.max_timestamp())
+        ctx.register_event_time_timer(END_OF_TIME)
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(self, time: int, window: Any, ctx: Any) -> TriggerResult:
+        return TriggerResult.FIRE_AND_PURGE if time == window.max_timestamp() \
+            else TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Any, ctx: Any) -> TriggerResult:
+        return TriggerResult.FIRE_AND_PURGE if time == END_OF_TIME else TriggerResult.CONTINUE
+
+
+class BidCount(ProcessWindowFunction):
+    """``(bidder, bids, window start, window end)``."""
+
+    def process(self, key: Any, context: Any, elements: list[Any]) -> Iterable[Any]:
+        return [(key, elements[0], context.window.start, context.window.end)]
+
+
+class CountBids(AggregateFunction):
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: Any, acc: int) -> int:
+        return acc + 1
+
+    def get_result(self, acc: int) -> int:
+        return acc
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+
+def q12(events: DataStream[Any], w: Any) -> DataStream[Any]:
+    return (_bids(events, "q12.bids").key_by(lambda b: b[B_BIDDER])
+            .window(TumblingProcessingTimeWindows.of(w.size))
+            .trigger(ClockOrEndOfInput())
+            .aggregate(CountBids(), BidCount(), uid="q12"))
 
 
 # ---------------------------------------------------------------- q13
@@ -546,6 +601,6 @@ def q22(events: DataStream[Any], w: Any) -> DataStream[Any]:
 
 
 MORE: dict[str, Callable[[DataStream[Any], Any], DataStream[Any]]] = {
-    "q4": q4, "q6": q6, "q9": q9, "q10": q10, "q11": q11, "q13": q13, "q14": q14, "q15": q15,
-    "q16": q16, "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21, "q22": q22,
+    "q4": q4, "q6": q6, "q9": q9, "q10": q10, "q11": q11, "q12": q12, "q13": q13, "q14": q14,
+    "q15": q15, "q16": q16, "q17": q17, "q18": q18, "q19": q19, "q20": q20, "q21": q21, "q22": q22,
 }

@@ -3,7 +3,7 @@ whole input, as a list of result records."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from benchmarks.nexmark.generator import (
@@ -111,6 +111,15 @@ def _q11(events: Events, w: Any) -> Rows:
                 start, last, n = t, t, 1
         rows.append((bidder, n, start, last + w.size))
     return rows
+
+
+def q12_on_clock(timed: list[tuple[tuple[Any, ...], int]], size: int) -> Rows:
+    """q12 when bid ``b`` was processed at ``t`` for each ``(b, t)`` of
+    ``timed``: per bidder and tumbling window of ``size`` ms, the bids."""
+    counts: Counter[tuple[Any, int]] = Counter()
+    for b, t in timed:
+        counts[(b[B_BIDDER], t - t % size)] += 1
+    return [(bidder, n, start, start + size) for (bidder, start), n in counts.items()]
 
 
 def _q13(events: Events, w: Any) -> Rows:
