@@ -287,3 +287,36 @@ def test_postgres_cdc(tmp_path, way, postgres_logical, monkeypatch):  # noqa: F8
         table = {r[0]: {"id": r[0], "status": r[1], "version": r[2]}
                  for r in conn.execute("SELECT id, status, version FROM cdc_orders")}
     assert rows == table
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_cdc_to_lakehouse(tmp_path, way, postgres_logical, monkeypatch):  # noqa: F811
+    """The flagship: the Delta table and the Iceberg table equal the
+    PostgreSQL table row for row after the writer's inserts, updates, region
+    moves and deletes; each checkpoint is committed once to each table."""
+    import psycopg
+    from deltalake import DeltaTable
+    from pyiceberg.catalog import load_catalog
+
+    from tests.fault.test_lakehouse import delta_commits
+
+    monkeypatch.setenv("POSTGRES_CDC_DSN", postgres_logical)
+    out = run_example(way, "cdc_to_lakehouse.py", ["3000"], tmp_path)
+    if way == "python":
+        assert out.stdout.count("equal: True") == 2, out.stdout
+    columns = ["id", "name", "region", "balance", "version"]
+    with psycopg.connect(postgres_logical) as conn:
+        want = sorted(conn.execute(f"SELECT {', '.join(columns)} FROM customers"))
+        changed = conn.execute("SELECT count(*) FROM customers WHERE version > 0").fetchone()
+    assert len(want) > 2000 and changed[0] > 100
+    lake = tmp_path / "lake"
+    delta = DeltaTable(str(lake / "customers"))
+    catalog = load_catalog("lockgate", type="sql", uri=f"sqlite:///{lake}/catalog.db",
+                           warehouse=f"file://{lake}/warehouse")
+    iceberg = catalog.load_table("crm.customers")
+    for table in (delta.to_pyarrow_table(), iceberg.scan().to_arrow()):
+        assert sorted(tuple(r[c] for c in columns) for r in table.to_pylist()) == want
+    assert delta.metadata().partition_columns == ["region"]
+    assert [f.name for f in iceberg.spec().fields] == ["region"]
+    txns = delta_commits(lake / "customers")
+    assert txns and len(txns) == len(set(txns))
