@@ -1,15 +1,14 @@
 """Joins computed in plain Python over a whole input: the reference the join
 tests compare Lockgate's output with. Written apart from
-``lockgate/runtime/interval_join.py``, from the rules as documented (Flink's
-``IntervalJoinOperator``), declaratively: which pairs exist, not how a
-buffer evolves.
+``lockgate/runtime/interval_join.py``, from the rules as documented,
+declaratively: which pairs exist, not how a buffer evolves.
 
-Interval join: left ``l`` and right ``r`` of equal keys pair when ``l.ts +
-lower <= r.ts <= l.ts + upper``, neither was late when it arrived (``ts <
-watermark``), and the one that came first had not been cleaned up when the
-second came: left ``l`` is kept until the watermark reaches ``l.ts + upper``
-(``l.ts`` if ``upper <= 0``), right ``r`` until it reaches ``r.ts - lower``
-(``r.ts`` if ``lower >= 0``).
+Interval join: a record is late when its timestamp is below its own input's
+watermark when it arrives (``ts < watermark``); left ``l`` and right ``r``
+of equal keys pair when ``l.ts + lower <= r.ts <= l.ts + upper`` and
+neither was late, whichever came first (the first is kept until the
+watermark passes the last timestamp a record of the other side that is not
+late could match it with).
 """
 
 from __future__ import annotations
@@ -23,35 +22,18 @@ MIN = float("-inf")
 def interval_join(events: list[tuple[int, Any, float]], *, key_of: Callable[[int, Any], Any],
                   ts_of: Callable[[int, Any], int], lower: int,
                   upper: int) -> tuple[list[tuple[Any, Any]], list[Any], list[Any]]:
-    """``events``: ``(side, record, watermark when it arrives)`` in arrival
-    order (side 0 left, 1 right; watermarks non-decreasing). Returns the
-    pairs ``(left, right)`` and the late records of each side."""
+    """``events``: ``(side, record, its side's watermark when it arrives)``
+    in arrival order (side 0 left, 1 right; each side's watermarks
+    non-decreasing). Returns the pairs ``(left, right)`` and the late
+    records of each side."""
     late: tuple[list[Any], list[Any]] = ([], [])
-    kept: list[tuple[int, int, Any, float]] = []  # (position, side, record, wm on arrival)
-    for pos, (side, r, wm) in enumerate(events):
-        if wm != MIN and ts_of(side, r) < wm:
-            late[side].append(r)
-        else:
-            kept.append((pos, side, r, wm))
-
-    def cleanup(side: int, ts: int) -> int:
-        if side == 0:
-            return ts + upper if upper > 0 else ts
-        return ts - lower if lower < 0 else ts
-
+    kept: tuple[list[Any], list[Any]] = ([], [])
+    for side, r, wm in events:
+        (late if wm != MIN and ts_of(side, r) < wm else kept)[side].append(r)
     pairs = []
-    lefts = [k for k in kept if k[1] == 0]
-    rights = [k for k in kept if k[1] == 1]
-    for lp, _, lr, lwm in lefts:
+    for lr in kept[0]:
         lts = ts_of(0, lr)
-        for rp, _, rr, rwm in rights:
-            rts = ts_of(1, rr)
-            if key_of(0, lr) != key_of(1, rr) or not lts + lower <= rts <= lts + upper:
-                continue
-            if lp < rp:  # the left came first: still kept when the right came?
-                alive = cleanup(0, lts) > rwm
-            else:
-                alive = cleanup(1, rts) > lwm
-            if alive:
+        for rr in kept[1]:
+            if key_of(0, lr) == key_of(1, rr) and lts + lower <= ts_of(1, rr) <= lts + upper:
                 pairs.append((lr, rr))
     return pairs, late[0], late[1]

@@ -148,6 +148,13 @@ class OperatorChain:
                 f"{spec.vertex.parallelism}) in attempt {spec.attempt}; "
                 f"its first record: {first}")
 
+    def input_watermark(self, index: int, watermark: float) -> None:
+        """Input ``index`` of the first operator (one of several) is at
+        ``watermark`` (:attr:`WatermarkValve.input_watermarks`)."""
+        head = self.chain[0]
+        assert isinstance(head, TwoInputOperator)
+        head.input_watermark(index, watermark)
+
     def advance(self, watermark: float) -> None:
         """Event time advanced: every operator fires its due event-time timers."""
         chain = self.chain

@@ -55,6 +55,12 @@ class TwoInputOperator(StreamOperator):
     def process_input(self, index: int, batch: list[Any]) -> list[Any]:
         raise NotImplementedError
 
+    def input_watermark(self, index: int, watermark: float) -> None:
+        """Input ``index`` alone is at ``watermark`` (it only advances); the
+        operator's event time (``process_watermark``) is the smallest of
+        all inputs'. Only an operator that judges each input's records by
+        that input's own watermark needs it (the interval join)."""
+
 
 class NoTimers(TimerService):
     def current_watermark(self) -> float:

@@ -5,16 +5,23 @@ Keyed state (so snapshots, restores and rescales move it by key group):
 ...)}`` (tuples: never changed in place, so a snapshot that shares them
 stays as it was); and the operator's event-time timers.
 
-A left record at ``t`` (not late: ``t >= watermark``) is stored, paired with
-every stored right record of its key at ``t + lower .. t + upper``, and gets
-a clean-up timer at ``t + upper`` (``t`` if ``upper <= 0``): once the
-watermark reaches it, no right record that is not late can match it any
-more. A right record at ``t`` alike, with the interval ``t - upper .. t -
-lower`` and a clean-up at ``t - lower`` (``t`` if ``lower >= 0``). A timer
-of a key removes the key's records whose clean-up time it reached. The
-operator keeps its watermark in its checkpoints (each subtask its own, like
-the window operator: :mod:`lockgate.runtime.watermark_state`): records late
-before a failure are late after it too.
+A record is late when its timestamp is below its own input's watermark
+(:attr:`~lockgate.runtime.valve.WatermarkValve.input_watermarks`: what that
+input's upstream promised), not the operator's, the smaller of both
+inputs': that one depends on how far one input ran ahead of the other, a
+matter of timing, so the same input would make different records late from
+run to run. A left record at ``t`` that is not late is stored, paired with
+every stored right record of its key at ``t + lower .. t + upper``, and
+gets a clean-up timer just past ``t + upper`` (``t`` if ``upper <= 0``):
+once the operator's watermark passed it, no right record that is not late
+can match it any more. A right record at ``t`` alike, with the interval ``t
+- upper .. t - lower`` and a clean-up just past ``t - lower`` (``t`` if
+``lower >= 0``). A timer of a key removes the key's records whose clean-up
+time it passed. So every two records of a key that are not late and within
+the bounds pair, whichever came first. The operator keeps its watermarks in
+its checkpoints (each subtask its own, like the window operator:
+:mod:`lockgate.runtime.watermark_state`): records late before a failure are
+late after it too, and no other.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from lockgate.api.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.runtime.coprocess import TwoInputOperator
 from lockgate.runtime.operators import KeyedContext, OperatorSnapshot, user_hook
-from lockgate.runtime.watermark_state import restored_watermark, watermark_entry
+from lockgate.runtime.watermark_state import restored_watermarks, watermark_entry
 from lockgate.state.backend import MapStateDescriptor
 from lockgate.state.serde import StateSerializer
 from lockgate.state.values import ATOMIC, private_copy
@@ -71,30 +78,48 @@ class IntervalJoinOperator(TwoInputOperator):
         self.ctx = KeyedContext(self, self.timers)
         self.join_ctx = _JoinContext(self)
         self._floor = MIN_WATERMARK
+        """The operator's watermark as restored (event time never goes back behind it)."""
         self._finite = MIN_WATERMARK
+        """The last watermark before the end of input's."""
+        self._inputs = [MIN_WATERMARK, MIN_WATERMARK]
+        """Each input's own watermark, by which its records are late (restored too)."""
+        self._finite_inputs = [MIN_WATERMARK, MIN_WATERMARK]
         with user_hook(self.uid, "open"):
             self.fn.open(self.ctx)
 
     def restore_operator_state(self, entries: list[Any] | None) -> None:
         assert self.timers is not None
-        mark = restored_watermark(entries, self.info.task_index, self.info.parallelism,
-                                  f"operator {self.uid!r}")
-        if mark is not None:
-            self._floor = self.timers.watermark = mark
+        restored = restored_watermarks(entries, self.info.task_index, self.info.parallelism,
+                                       f"operator {self.uid!r}", inputs=2)
+        if restored is not None:
+            self._floor = self._finite = self.timers.watermark = restored[0]
+            self._inputs, self._finite_inputs = restored[1], list(restored[1])
+
+    def input_watermark(self, index: int, watermark: float) -> None:
+        if watermark > self._inputs[index]:
+            self._inputs[index] = watermark
+            if watermark != MAX_WATERMARK:
+                self._finite_inputs[index] = watermark
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         assert self.backend is not None and self.timers is not None
+        # the end of input's watermark is no promise about what a resumed job reads
         watermark = self.timers.watermark
         if watermark == MAX_WATERMARK:
             watermark = self._finite
+        inputs = [w if w != MAX_WATERMARK else f
+                  for w, f in zip(self._inputs, self._finite_inputs, strict=True)]
         return OperatorSnapshot(self.backend.snapshot(), [watermark_entry(
-            self.info.task_index, self.info.parallelism, watermark)])
+            self.info.task_index, self.info.parallelism, watermark, inputs)])
 
     def _cleanup(self, side: int, ts: int) -> int:
+        """The time a record of ``side`` at ``ts`` is removed at: one past
+        the last timestamp a record of the other side that is not late can
+        match it with (that one may come while the watermark is at it)."""
         j = self.join
         if side == 0:
-            return ts + j.upper if j.upper > 0 else ts
-        return ts - j.lower if j.lower < 0 else ts
+            return (ts + j.upper if j.upper > 0 else ts) + 1
+        return (ts - j.lower if j.lower < 0 else ts) + 1
 
     def process_input(self, index: int, batch: list[Any]) -> list[Any]:
         backend, timers, j = self.backend, self.timers, self.join
@@ -106,13 +131,17 @@ class IntervalJoinOperator(TwoInputOperator):
         ours, theirs = self.buffers[index], self.buffers[1 - index]
         lo, hi = (j.lower, j.upper) if index == 0 else (-j.upper, -j.lower)
         fn, ctx = self.fn.process_element, self.join_ctx
+        # this input's own watermark (never below the operator's, which is
+        # the smaller of both inputs'; that one alone where the task gives
+        # no input's own)
+        watermark = max(timers.watermark, self._inputs[index])
         out: list[Any] = []
         for r in batch:
             key = backend.current_key = key_of(r)
             ts = ts_of(r)
             if type(ts) is not int:
                 ts = int(ts)
-            if ts < timers.watermark:
+            if ts < watermark:
                 if late_tag is not None:
                     self.emit_side(late_tag, r)
                 continue

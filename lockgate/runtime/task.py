@@ -120,7 +120,8 @@ class Task(TaskControl):
         self.drained = False
         """The input ended by ``stop --drain``, not exhausted: a job resumed from
         the final savepoint reads on, so nothing is recorded as finished."""
-        self.valve = WatermarkValve(len(self.channels), now=time.monotonic())
+        self.valve = WatermarkValve(len(self.channels), now=time.monotonic(),
+                                    input_of=self.input_of)
         self.done = False
         self.holding: int | None = None
         self.in_flight = channel_state.InFlightCapture(self.serializer)
@@ -339,9 +340,9 @@ class Task(TaskControl):
                 if len(self.ended_channels) == len(self.channels):
                     self._end_of_input()
             case Watermark(timestamp):
-                self._apply(self.valve.input_watermark(ch, timestamp))
+                self._input_event(ch, self.valve.input_watermark(ch, timestamp))
             case Idle():
-                self._apply(self.valve.input_idle(ch))
+                self._input_event(ch, self.valve.input_idle(ch))
             case EndOfPartition():
                 self.barriers.end_of_partition(ch)
             case ChannelLost(reason):
@@ -365,6 +366,15 @@ class Task(TaskControl):
         reader = source.reader
         self._apply(self.valve.source_polled(time.monotonic(), mark, reader.last_split,
                                              reader.unfinished_splits))
+
+    def _input_event(self, ch: int, emitted: Emitted) -> None:
+        """A watermark or idleness came on channel ``ch``: an operator of
+        several inputs first gets that input's own watermark, then the task
+        does what the valve decided."""
+        if self.input_of is not None:
+            index = self.input_of[ch]
+            self.chain.input_watermark(index, self.valve.input_watermarks[index])
+        self._apply(emitted)
 
     def _apply(self, emitted: Emitted) -> None:
         """Do what the valve decided. A watermark: every operator of the chain

@@ -8,7 +8,11 @@ this task out of their watermarks until it sends one again).
 
 * A task with inputs: its watermark is the smallest of its input channels',
   leaving out channels whose upstream declared itself idle; with every input
-  idle, the task is idle.
+  idle, the task is idle. An operator of several inputs (``input_of``: the
+  input of each channel) also gets each input's own watermark
+  (``input_watermarks``: the smallest of that input's active channels',
+  never going back), which depends on that input's order alone, not on how
+  the inputs interleave: the interval join judges a record late by it.
 * A source task: its watermark follows the records it read
   (``WatermarkStrategy.watermark_after``), emitted at most once per
   ``interval``; readers that read several splits in turn (``last_split``)
@@ -19,7 +23,7 @@ this task out of their watermarks until it sends one again).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable, Sequence
 
 from lockgate.api.watermarks import MIN_WATERMARK
 from lockgate.protocol import IDLE, Idle, Watermark
@@ -29,7 +33,8 @@ Emitted = list[Watermark | Idle]
 
 class WatermarkValve:
     def __init__(self, num_channels: int, interval: float = 0.0,
-                 idle_timeout: float | None = None, now: float = 0.0) -> None:
+                 idle_timeout: float | None = None, now: float = 0.0,
+                 input_of: Sequence[int] | None = None) -> None:
         self.watermark: float = MIN_WATERMARK
         """This task's event time (what it last sent downstream)."""
         self.idle = False
@@ -37,6 +42,11 @@ class WatermarkValve:
         self.channel_watermarks = [MIN_WATERMARK] * num_channels
         self.channel_idle = [False] * num_channels
         """Input channels whose upstream declared itself idle (left out of the minimum)."""
+        self.input_of = input_of
+        """The input of each channel (operators of several inputs), or None."""
+        self.input_watermarks: list[float] = (
+            [MIN_WATERMARK] * (max(input_of) + 1) if input_of else [])
+        """Per input, the smallest watermark of its active channels (never back)."""
         self.interval = interval
         self.idle_timeout = idle_timeout
         self._source_max: float = MIN_WATERMARK
@@ -50,11 +60,23 @@ class WatermarkValve:
     def input_watermark(self, channel: int, timestamp: float) -> Emitted:
         self.channel_idle[channel] = False
         self.channel_watermarks[channel] = timestamp
+        if self.input_of is not None:
+            self._combine_input(self.input_of[channel])
         return self._combine()
 
     def input_idle(self, channel: int) -> Emitted:
         self.channel_idle[channel] = True
+        if self.input_of is not None:
+            self._combine_input(self.input_of[channel])
         return self._combine()
+
+    def _combine_input(self, index: int) -> None:
+        input_of = self.input_of
+        assert input_of is not None
+        active = [w for w, idle, i in zip(self.channel_watermarks, self.channel_idle, input_of,
+                                          strict=True) if i == index and not idle]
+        if active and min(active) > self.input_watermarks[index]:
+            self.input_watermarks[index] = min(active)
 
     def _combine(self) -> Emitted:
         active = [w for w, idle in zip(self.channel_watermarks, self.channel_idle, strict=True)

@@ -130,7 +130,7 @@ class WindowOperator(KeyedOperator):
         mark = restored_watermark(entries, self.info.task_index, self.info.parallelism,
                                   f"operator {self.uid!r}")
         if mark is not None:
-            self._floor = self.timers.watermark = mark
+            self._floor = self._finite = self.timers.watermark = mark
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
         self._fresh.clear()  # the snapshot shares every stored object from now on

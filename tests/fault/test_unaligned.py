@@ -93,24 +93,21 @@ def test_unaligned_with_aligned_timeout_is_exact(tmp_path, launcher):
     assert _in_flight_stored(result), result["checkpoints"]
 
 
-WINDOWS = ["tumbling", "sliding", "session"]
-"""(``--windows join`` is not among them yet: even without a kill, the
-interval join's watermark lags the source's by more than the input's
-margins now and then, so which records it finds late is not fixed.)"""
+WINDOWS = ["tumbling", "sliding", "session", "join"]
 
 
 @pytest.mark.parametrize("launcher,windows", [("local", w) for w in WINDOWS] + [
-    ("spark", w) for w in (WINDOWS if SOAK else ["sliding"])])
+    ("spark", w) for w in (WINDOWS if SOAK else ["sliding", "join"])])
 def test_unaligned_windows_with_watermarks_in_flight(tmp_path, windows, launcher):
-    """Event-time windows (tumbling, sliding, session) behind a slow
-    function: the source sends a watermark after every batch, so the
-    in-flight data the unaligned barriers overtake holds watermarks among
-    the batches, and the window tasks snapshot at different points (with
-    different watermarks). Under kills, the committed windows (late
-    firings included) and the late records equal the plain-Python
-    reference record by record: each task restores its own watermark, so
-    the records it judged late before a kill are late after it, and no
-    others."""
+    """Event-time windows (tumbling, sliding, session) and an interval
+    join behind a slow function: the source sends a watermark after every
+    batch, so the in-flight data the unaligned barriers overtake holds
+    watermarks among the batches, and the window (join) tasks snapshot at
+    different points (with different watermarks). Under kills, the
+    committed windows (late firings included) or pairs, and the late
+    records, equal the plain-Python reference record by record: each task
+    restores its own watermarks (the join: each input's), so the records
+    it judged late before a kill are late after it, and no others."""
     # 36,000 records, 6 of 7 through a window function of 5,000 records/s:
     # at least 6 s of work, while 3 kills at most 0.6 s apart leave 1.8 s of
     # progress: every planned kill happens
@@ -128,7 +125,8 @@ def test_unaligned_windows_with_watermarks_in_flight(tmp_path, windows, launcher
            "--storage", str(tmp_path / "chk"), "--interval", "0.1",
            "--unaligned", "--slow", "0.0002", "--windows", windows, "--stamps", stamps,
            "--launcher", launcher]
-    result, kills = drive(cmd, kills=3, tasks=1 + 3 * p, seed=5, kill_delays=(0.3, 0.6),
+    tasks = 1 + 3 * p + (windows == "join")  # the join's right input: a map task
+    result, kills = drive(cmd, kills=3, tasks=tasks, seed=5, kill_delays=(0.3, 0.6),
                           timeout=240)
     assert result["status"] == "finished"
     assert kills == 3, result["failures"]

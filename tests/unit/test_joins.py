@@ -1,7 +1,9 @@
 """The two-input operators without processes: the interval join against the
 plain-Python reference (``tests/join_reference.py``) over random
-out-of-order input with late records on both sides, for several bounds;
-its state cleaned up; a snapshot restored at another parallelism; the
+out-of-order input with late records on both sides, for several bounds,
+the same whichever way its inputs interleave (each input's records judged
+by that input's own watermark); its state cleaned up; each input's
+watermark restored; a snapshot restored at another parallelism; the
 window join's pairing on the window operator against
 ``tests/window_reference.py`` with late data; broadcast state restored
 round-robin; keyed connected streams sharing state and timers; and the job
@@ -37,10 +39,12 @@ from lockgate.connectors.base import TaskInfo
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import OperatorSpec, build_job_graph
 from lockgate.graph.types import OperatorKind, Partitioning
+from lockgate.protocol import Watermark
 from lockgate.runtime.broadcast_process import BroadcastProcessOperator
 from lockgate.runtime.coprocess import CoProcessOperator
 from lockgate.runtime.interval_join import LEFT_STATE, RIGHT_STATE, IntervalJoinOperator
 from lockgate.runtime.timers import TIMERS_STATE
+from lockgate.runtime.valve import WatermarkValve
 from lockgate.runtime.windows import WindowOperator
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
@@ -123,12 +127,130 @@ def test_interval_join_cleans_up_as_the_watermark_passes():
     op = join_op(-10, 20, late=False)
     op.process_input(0, [("k", 100, "a")])
     op.process_input(1, [("k", 95, "b")])
-    assert op.process_watermark(105) == []  # the right at 95: kept until 95 + 10
+    assert op.process_watermark(105) == []
+    assert 95 in op.buffers[1]["k"], "a left at 105 is not late and matches it"
+    op.process_watermark(106)  # past 95 + 10: the right at 95 goes
     assert "k" not in op.buffers[1] and 100 in op.buffers[0]["k"]
     assert op.process_input(1, [("k", 119, "c")]) == [(("k", 100, "a"), ("k", 119, "c"))]
-    op.process_watermark(120)  # the left at 100: kept until 100 + 20
+    op.process_watermark(121)  # past 100 + 20: the left at 100 goes
     assert op.buffers[0] == {}
     assert op.process_input(1, [("k", 110, "d")]) == [] and op.side == {}, "late: dropped"
+
+
+def test_a_record_at_the_watermark_pairs_with_one_that_came_before():
+    """Neither is late (``ts < watermark`` is), so they pair: the first is
+    kept until the watermark passes the last time a match can come at, not
+    only reaches it."""
+    for lower, upper, first, second in [(-10, 20, (0, 100), (1, 120)),
+                                        (-10, 20, (1, 95), (0, 105)),
+                                        (0, 0, (0, 50), (1, 50)),
+                                        (-5, -5, (1, 40), (0, 45))]:
+        op = join_op(lower, upper)
+        (side_a, ts_a), (side_b, ts_b) = first, second
+        op.process_input(side_a, [("k", ts_a, "first")])
+        assert op.process_watermark(ts_b) == []
+        out = op.process_input(side_b, [("k", ts_b, "second")])
+        a, b = ("k", ts_a, "first"), ("k", ts_b, "second")
+        assert out == [(a, b) if side_a == 0 else (b, a)], (lower, upper)
+        assert op.side == {}
+
+
+def side_stream(seed: int, side: int, n: int = 300, keys: int = 4) -> list[Any]:
+    """One input's own order: records ``(key, ts, (side, i))``, mostly in
+    order, some late, and after every few a :class:`Watermark` trailing the
+    largest timestamp so far by 30."""
+    rng = random.Random(seed * 2 + side)
+    out: list[Any] = []
+    t, top = 0, -INF
+    for i in range(n):
+        t += rng.randint(0, 8)
+        ts = max(t - rng.randint(0, 25), 0)
+        if rng.random() < 0.08:
+            ts = max(t - rng.randint(40, 200), 0)
+        out.append((rng.randrange(keys), ts, (side, i)))
+        top = max(top, ts)
+        if rng.random() < 0.4:
+            out.append(Watermark(top - 30))
+    return out + [Watermark(INF)]
+
+
+def interleave(streams: list[list[Any]], order: str, seed: int) -> list[tuple[int, Any]]:
+    """Both inputs' elements in one arrival order: each input's own order
+    kept, ``left-first``, ``right-first`` or ``random`` between them."""
+    if order != "random":
+        first = 0 if order == "left-first" else 1
+        return [(first, e) for e in streams[first]] + [(1 - first, e)
+                                                       for e in streams[1 - first]]
+    rng = random.Random(seed)
+    rest = [list(reversed(s)) for s in streams]
+    out = []
+    while rest[0] or rest[1]:
+        side = rng.choice([i for i in (0, 1) if rest[i]])
+        out.append((side, rest[side].pop()))
+    return out
+
+
+def feed(op: IntervalJoinOperator, elements: list[tuple[int, Any]]) -> list:
+    """``elements`` through a task's watermark valve (a channel per input)
+    into ``op``, as the task hands them over."""
+    valve = WatermarkValve(2, input_of=[0, 1])
+    out: list = []
+    for side, e in elements:
+        if isinstance(e, Watermark):
+            emitted = valve.input_watermark(side, e.timestamp)
+            op.input_watermark(side, valve.input_watermarks[side])
+            for w in emitted:
+                out += op.process_watermark(w.timestamp)
+        else:
+            out += op.process_input(side, [e])
+    return out
+
+
+@pytest.mark.parametrize("lower,upper", BOUNDS)
+def test_interval_join_judges_each_input_by_its_own_watermark(lower, upper):
+    """Whichever way the two inputs interleave (one far ahead of the other,
+    or mixed), the same records are late, those below their own input's
+    watermark, and the same pairs come out: the reference's."""
+    for seed in range(3):
+        streams = [side_stream(seed, side) for side in (0, 1)]
+        events = []
+        for side, stream in enumerate(streams):
+            wm = -INF
+            for e in stream:
+                if isinstance(e, Watermark):
+                    wm = max(wm, e.timestamp)
+                else:
+                    events.append((side, e, wm))
+        pairs, late_l, late_r = jref.interval_join(
+            events, key_of=lambda side, r: r[0], ts_of=lambda side, r: r[1],
+            lower=lower, upper=upper)
+        assert pairs and late_l and late_r, "the input makes pairs and late records"
+        for order in ("left-first", "right-first", "random"):
+            op = join_op(lower, upper)
+            got = feed(op, interleave(streams, order, seed))
+            assert Counter(got) == Counter(pairs), (lower, upper, seed, order)
+            assert sorted(op.side.pop("late-left", [])) == sorted(late_l), order
+            assert sorted(op.side.pop("late-right", [])) == sorted(late_r), order
+            assert op.backend.raw(LEFT_STATE) == {} and op.backend.raw(RIGHT_STATE) == {}
+
+
+def test_interval_join_restores_each_inputs_own_watermark():
+    """A snapshot taken while the left input ran far ahead of the right
+    restores both inputs' watermarks: a left record below the left's is
+    late after the restore too, before any new watermark comes."""
+    streams = [side_stream(4, 0), side_stream(4, 1)]
+    elements = interleave(streams, "left-first", 0)
+    cut = len(streams[0]) // 2  # half the left input, none of the right
+    first = join_op(-20, 30)
+    feed(first, elements[:cut])
+    snap = first.snapshot(1)
+    assert first.timers.watermark == -INF and first._inputs[0] > 0
+    restored = join_op(-20, 30)
+    restored.restore_operator_state(snap.operator_state)
+    assert restored._inputs == first._inputs and restored.timers.watermark == -INF
+    late = ("k", int(first._inputs[0]) - 1, "late")
+    assert restored.process_input(0, [late]) == []
+    assert restored.side == {"late-left": [late]}
 
 
 def test_interval_join_restores_at_another_parallelism():

@@ -49,3 +49,22 @@ def test_a_source_reading_splits_in_turn_holds_the_smallest_unfinished_split() -
     unfinished.clear()
     assert v.source_polled(0.3, None, None, lambda: unfinished) == []
     assert v.watermark == 100 and v.watermark > MIN_WATERMARK
+
+
+def test_each_input_of_several_has_its_own_watermark() -> None:
+    """Channels 0 and 1 are input 0, channel 2 input 1: each input's
+    watermark is the smallest of its active channels', never going back,
+    whatever the other input does."""
+    v = WatermarkValve(3, input_of=[0, 0, 1])
+    v.input_watermark(0, 100)
+    assert v.input_watermarks == [MIN_WATERMARK, MIN_WATERMARK]  # channel 1 said nothing
+    v.input_watermark(1, 80)
+    v.input_watermark(2, 10)
+    assert v.input_watermarks == [80, 10] and v.watermark == 10
+    v.input_idle(1)  # input 0 no longer held back by channel 1
+    assert v.input_watermarks == [100, 10]
+    v.input_watermark(1, 90)  # active again: never backwards
+    assert v.input_watermarks == [100, 10]
+    v.input_idle(2)  # input 1 all idle: keeps its last
+    assert v.input_watermarks == [100, 10] and v.watermark == 90
+    assert WatermarkValve(2).input_watermarks == []  # one input: the task's watermark
