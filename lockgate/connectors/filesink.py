@@ -34,6 +34,8 @@ from typing import IO, Any, cast
 from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.filesink_plan import (
+    FilePartHandle,
+    check_handle,
     final_name,
     inprogress_name,
     parse_part_name,
@@ -41,7 +43,7 @@ from lockgate.connectors.filesink_plan import (
     plan_file_sink_recovery,
 )
 from lockgate.connectors.formats import JsonlFormat, ParquetFormat, RecordFormat
-from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
+from lockgate.connectors.twophase import Precommitted, TwoPhaseCommitSinkWriter
 from lockgate.errors import (
     ConfigurationError,
     LockgateError,
@@ -125,7 +127,7 @@ class FileTxn:
     count: int = 0
 
 
-class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
+class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn, FilePartHandle]):
     """Writes one task's part files; see the module docstring for the names."""
 
     accepts_arrow = True
@@ -150,7 +152,11 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
 
     # -- 2PC hooks
 
-    def recover(self, handles: list[dict[str, Any]]) -> None:
+    def decode_handle(self, entry: dict[str, Any]) -> FilePartHandle:
+        """A restored handle, checked: it names this sink's part files only."""
+        return check_handle(entry, self.info.uid)
+
+    def recover(self, handles: list[Precommitted[FilePartHandle]]) -> None:
         """Restore the folder to the checkpoint's view.
 
         Step 1. Create the folder and check it is writable (fail before writing).
@@ -171,7 +177,7 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
             self.info.parallelism,
         )
         # Step 3. Commit.
-        recorded = sorted({str(h["folder"]) for h in handles if h.get("folder")})
+        recorded = sorted({h.handle.folder for h in handles if h.handle.folder})
         moved_from = recorded[0] if recorded and fs.redact(self.folder) not in recorded else None
         for pending, final in plan.to_commit:
             self._commit_names(pending, final, moved_from)
@@ -226,14 +232,14 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
             txn.records.extend(batch)
         txn.count += len(batch)
 
-    def pre_commit(self, txn: FileTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: FileTxn) -> FilePartHandle:
         """Make the part file durable under its pending name.
 
         Step 1. Write the buffered records (buffered formats).
         Step 2. Flush, fsync and close the in-progress file (object store:
                 complete the upload, straight under the pending name).
         Step 3. Rename it to the pending name and fsync the folder.
-        Step 4. Return the handle ``{"pending", "final", "records"}``.
+        Step 4. Return the handle: pending and final name, records, folder.
         """
         # Step 1. Buffered formats write now.
         if txn.file is None:
@@ -252,13 +258,12 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
             fs.move(txn.inprogress_path, fs.join(self.folder, pending))
             fs.sync_dir(self.folder)
         # Step 4. Handle.
-        return {"pending": pending, "final": txn.final, "records": txn.count,
-                "folder": fs.redact(self.folder)}
+        return FilePartHandle(pending, txn.final, txn.count, fs.redact(self.folder))
 
-    def commit(self, handle: dict[str, Any]) -> None:
+    def commit(self, entry: Precommitted[FilePartHandle]) -> None:
         """Rename pending -> final (object store: copy, then delete the pending
         object); idempotent."""
-        self._commit_names(str(handle["pending"]), str(handle["final"]))
+        self._commit_names(entry.handle.pending, entry.handle.final)
 
     def _commit_names(self, pending: str, final: str, moved_from: str | None = None) -> None:
         """Step 1. Pending present: rename it to final, fsync the folder (object
@@ -291,19 +296,15 @@ class FileSinkWriter(TwoPhaseCommitSinkWriter[FileTxn]):
             "Lockgate); restore the file, or restart the job without this checkpoint's state"
         )
 
-    def abort(self, handle_or_txn: Any) -> None:
-        """Delete an open transaction's in-progress file or a handle's pending file."""
-        if isinstance(handle_or_txn, FileTxn):
-            txn = handle_or_txn
-            if txn.file is not None:
-                try:
-                    txn.file.close()
-                finally:
-                    txn.file = None
-            txn.records, txn.batches = [], []
-            fs.remove(txn.inprogress_path)
-        else:
-            fs.remove(fs.join(self.folder, str(handle_or_txn["pending"])))
+    def abort(self, txn: FileTxn) -> None:
+        """Delete an open transaction's in-progress file."""
+        if txn.file is not None:
+            try:
+                txn.file.close()
+            finally:
+                txn.file = None
+        txn.records, txn.batches = [], []
+        fs.remove(txn.inprogress_path)
 
 
 # ---------------------------------------------------------------- the sink

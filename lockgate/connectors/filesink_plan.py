@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockgate.connectors.twophase import Precommitted
 from lockgate.errors import CheckpointCorruptError
 from lockgate.untrusted import plain_name
 
@@ -133,9 +134,30 @@ class FileSinkRecoveryPlan:
     next_seq: int = 0
 
 
-def check_handle(handle: Any, uid: str) -> None:
-    """A restored pre-commit handle of the sink ``uid`` names this sink's part
-    files and nothing else (untrusted input: :mod:`lockgate.untrusted`)."""
+@dataclass(frozen=True, slots=True)
+class FilePartHandle:
+    """A pre-committed part file (the file sink's two-phase-commit handle)."""
+
+    pending: str
+    """Its hidden pending name in the sink's folder."""
+    final: str
+    """Its visible name once committed."""
+    records: int = 0
+    folder: str | None = None
+    """The sink's folder when it was written (redacted): a restore into
+    another folder names it (older checkpoints do not record it)."""
+
+    def to_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"pending": self.pending, "final": self.final,
+                                 "records": self.records}
+        if self.folder is not None:
+            state["folder"] = self.folder
+        return state
+
+
+def check_handle(handle: Any, uid: str) -> FilePartHandle:
+    """A restored pre-commit handle of the sink ``uid``, if it names this
+    sink's part files and nothing else (untrusted input: :mod:`lockgate.untrusted`)."""
     what = f"file sink {uid!r}: a pre-committed part's"
     if not isinstance(handle, dict):
         raise CheckpointCorruptError(f"{what} handle is {handle!r}, not a mapping: the "
@@ -148,15 +170,19 @@ def check_handle(handle: Any, uid: str) -> None:
             f"{what} names are {pending!r} and {final!r}, not this sink's part files: the "
             "checkpoint or savepoint is damaged or was crafted; it is not restored, and "
             "nothing in the sink's folder was touched")
-    for key in ("task_index", "checkpoint_id"):
-        if type(handle.get(key)) is not int or handle[key] < 0:
-            raise CheckpointCorruptError(f"{what} {key} is {handle.get(key)!r}: the "
-                                         "checkpoint or savepoint is damaged or was crafted")
+    records, folder = handle.get("records", 0), handle.get("folder")
+    if type(records) is not int or records < 0:
+        raise CheckpointCorruptError(f"{what} records is {records!r:.40}: the "
+                                     "checkpoint or savepoint is damaged or was crafted")
+    if folder is not None and not (isinstance(folder, str) and len(folder) <= 4096):
+        raise CheckpointCorruptError(f"{what} folder is {folder!r:.80}: the "
+                                     "checkpoint or savepoint is damaged or was crafted")
+    return FilePartHandle(pending, final, records, folder)
 
 
 def plan_file_sink_recovery(
     listing: list[str],
-    handles: list[dict[str, Any]],
+    handles: list[Precommitted[FilePartHandle]],
     uid: str,
     task_index: int,
     parallelism: int,
@@ -165,8 +191,8 @@ def plan_file_sink_recovery(
 
     Args:
         listing: the names in the sink folder.
-        handles: the restored entries of ALL tasks of this sink (each with
-            ``"pending"``, ``"final"``, ``"checkpoint_id"``, ``"task_index"``).
+        handles: the restored handles of ALL tasks of this sink (decoded:
+            :func:`check_handle`).
         uid, task_index, parallelism: the restored writer's identity.
 
     Rules:
@@ -179,20 +205,17 @@ def plan_file_sink_recovery(
           a handle of any task names them;
         * never touch visible files or files of other uids.
     """
-    # Step 1. Index the listing and the names the handles protect (after
-    # checking them: they come from a checkpoint).
-    for h in handles:
-        check_handle(h, uid)
+    # Step 1. Index the listing and the names the handles protect.
     present = set(listing)
     named: set[str] = set()
     for h in handles:
-        named.add(str(h["pending"]))
-        named.add(str(h["final"]))
+        named.add(h.handle.pending)
+        named.add(h.handle.final)
     # Step 2. Commit this task's handles, in checkpoint order.
     to_commit: list[tuple[str, str]] = []
-    mine = [h for h in handles if int(h["task_index"]) % parallelism == task_index]
-    for h in sorted(mine, key=lambda h: int(h["checkpoint_id"])):
-        pending, final = str(h["pending"]), str(h["final"])
+    mine = [h for h in handles if h.task_index % parallelism == task_index]
+    for h in sorted(mine, key=lambda h: h.checkpoint_id):
+        pending, final = h.handle.pending, h.handle.final
         if pending not in present and final in present:
             continue  # already committed
         to_commit.append((pending, final))

@@ -46,11 +46,11 @@ import pyarrow.parquet as pq
 
 from lockgate import fs
 from lockgate.connectors.base import TaskInfo
-from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
+from lockgate.connectors.twophase import Precommitted, TwoPhaseCommitSinkWriter
 from lockgate.errors import ConfigurationError, OutputLostError
 
-__all__ = ["LakeTable", "StagedFile", "LakeSinkWriter", "app_id", "staged_name",
-           "parse_staged_name", "plan_recovery", "LAKE_MODES"]
+__all__ = ["LakeTable", "StagedFile", "LakeSinkWriter", "LakeFileHandle", "app_id",
+           "staged_name", "parse_staged_name", "check_handle", "plan_recovery", "LAKE_MODES"]
 
 LAKE_MODES = ("append", "merge")
 STAGING = "_lockgate"
@@ -99,6 +99,27 @@ class StagedFile:
                 f"-t{self.task}-a{self.attempt}.parquet")
 
 
+MAX_ID = 1024
+"""The longest app id or job id a restored handle may hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class LakeFileHandle:
+    """A staged file (a lakehouse sink's two-phase-commit handle): the app id
+    its commit records, the job whose staging folder holds it, its staged
+    name, its rows (-1: not recorded) and the attempt that wrote it."""
+
+    app: str
+    job: str
+    file: str
+    rows: int = -1
+    attempt: int = 0
+
+    def to_state(self) -> dict[str, Any]:
+        return {"app": self.app, "job": self.job, "file": self.file, "rows": self.rows,
+                "attempt": self.attempt}
+
+
 def valid_handle(h: dict[str, Any]) -> bool:
     """Whether a restored (untrusted) entry is a lakehouse handle: its file a
     staged name of its own checkpoint and task, its ids integers, its app
@@ -106,31 +127,43 @@ def valid_handle(h: dict[str, Any]) -> bool:
     name = h.get("file")
     parsed = parse_staged_name(name) if isinstance(name, str) else None
     ids = (h.get("checkpoint_id"), h.get("task_index"))
+    app, job = h.get("app"), h.get("job")
     return (parsed is not None and all(type(i) is int for i in ids)
-            and parsed[:2] == ids and isinstance(h.get("app"), str)
-            and isinstance(h.get("job"), str) and type(h.get("rows", 0)) is int)
+            and parsed[:2] == ids and isinstance(app, str) and len(app) <= MAX_ID
+            and isinstance(job, str) and len(job) <= MAX_ID
+            and type(h.get("rows", 0)) is int)
+
+
+def check_handle(h: dict[str, Any], uid: str) -> LakeFileHandle:
+    """A restored (untrusted) entry as a handle, if :func:`valid_handle`."""
+    if not valid_handle(h):
+        raise ConfigurationError(
+            f"sink {uid!r}: restored entry {str(h)[:200]} is not a lakehouse sink "
+            "handle; restore the checkpoint with the sink that wrote it")
+    _, _, attempt = cast(tuple[int, int, int], parse_staged_name(h["file"]))
+    return LakeFileHandle(h["app"], h["job"], h["file"], h.get("rows", -1), attempt)
 
 
 @dataclass
 class RecoveryPlan:
     """What a restored sink does: per app id the newest checkpoint and its files."""
 
-    to_commit: list[dict[str, Any]] = field(default_factory=list)
+    to_commit: list[Precommitted[LakeFileHandle]] = field(default_factory=list)
     """Restored handles newer than the table's record for their job, by checkpoint."""
     versions: dict[str, int] = field(default_factory=dict)
     """Per app id, the checkpoint id the recovery commit records."""
-    committed: list[dict[str, Any]] = field(default_factory=list)
+    committed: list[Precommitted[LakeFileHandle]] = field(default_factory=list)
     """Restored handles the table already holds (their staged files, if any
     are left, are deleted)."""
 
 
-def plan_recovery(handles: list[dict[str, Any]],
+def plan_recovery(handles: list[Precommitted[LakeFileHandle]],
                   table_versions: dict[str, int | None]) -> RecoveryPlan:
     """Split restored ``handles`` by whether the table holds them already
     (``table_versions``: per app id, the newest checkpoint committed or None)."""
     plan = RecoveryPlan()
-    for h in sorted(handles, key=lambda h: (int(h["checkpoint_id"]), int(h["task_index"]))):
-        app, cid = str(h["app"]), int(h["checkpoint_id"])
+    for h in sorted(handles, key=lambda h: (h.checkpoint_id, h.task_index)):
+        app, cid = h.handle.app, h.checkpoint_id
         done = table_versions.get(app)
         if done is not None and cid <= done:
             plan.committed.append(h)
@@ -269,7 +302,7 @@ class LakeTxn:
     rows: int = 0
 
 
-class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
+class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn, LakeFileHandle]):
     """The task side of a lakehouse sink; task 0 is the committer."""
 
     accepts_arrow = True
@@ -328,7 +361,7 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
             self._forget_committed()
         return super().snapshot_state(checkpoint_id)
 
-    def pre_commit(self, txn: LakeTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: LakeTxn) -> LakeFileHandle:
         """Write the staged file (in-progress name, then its staged name)."""
         info = self.info
         fs.makedirs(self.job_dir)
@@ -339,15 +372,12 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
         name = staged_name(self._checkpoint, info.task_index, info.attempt)
         fs.move(hidden, fs.join(self.job_dir, name))
         fs.sync_dir(self.job_dir)
-        return {"app": self.app, "job": info.job_id, "file": name, "rows": rows,
-                "attempt": info.attempt}
+        return LakeFileHandle(self.app, info.job_id, name, rows, info.attempt)
 
-    def abort(self, handle_or_txn: Any) -> None:
-        """An open transaction is only memory; a staged file is deleted."""
-        if isinstance(handle_or_txn, dict):
-            fs.remove(self._staged_path(handle_or_txn))
+    def abort(self, txn: LakeTxn) -> None:
+        """An open transaction is only memory."""
 
-    def commit(self, handle: dict[str, Any]) -> None:  # pragma: no cover - not called
+    def commit(self, entry: Precommitted[LakeFileHandle]) -> None:  # pragma: no cover
         raise AssertionError("lakehouse sinks commit in notify_checkpoint_complete")
 
     # -- committing
@@ -387,43 +417,41 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn]):
                           attempt=attempt, path=fs.join(self.staging, safe(job), name),
                           rows=rows)
 
-    def _staged_path(self, handle: dict[str, Any]) -> str:
-        return fs.join(self.staging, safe(str(handle["job"])), str(handle["file"]))
+    def _staged_path(self, handle: LakeFileHandle) -> str:
+        return fs.join(self.staging, safe(handle.job), handle.file)
 
     # -- recovery
 
-    def recover(self, handles: list[dict[str, Any]]) -> None:
+    def decode_handle(self, entry: dict[str, Any]) -> LakeFileHandle:
+        """A restored handle, checked: a staged file of its own checkpoint and task."""
+        return check_handle(entry, self.info.uid)
+
+    def recover(self, handles: list[Precommitted[LakeFileHandle]]) -> None:
         """Step 1. Task 0: commit the restored handles the table does not hold
                 (one commit), delete the staged files of those it holds.
         Step 2. Every task: delete the staged files of its index that no
                 restored handle names, from earlier attempts or other jobs.
         Step 3. Keep the restored handles of this task as pending until the
                 table shows them committed."""
-        for h in handles:
-            if not valid_handle(h):
-                raise ConfigurationError(
-                    f"sink {self.info.uid!r}: restored entry {h!r} is not a lakehouse sink "
-                    "handle; restore the checkpoint with the sink that wrote it")
         # Step 1. Commit what the table lacks.
         if self.committer and handles:
-            apps = sorted({str(h["app"]) for h in handles})
+            apps = sorted({h.handle.app for h in handles})
             plan = plan_recovery(handles, {a: self.table.committed_version(a) for a in apps})
             if plan.to_commit:
                 files = []
                 for h in plan.to_commit:
-                    cid, task, attempt = cast(tuple[int, int, int],
-                                              parse_staged_name(str(h["file"])))
-                    files.append(self._staged(str(h["job"]), cid, task, attempt,
-                                              str(h["file"]), int(h.get("rows", -1))))
+                    f = h.handle
+                    files.append(self._staged(f.job, h.checkpoint_id, h.task_index, f.attempt,
+                                              f.file, f.rows))
                 self.table.commit(files, plan.versions, self.fault)
             for h in plan.committed:
-                fs.remove(self._staged_path(h))
+                fs.remove(self._staged_path(h.handle))
         # Step 2. Clean up.
-        self._clean_staging({(str(h["job"]), str(h["file"])) for h in handles})
+        self._clean_staging({(h.handle.job, h.handle.file) for h in handles})
         # Step 3. Pending.
         for h in handles:
-            if int(h["task_index"]) == self.info.task_index and not self.committer:
-                self._pending.setdefault(int(h["checkpoint_id"]), []).append(dict(h))
+            if h.task_index == self.info.task_index and not self.committer:
+                self._pending.setdefault(h.checkpoint_id, []).append(h)
 
     def _clean_staging(self, named: set[tuple[str, str]]) -> None:
         info = self.info

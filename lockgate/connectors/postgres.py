@@ -31,11 +31,13 @@ from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.postgres_common import Target, connect, import_psycopg, redact_dsn
 from lockgate.connectors.postgres_plan import (
     GID_PREFIX,
+    PgTxnHandle,
+    check_handle,
     make_gid,
     parse_gid,
     plan_postgres_recovery,
 )
-from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
+from lockgate.connectors.twophase import Precommitted, TwoPhaseCommitSinkWriter
 from lockgate.errors import ConfigurationError, OutputLostError
 
 if TYPE_CHECKING:
@@ -78,7 +80,7 @@ class PgTxn:
     rows: int = 0
 
 
-class PostgresSinkWriter(TwoPhaseCommitSinkWriter[PgTxn]):
+class PostgresSinkWriter(TwoPhaseCommitSinkWriter[PgTxn, PgTxnHandle]):
     """One task's transactions. Two connections: ``data`` holds the open
     transaction and prepares it; ``control`` (autocommit) commits and rolls
     back prepared ones, which cannot be done inside a transaction block."""
@@ -117,7 +119,11 @@ class PostgresSinkWriter(TwoPhaseCommitSinkWriter[PgTxn]):
 
     # ---------------------------------------------------------- 2PC hooks
 
-    def recover(self, handles: list[dict[str, Any]]) -> None:
+    def decode_handle(self, entry: dict[str, Any]) -> PgTxnHandle:
+        """A restored handle, checked: one of this sink's prepared transactions."""
+        return check_handle(entry, self.info.uid)
+
+    def recover(self, handles: list[Precommitted[PgTxnHandle]]) -> None:
         """Step 1. Plan from the prepared transactions of the database and
                 the restored handles (all checked first).
         Step 2. Commit this task's handles, in checkpoint order (idempotent).
@@ -159,7 +165,7 @@ class PostgresSinkWriter(TwoPhaseCommitSinkWriter[PgTxn]):
         self._checkpoint_id = checkpoint_id
         return super().snapshot_state(checkpoint_id)
 
-    def pre_commit(self, txn: PgTxn) -> dict[str, Any]:
+    def pre_commit(self, txn: PgTxn) -> PgTxnHandle:
         """``PREPARE TRANSACTION``: durable, invisible, not holding the
         connection; the handle names it and its xid."""
         from psycopg import sql
@@ -171,12 +177,12 @@ class PostgresSinkWriter(TwoPhaseCommitSinkWriter[PgTxn]):
         assert row is not None
         conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
         conn.commit()  # the server ended the transaction; psycopg forgets it too
-        return {"gid": gid, "xid": int(row[0]), "rows": txn.rows}
+        return PgTxnHandle(gid, int(row[0]), txn.rows)
 
-    def commit(self, handle: dict[str, Any]) -> None:
+    def commit(self, entry: Precommitted[PgTxnHandle]) -> None:
         """``COMMIT PREPARED``; a gid no longer prepared must have committed
         (its xid's status), else its output was lost: raise."""
-        gid, xid = str(handle["gid"]), int(handle["xid"])
+        gid, xid = entry.handle.gid, entry.handle.xid
         if self._finish_prepared("COMMIT", gid):
             return
         status = self._xact_status(gid, xid)
@@ -194,13 +200,10 @@ class PostgresSinkWriter(TwoPhaseCommitSinkWriter[PgTxn]):
             "the same sink uid on this database): its rows are lost. Restore the rows, or "
             "restart the job without this checkpoint's state")
 
-    def abort(self, handle_or_txn: Any) -> None:
-        """Roll back the open transaction, or a prepared one by its handle."""
-        if isinstance(handle_or_txn, PgTxn):
-            if self._data is not None and not self._data.closed:
-                self._data.rollback()
-        else:
-            self._finish_prepared("ROLLBACK", str(handle_or_txn["gid"]))
+    def abort(self, txn: PgTxn) -> None:
+        """Roll back the open transaction."""
+        if self._data is not None and not self._data.closed:
+            self._data.rollback()
 
     # ------------------------------------------------------------ helpers
 

@@ -23,10 +23,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockgate.connectors.twophase import Precommitted
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 
 __all__ = ["GID_PREFIX", "MAX_GID", "Gid", "make_gid", "parse_gid", "check_handle",
-           "PostgresRecoveryPlan", "plan_postgres_recovery"]
+           "PgTxnHandle", "PostgresRecoveryPlan", "plan_postgres_recovery"]
 
 GID_PREFIX = "lockgate:"
 MAX_GID = 199
@@ -79,9 +80,23 @@ def parse_gid(gid: Any) -> Gid | None:
                attempt=int(m.group("attempt")), checkpoint_id=int(m.group("checkpoint")))
 
 
-def check_handle(handle: Any, uid: str) -> Gid:
-    """A restored pre-commit handle names a transaction of the sink ``uid``
-    and nothing else (untrusted input); returns its parsed gid."""
+@dataclass(frozen=True, slots=True)
+class PgTxnHandle:
+    """A prepared transaction (the PostgreSQL sink's two-phase-commit handle)."""
+
+    gid: str
+    """Its global id (:func:`make_gid`), for ``COMMIT PREPARED``."""
+    xid: int
+    """Its transaction id: whether it committed, once no longer prepared."""
+    rows: int = 0
+
+    def to_state(self) -> dict[str, Any]:
+        return {"gid": self.gid, "xid": self.xid, "rows": self.rows}
+
+
+def check_handle(handle: Any, uid: str) -> PgTxnHandle:
+    """A restored pre-commit handle, if it names a transaction of the sink
+    ``uid`` and nothing else (untrusted input)."""
     what = f"PostgreSQL sink {uid!r}: a pre-committed transaction's"
     damaged = "the checkpoint or savepoint is damaged or was crafted; it is not restored"
     if not isinstance(handle, dict):
@@ -94,10 +109,13 @@ def check_handle(handle: Any, uid: str) -> Gid:
     xid = handle.get("xid")
     if type(xid) is not int or not 0 < xid < 2 ** 63:
         raise CheckpointCorruptError(f"{what} xid is {xid!r:.40}: {damaged}")
+    rows = handle.get("rows", 0)
+    if type(rows) is not int or rows < 0:
+        raise CheckpointCorruptError(f"{what} rows is {rows!r:.40}: {damaged}")
     for key in ("task_index", "checkpoint_id"):
         if type(handle.get(key)) is not int or handle[key] < 0:
             raise CheckpointCorruptError(f"{what} {key} is {handle.get(key)!r:.40}: {damaged}")
-    return gid
+    return PgTxnHandle(str(handle["gid"]), xid, rows)
 
 
 @dataclass
@@ -111,23 +129,23 @@ class PostgresRecoveryPlan:
             this sink that no restored handle names.
     """
 
-    to_commit: list[dict[str, Any]] = field(default_factory=list)
+    to_commit: list[Precommitted[PgTxnHandle]] = field(default_factory=list)
     to_roll_back: list[str] = field(default_factory=list)
 
 
-def plan_postgres_recovery(prepared: list[str], handles: list[dict[str, Any]], uid: str,
-                           task_index: int, parallelism: int) -> PostgresRecoveryPlan:
+def plan_postgres_recovery(prepared: list[str], handles: list[Precommitted[PgTxnHandle]],
+                           uid: str, task_index: int,
+                           parallelism: int) -> PostgresRecoveryPlan:
     """Decide what a restored writer commits and rolls back (pure).
 
     Args:
         prepared: the gids of ``pg_prepared_xacts`` in the sink's database
             (any names: others' are ignored).
-        handles: the restored entries of ALL tasks of this sink (union state).
+        handles: the restored handles of ALL tasks of this sink (union
+            state), decoded (:func:`check_handle`).
         uid, task_index, parallelism: the restored writer's identity.
 
     Rules:
-        * every handle is checked first (:func:`check_handle`): one bad handle
-          and nothing is done;
         * commit the handles with ``task_index % parallelism == task_index``,
           in checkpoint order (a handle no longer prepared was committed
           before: the writer checks that);
@@ -138,11 +156,9 @@ def plan_postgres_recovery(prepared: list[str], handles: list[dict[str, Any]], u
           the restored one;
         * never touch other uids' or other systems' prepared transactions.
     """
-    for h in handles:
-        check_handle(h, uid)
-    named = {str(h["gid"]) for h in handles}
-    mine = [h for h in handles if int(h["task_index"]) % parallelism == task_index]
-    to_commit = sorted(mine, key=lambda h: int(h["checkpoint_id"]))
+    named = {h.handle.gid for h in handles}
+    mine = [h for h in handles if h.task_index % parallelism == task_index]
+    to_commit = sorted(mine, key=lambda h: h.checkpoint_id)
     to_roll_back: list[str] = []
     for name in sorted(prepared):
         gid = parse_gid(name)

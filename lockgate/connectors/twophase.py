@@ -9,38 +9,98 @@ The base does the bookkeeping of Flink's ``TwoPhaseCommitSinkFunction``:
 * ``notify_checkpoint_complete(n)`` commits, in order, the handles of every
   checkpoint ``<= n``; an aborted checkpoint keeps its handles (a later
   completed checkpoint commits them);
-* ``restore(state)`` hands every restored handle to ``recover``, which commits
-  the ones this task is responsible for and cleans up everything else it owns.
+* ``restore(state)`` decodes every restored entry into a handle (each sink's
+  ``decode_handle`` checks it: a checkpoint is untrusted input) and hands
+  them all to ``recover``, which commits the ones this task is responsible
+  for and cleans up everything else it owns.
 
 Subclasses implement ``begin_transaction``, ``write``, ``pre_commit``,
-``commit`` (idempotent), ``abort`` and ``recover``.
+``commit`` (idempotent), ``abort``, ``decode_handle`` and ``recover``.
 
-State entries are the handle dicts returned by ``pre_commit``, augmented with
-``"checkpoint_id"`` and ``"task_index"`` (both keys are reserved). The runtime
-restores a 2PC sink with the UNION of the entries of all its tasks, so that a
-change of parallelism can never lose a transaction; each writer is responsible
-for exactly the entries with ``entry["task_index"] % parallelism == task_index``
-(see :meth:`TwoPhaseCommitSinkWriter.is_responsible`).
+A handle is a frozen dataclass of the sink's own (:class:`TxnHandle`: what
+``commit`` needs, with ``to_state`` giving its checkpoint form); the base
+keeps it as a :class:`Precommitted` with the checkpoint and the task that
+pre-committed it. In the checkpoint an entry is the handle's ``to_state()``
+dict with ``"checkpoint_id"`` and ``"task_index"`` added (both keys are
+reserved). The runtime restores a 2PC sink with the UNION of the entries of
+all its tasks, so that a change of parallelism can never lose a
+transaction; each writer is responsible for exactly the entries with
+``task_index % parallelism == task_index`` (see
+:meth:`TwoPhaseCommitSinkWriter.is_responsible`).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from lockgate.connectors.base import SinkWriter, TaskInfo
-from lockgate.errors import LockgateError
+from lockgate.errors import CheckpointCorruptError, LockgateError
 
-TxnT = TypeVar("TxnT")
-
-__all__ = ["TwoPhaseCommitSinkWriter", "RESERVED_HANDLE_KEYS"]
+__all__ = ["TwoPhaseCommitSinkWriter", "TxnHandle", "Precommitted", "RESERVED_HANDLE_KEYS"]
 
 RESERVED_HANDLE_KEYS = ("checkpoint_id", "task_index")
-"""Keys the base adds to every handle; ``pre_commit`` must not use them."""
+"""Keys the base adds to every handle's entry; ``to_state`` must not use them."""
 
 
-class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT]):
-    """Base of transactional sink writers (begin / write / pre-commit / commit).
+class TxnHandle(Protocol):
+    """A pre-committed transaction's handle: a frozen dataclass of the sink's
+    own, holding what ``commit`` needs (possibly in another process, after a
+    failure)."""
+
+    def to_state(self) -> dict[str, Any]:
+        """Its checkpoint form: msgpack types only, no reserved key."""
+        ...
+
+
+TxnT = TypeVar("TxnT")
+H = TypeVar("H", bound=TxnHandle)
+H_co = TypeVar("H_co", bound=TxnHandle, covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Precommitted(Generic[H_co]):
+    """A handle with the checkpoint it was pre-committed for and the task
+    that pre-committed it (one entry of the sink's union state)."""
+
+    checkpoint_id: int
+    task_index: int
+    handle: H_co
+
+    def to_state(self) -> dict[str, Any]:
+        """The checkpoint entry: the handle's form with the two reserved keys."""
+        entry = self.handle.to_state()
+        clash = [k for k in RESERVED_HANDLE_KEYS if k in entry]
+        if clash:
+            raise LockgateError(
+                f"{type(self.handle).__name__}.to_state gave the reserved key(s) {clash}; "
+                "rename them in the handle")
+        entry["checkpoint_id"] = self.checkpoint_id
+        entry["task_index"] = self.task_index
+        return entry
+
+
+def _ids(entry: Any, uid: str) -> tuple[int, int]:
+    """The checkpoint id and task index of a restored (untrusted) entry."""
+    if not isinstance(entry, dict) or any(k not in entry for k in RESERVED_HANDLE_KEYS):
+        raise LockgateError(
+            f"sink {uid!r}: restored state entry {str(entry)[:200]} is not a "
+            "two-phase-commit handle (a dict with 'checkpoint_id' and 'task_index'); "
+            "the checkpoint was written by another sink type: restore it with the "
+            "sink that wrote it or start without state")
+    cid, task = entry["checkpoint_id"], entry["task_index"]
+    if type(cid) is not int or type(task) is not int or cid < 0 or task < 0:
+        raise CheckpointCorruptError(
+            f"sink {uid!r}: a restored handle's checkpoint_id and task_index are "
+            f"{cid!r:.40} and {task!r:.40}, not counts: the checkpoint or savepoint is "
+            "damaged or was crafted; it is not restored")
+    return cid, task
+
+
+class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT, H]):
+    """Base of transactional sink writers (begin / write / pre-commit / commit):
+    ``TxnT`` is the sink's open transaction, ``H`` its handle (:class:`TxnHandle`).
 
     Attributes:
         info: the identity of this task.
@@ -51,7 +111,7 @@ class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT]):
         self.info = info
         self._txn: TxnT | None = None
         self._txn_written = False
-        self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._pending: dict[int, list[Precommitted[H]]] = {}
 
     # ------------------------------------------------------------------ hooks
 
@@ -65,26 +125,33 @@ class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT]):
         """Write ``batch`` (never empty) into ``txn``."""
 
     @abstractmethod
-    def pre_commit(self, txn: TxnT) -> dict[str, Any]:
-        """Make ``txn`` durable and return a msgpack-able handle that lets
-        ``commit`` (possibly in another process, after a failure) commit it."""
+    def pre_commit(self, txn: TxnT) -> H:
+        """Make ``txn`` durable and return the handle that lets ``commit``
+        (possibly in another process, after a failure) commit it."""
 
     @abstractmethod
-    def commit(self, handle: dict[str, Any]) -> None:
+    def commit(self, entry: Precommitted[H]) -> None:
         """Commit a pre-committed transaction. MUST be idempotent: it is called
         again after recovery for handles that may already be committed."""
 
     @abstractmethod
-    def abort(self, handle_or_txn: Any) -> None:
-        """Abort an open transaction or a pre-committed handle; its data is
+    def abort(self, txn: TxnT) -> None:
+        """Abort an open transaction (never pre-committed); its data is
         replayed by the sources."""
 
     @abstractmethod
-    def recover(self, handles: list[dict[str, Any]]) -> None:
+    def decode_handle(self, entry: dict[str, Any]) -> H:
+        """The handle of a restored entry (a dict read back from a checkpoint:
+        untrusted), every field checked; ``CheckpointCorruptError`` naming the
+        field when it is not one of this sink's handles. ``checkpoint_id`` and
+        ``task_index`` are checked already."""
+
+    @abstractmethod
+    def recover(self, handles: list[Precommitted[H]]) -> None:
         """Called from ``restore`` (also on a fresh start, with ``[]``).
 
         ``handles`` holds the entries of ALL tasks of this sink in the restored
-        checkpoint. Commit every handle this task is responsible for
+        checkpoint, decoded. Commit every handle this task is responsible for
         (:meth:`is_responsible`), then delete or abort everything else this
         task owns that no handle (of any task) names.
         """
@@ -95,16 +162,23 @@ class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT]):
 
     # ------------------------------------------------------------- helpers
 
-    def is_responsible(self, entry: dict[str, Any]) -> bool:
+    def is_responsible(self, entry: Precommitted[H]) -> bool:
         """Whether this task commits restored ``entry`` (task index modulo the
         current parallelism)."""
-        return int(entry["task_index"]) % self.info.parallelism == self.info.task_index
+        return entry.task_index % self.info.parallelism == self.info.task_index
 
-    def responsible_handles(self, handles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def responsible_handles(self, handles: list[Precommitted[H]]) -> list[Precommitted[H]]:
         """The entries of ``handles`` this task commits, ordered by checkpoint id
         (stable, so the order within one checkpoint is kept)."""
         mine = [h for h in handles if self.is_responsible(h)]
-        return sorted(mine, key=lambda h: int(h["checkpoint_id"]))
+        return sorted(mine, key=lambda h: h.checkpoint_id)
+
+    def decode_entry(self, entry: Any) -> Precommitted[H]:
+        """A restored (untrusted) entry of this sink's state, decoded: its
+        checkpoint id and task index checked here, the rest by
+        :meth:`decode_handle`."""
+        cid, task = _ids(entry, self.info.uid)
+        return Precommitted(cid, task, self.decode_handle(entry))
 
     @property
     def pending_checkpoints(self) -> list[int]:
@@ -121,21 +195,13 @@ class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT]):
     def restore(self, state: list[Any]) -> None:
         """Recover from the restored checkpoint.
 
-        Step 1. Validate that every entry is a handle dict carrying
-                ``checkpoint_id`` and ``task_index``.
-        Step 2. Hand all entries (the union of every task's) to ``recover``.
+        Step 1. Decode every entry: a dict with ``checkpoint_id`` and
+                ``task_index``, the rest a handle of this sink
+                (``decode_handle``); one bad entry and nothing is done.
+        Step 2. Hand all handles (the union of every task's) to ``recover``.
         """
-        # Step 1. Validate the entries.
-        handles: list[dict[str, Any]] = []
-        for entry in state:
-            if not isinstance(entry, dict) or any(k not in entry for k in RESERVED_HANDLE_KEYS):
-                raise LockgateError(
-                    f"sink {self.info.uid!r}: restored state entry {entry!r} is not a "
-                    "two-phase-commit handle (a dict with 'checkpoint_id' and 'task_index'); "
-                    "the checkpoint was written by another sink type: restore it with the "
-                    "sink that wrote it or start without state"
-                )
-            handles.append(dict(entry))
+        # Step 1. Decode the entries.
+        handles = [self.decode_entry(entry) for entry in state]
         # Step 2. Commit ours, clean up the rest.
         self.recover(handles)
 
@@ -161,28 +227,22 @@ class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT]):
         """Pre-commit the current transaction and return all uncommitted handles.
 
         Step 1. If the open transaction wrote anything, pre-commit it and keep its
-                handle (augmented with ``checkpoint_id`` and ``task_index``) as
-                pending for ``checkpoint_id``; begin nothing until the next write.
+                handle as pending for ``checkpoint_id``; begin nothing until the
+                next write.
         Step 2. Return every pending handle, of this and earlier (aborted or not
-                yet completed) checkpoints, ordered by checkpoint id.
+                yet completed) checkpoints, ordered by checkpoint id, in their
+                checkpoint form (:meth:`Precommitted.to_state`).
         """
         # Step 1. Pre-commit.
         if self._txn is not None and self._txn_written:
             handle = self.pre_commit(self._txn)
             self._txn = None
             self._txn_written = False
-            clash = [k for k in RESERVED_HANDLE_KEYS if k in handle]
-            if clash:
-                raise LockgateError(
-                    f"{type(self).__name__}.pre_commit returned a handle with the reserved "
-                    f"key(s) {clash}; rename them in the handle"
-                )
-            entry = dict(handle)
-            entry["checkpoint_id"] = checkpoint_id
-            entry["task_index"] = self.info.task_index
+            entry = Precommitted(checkpoint_id, self.info.task_index, handle)
+            entry.to_state()  # a reserved key fails here, not in the snapshot
             self._pending.setdefault(checkpoint_id, []).append(entry)
         # Step 2. Every not-yet-committed handle is state.
-        return [dict(e) for cid in sorted(self._pending) for e in self._pending[cid]]
+        return [e.to_state() for cid in sorted(self._pending) for e in self._pending[cid]]
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Commit the handles of every checkpoint ``<= checkpoint_id``.

@@ -34,12 +34,13 @@ its own), so a change of parallelism never drops one.
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass
 from typing import Any
 
 from lockgate.connectors.base import SinkWriter, TaskInfo
 from lockgate.errors import LockgateError
 
-__all__ = ["WriteAheadSinkWriter", "dedup_ids"]
+__all__ = ["WriteAheadSinkWriter", "WriteAheadEntry", "dedup_ids"]
 
 MAX_ORIGIN = 1024
 """Longest origin string accepted from a checkpoint (untrusted input)."""
@@ -50,7 +51,24 @@ def dedup_ids(origin: str, count: int) -> list[str]:
     return [f"{origin}/{i}" for i in range(count)]
 
 
-def _entry(entry: Any, uid: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class WriteAheadEntry:
+    """One checkpoint's records of one task, kept until they are sent."""
+
+    checkpoint_id: int
+    task_index: int
+    origin: str
+    """``<job>/<uid>/<task>/<checkpoint>`` where the records were first
+    checkpointed: their de-duplication ids start with it."""
+    records: list[Any]
+    """Encoded (msgpack types)."""
+
+    def to_state(self) -> dict[str, Any]:
+        return {"task_index": self.task_index, "checkpoint_id": self.checkpoint_id,
+                "origin": self.origin, "records": self.records}
+
+
+def _entry(entry: Any, uid: str) -> WriteAheadEntry:
     """A restored entry, validated (checkpoints are untrusted input)."""
     ok = (isinstance(entry, dict)
           and type(entry.get("task_index")) is int and entry["task_index"] >= 0
@@ -63,8 +81,8 @@ def _entry(entry: Any, uid: str) -> dict[str, Any]:
             "entry (task_index, checkpoint_id, origin, records); the checkpoint was written "
             "by another sink type: restore it with the sink that wrote it, or give this sink "
             "a new uid")
-    return {"task_index": entry["task_index"], "checkpoint_id": entry["checkpoint_id"],
-            "origin": entry["origin"], "records": entry["records"]}
+    return WriteAheadEntry(entry["checkpoint_id"], entry["task_index"], entry["origin"],
+                           entry["records"])
 
 
 class WriteAheadSinkWriter(SinkWriter[Any]):
@@ -79,7 +97,7 @@ class WriteAheadSinkWriter(SinkWriter[Any]):
     def __init__(self, info: TaskInfo) -> None:
         self.info = info
         self._buffer: list[Any] = []
-        self._pending: dict[int, dict[str, Any]] = {}
+        self._pending: dict[int, WriteAheadEntry] = {}
         self.sent = 0
 
     # ------------------------------------------------------------------ hooks
@@ -110,8 +128,8 @@ class WriteAheadSinkWriter(SinkWriter[Any]):
         entries = [_entry(e, self.info.uid) for e in state]
         # Step 2. Send ours again.
         mine = [e for e in entries
-                if e["task_index"] % self.info.parallelism == self.info.task_index]
-        for entry in sorted(mine, key=lambda e: e["checkpoint_id"]):
+                if e.task_index % self.info.parallelism == self.info.task_index]
+        for entry in sorted(mine, key=lambda e: e.checkpoint_id):
             self._send_entry(entry)
 
     def restore_sent(self, state: list[Any]) -> None:
@@ -133,13 +151,12 @@ class WriteAheadSinkWriter(SinkWriter[Any]):
         """The records since the last snapshot become checkpoint
         ``checkpoint_id``'s entry; return every entry not sent yet."""
         if self._buffer:
-            self._pending[checkpoint_id] = {
-                "task_index": self.info.task_index, "checkpoint_id": checkpoint_id,
-                "origin": f"{self.info.job_id}/{self.info.uid}/{self.info.task_index}/"
-                          f"{checkpoint_id}",
-                "records": self._buffer}
+            info = self.info
+            self._pending[checkpoint_id] = WriteAheadEntry(
+                checkpoint_id, info.task_index,
+                f"{info.job_id}/{info.uid}/{info.task_index}/{checkpoint_id}", self._buffer)
             self._buffer = []
-        return [self._pending[cid] for cid in sorted(self._pending)]
+        return [self._pending[cid].to_state() for cid in sorted(self._pending)]
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         """Send the entries of every checkpoint ``<= checkpoint_id``, in order,
@@ -157,8 +174,8 @@ class WriteAheadSinkWriter(SinkWriter[Any]):
         """Ids of the checkpoints whose records are not sent yet, ascending."""
         return sorted(self._pending)
 
-    def _send_entry(self, entry: dict[str, Any]) -> None:
-        records = entry["records"]
+    def _send_entry(self, entry: WriteAheadEntry) -> None:
+        records = entry.records
         if records:
-            self.send(records, dedup_ids(entry["origin"], len(records)))
+            self.send(records, dedup_ids(entry.origin, len(records)))
             self.sent += len(records)

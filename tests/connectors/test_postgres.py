@@ -106,11 +106,11 @@ def test_prepared_rows_are_invisible_until_committed_and_a_restore_resolves_them
     w.restore(state1)  # ... whose handle is committed already: checkpoint 2's is rolled back
     assert sorted(query(dsn, f"SELECT k, s FROM {table}")) == [(1, 10), (2, 20)]
     assert prepared(dsn, "w1") == []
-    w.commit(state1[0])  # idempotent
+    w.commit(w.decode_entry(state1[0]))  # idempotent
     from lockgate.errors import OutputLostError
 
     with pytest.raises(OutputLostError, match="lost"):  # rolled back: never taken as committed
-        w.commit(state2[-1])
+        w.commit(w.decode_entry(state2[-1]))
     w.close()
 
 

@@ -180,7 +180,7 @@ def test_s3_commit_is_copy_then_delete_and_idempotent(s3):
     # a commit stopped after its copy: pending and final both exist
     s3.client.copy_object(Bucket=bucket, Key=f"out/{h1['final']}",
                           CopySource={"Bucket": bucket, "Key": f"out/{h1['pending']}"})
-    w.commit(h1)
+    w.commit(w.decode_entry(h1))
     assert objects() == [f"out/{h1['final']}"]
     w.notify_checkpoint_complete(1)  # commits again: final there, pending gone: a no-op
     assert committed_lines(out) == [1, 2]
@@ -192,7 +192,7 @@ def test_s3_commit_is_copy_then_delete_and_idempotent(s3):
     assert committed_lines(out) == [1, 2, 3] and hidden_files(out) == []
     s3.client.delete_object(Bucket=bucket, Key=f"out/{h2['final']}")
     with pytest.raises(OutputLostError, match=h2["final"]) as e:
-        w2.commit(h2)
+        w2.commit(w2.decode_entry(h2))
     assert SECRET not in str(e.value)
 
 

@@ -16,6 +16,7 @@ import pytest
 from lockgate.connectors.base import TaskInfo
 from lockgate.connectors.filesink import FileSink, FileSinkWriter
 from lockgate.connectors.filesink_plan import (
+    FilePartHandle,
     FileSinkRecoveryPlan,
     final_name,
     inprogress_name,
@@ -23,6 +24,7 @@ from lockgate.connectors.filesink_plan import (
     pending_name,
     plan_file_sink_recovery,
 )
+from lockgate.connectors.twophase import Precommitted
 from lockgate.errors import LockgateError
 
 
@@ -82,14 +84,10 @@ def test_part_names_roundtrip() -> None:
 # --------------------------------------------------------- recovery planner
 
 
-def _h(task: int, seq: int, cid: int, uid: str = "u", attempt: int = 0) -> dict[str, Any]:
+def _h(task: int, seq: int, cid: int, uid: str = "u",
+       attempt: int = 0) -> Precommitted[FilePartHandle]:
     final = final_name(uid, task, attempt, seq, "jsonl")
-    return {
-        "pending": pending_name(final),
-        "final": final,
-        "checkpoint_id": cid,
-        "task_index": task,
-    }
+    return Precommitted(cid, task, FilePartHandle(pending_name(final), final))
 
 
 def _ip(task: int, seq: int, uid: str = "u", attempt: int = 0) -> str:
@@ -197,7 +195,7 @@ PLAN_CASES: list[tuple[str, list[str], list[dict[str, Any]], int, int, FileSinkR
 )
 def test_plan_file_sink_recovery(
     listing: list[str],
-    handles: list[dict[str, Any]],
+    handles: list[Precommitted[FilePartHandle]],
     task: int,
     parallelism: int,
     expected: FileSinkRecoveryPlan,
@@ -209,7 +207,7 @@ def test_plan_file_sink_recovery(
 def test_plan_never_deletes_named_or_visible_files_any_parallelism() -> None:
     listing = [_pe(t, s) for t in range(4) for s in range(3)] + [_fi(t, 9) for t in range(4)]
     handles = [_h(t, 0, 1) for t in range(4)]
-    named = {h["pending"] for h in handles}
+    named = {h.handle.pending for h in handles}
     for p in (1, 2, 3, 4, 6):
         deleted: list[str] = []
         committed: list[str] = []
@@ -316,13 +314,14 @@ def test_commit_idempotent_and_lost_output(tmp_path: Path) -> None:
     w.restore([])
     w.write_batch([1])
     [handle] = w.snapshot_state(1)
-    w.commit(handle)
-    w.commit(handle)
+    entry = w.decode_entry(handle)
+    w.commit(entry)
+    w.commit(entry)
     w.notify_checkpoint_complete(1)
     assert _jsonl_records(tmp_path) == [1]
     os.remove(tmp_path / handle["final"])
     with pytest.raises(LockgateError, match="lost") as e:
-        w.commit(handle)
+        w.commit(entry)
     assert handle["final"] in str(e.value)
     w2 = _writer(tmp_path, attempt=1)
     with pytest.raises(LockgateError, match=handle["final"]):
@@ -338,15 +337,6 @@ def test_close_deletes_open_inprogress_file(tmp_path: Path) -> None:
     w.close()
     assert [n for n in _hidden(tmp_path) if n.endswith(".inprogress")] == []
     assert len(_hidden(tmp_path)) == 1  # the pending file is kept for recovery
-
-
-def test_aborted_handle_deletes_pending(tmp_path: Path) -> None:
-    w = _writer(tmp_path)
-    w.restore([])
-    w.write_batch([1])
-    [handle] = w.snapshot_state(1)
-    w.abort(handle)
-    assert _hidden(tmp_path) == []
 
 
 def test_rescale_down_commits_all_and_cleans_up(tmp_path: Path) -> None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 import pytest
 
 from lockgate.connectors.kafka.sink_plan import (
-    Handle,
+    KafkaEntry,
+    KafkaTxnHandle,
+    RecoveryPlan,
     check_entry,
     committed,
     plan_recovery,
     transactional_id,
 )
+from lockgate.connectors.twophase import Precommitted
 from lockgate.errors import CheckpointCorruptError
 
 UID = "out"
@@ -30,11 +33,24 @@ def handle_kv(keys, values, cid: int = 3) -> dict:
     return {**entry, "keys": keys, "values": values}
 
 
+def decoded(entry: dict) -> Precommitted[KafkaEntry]:
+    """A restored entry as the two-phase-commit base hands it to ``recover``."""
+    return Precommitted(entry["checkpoint_id"], entry["task_index"],
+                        check_entry(entry, "lockgate", UID))
+
+
+def plan(entries: list[dict], task_index: int, parallelism: int, own_tid: str) -> RecoveryPlan:
+    return plan_recovery([decoded(e) for e in entries], task_index, parallelism, own_tid)
+
+
 def test_keys_and_values_or_older_pairs_are_the_records():
     h = check_entry(handle_kv([b"k", None], [b"v", b"w"]), "lockgate", UID)
-    assert isinstance(h, Handle) and h.records == [(b"k", b"v"), (None, b"w")]
+    assert isinstance(h, KafkaTxnHandle) and h.records == [(b"k", b"v"), (None, b"w")]
     old = check_entry(handle(0, 3, records=[[b"k", b"v"]]), "lockgate", UID)
-    assert isinstance(old, Handle) and old.records == [(b"k", b"v")]
+    assert isinstance(old, KafkaTxnHandle) and old.records == [(b"k", b"v")]
+    # written back as the sink writes it: keys and values
+    assert old.to_state() == {k: v for k, v in handle_kv([b"k"], [b"v"]).items()
+                              if k not in ("checkpoint_id", "task_index")}
 
 
 def owner(task: int, cid: int, job: str = "job-1") -> dict:
@@ -44,21 +60,20 @@ def owner(task: int, cid: int, job: str = "job-1") -> dict:
 
 def test_each_old_task_is_taken_over_by_one_new_task():
     entries = [handle(t, c) for t in range(3) for c in (5, 4)] + [owner(t, 5) for t in range(3)]
-    plans = [plan_recovery(entries, "lockgate", UID, i, 2,
-                           transactional_id("lockgate", "job-2", UID, i)) for i in range(2)]
+    plans = [plan(entries, i, 2, transactional_id("lockgate", "job-2", UID, i))
+             for i in range(2)]
     taken = sorted((h.task_index, h.checkpoint_id) for p in plans for h in p.handles)
     assert taken == sorted((t, c) for t in range(3) for c in (4, 5))
     assert [h.checkpoint_id for h in plans[0].handles] == [4, 4, 5, 5]  # checkpoint order
     # ids of old tasks without a handle are fenced by their new owner
     entries = [owner(t, 5) for t in range(3)] + [handle(0, 5)]
-    plan = plan_recovery(entries, "lockgate", UID, 0, 1,
-                         transactional_id("lockgate", "job-2", UID, 0))
-    assert plan.fence == [transactional_id("lockgate", "job-1", UID, t) for t in (1, 2)]
+    fenced = plan(entries, 0, 1, transactional_id("lockgate", "job-2", UID, 0))
+    assert fenced.fence == [transactional_id("lockgate", "job-1", UID, t) for t in (1, 2)]
 
 
 def test_the_marker_says_which_transactions_committed():
-    h = check_entry(handle(0, 7), "lockgate", UID)
-    assert isinstance(h, Handle)
+    h = decoded(handle(0, 7))
+    assert isinstance(h.handle, KafkaTxnHandle)
     assert not committed(None, h) and not committed(6, h)
     assert committed(7, h) and committed(9, h)
 
@@ -80,4 +95,4 @@ def test_the_marker_says_which_transactions_committed():
 ])
 def test_crafted_entries_are_refused(entry):
     with pytest.raises(CheckpointCorruptError):
-        plan_recovery([entry], "lockgate", UID, 0, 1, "lockgate-j-out-0")
+        plan([entry], 0, 1, "lockgate-j-out-0")

@@ -12,8 +12,10 @@ import pytest
 from lockgate.connectors.delta import last_per_key
 from lockgate.connectors.iceberg import committed_in
 from lockgate.connectors.lakehouse import (
+    LakeFileHandle,
     app_id,
     beside,
+    check_handle,
     parse_staged_name,
     plain_uri,
     plan_recovery,
@@ -21,6 +23,7 @@ from lockgate.connectors.lakehouse import (
     staged_name,
     valid_handle,
 )
+from lockgate.connectors.twophase import Precommitted
 from lockgate.errors import ConfigurationError
 
 
@@ -44,15 +47,26 @@ def test_restored_handles_are_checked():
     assert not valid_handle({**handle(3, 1), "task_index": "1"})
     assert not valid_handle({**handle(3, 1), "job": 7})
     assert not valid_handle({k: v for k, v in handle(3, 1).items() if k != "app"})
+    assert not valid_handle({**handle(3, 1), "job": "j" * 2000})
+    with pytest.raises(ConfigurationError, match="not a lakehouse sink handle"):
+        check_handle({**handle(3, 1), "job": 7}, "out")
+    assert check_handle(handle(3, 1, attempt=2), "out") == LakeFileHandle(
+        "a", "j", staged_name(3, 1, 2), 3, 2)
+
+
+def decoded(entries: list[dict]) -> list[Precommitted[LakeFileHandle]]:
+    """Restored entries as the two-phase-commit base hands them to ``recover``."""
+    return [Precommitted(e["checkpoint_id"], e["task_index"], check_handle(e, "out"))
+            for e in entries]
 
 
 def test_plan_commits_only_what_the_table_lacks():
-    handles = [handle(5, 1), handle(4, 0), handle(6, 0), handle(2, 0, app="old")]
+    handles = decoded([handle(5, 1), handle(4, 0), handle(6, 0), handle(2, 0, app="old")])
     plan = plan_recovery(handles, {"a": 4, "old": None})
-    assert [(h["app"], h["checkpoint_id"]) for h in plan.to_commit] == [
+    assert [(h.handle.app, h.checkpoint_id) for h in plan.to_commit] == [
         ("old", 2), ("a", 5), ("a", 6)]
     assert plan.versions == {"a": 6, "old": 2}
-    assert [h["checkpoint_id"] for h in plan.committed] == [4]
+    assert [h.checkpoint_id for h in plan.committed] == [4]
     assert plan_recovery(handles, {"a": 9, "old": 2}).to_commit == []
 
 

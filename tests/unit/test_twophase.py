@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from lockgate.connectors.base import TaskInfo
-from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
-from lockgate.errors import LockgateError
+from lockgate.connectors.twophase import Precommitted, TwoPhaseCommitSinkWriter
+from lockgate.errors import CheckpointCorruptError, LockgateError
 
 
 def _info(task_index: int = 0, parallelism: int = 1, attempt: int = 0) -> TaskInfo:
     return TaskInfo("job", "sink", task_index, parallelism, 128, attempt)
 
 
-class MemWriter(TwoPhaseCommitSinkWriter[list]):
+@dataclass(frozen=True, slots=True)
+class MemHandle:
+    name: str
+
+    def to_state(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+class MemWriter(TwoPhaseCommitSinkWriter[list, MemHandle]):
     """An in-memory 2PC writer that records every call."""
 
     def __init__(self, info: TaskInfo, store: dict[str, list[Any]] | None = None) -> None:
@@ -24,7 +33,7 @@ class MemWriter(TwoPhaseCommitSinkWriter[list]):
         self.store = store if store is not None else {}  # committed txn name -> records
         self.prepared: dict[str, list[Any]] = {}
         self.n = 0
-        self.recovered: list[dict[str, Any]] | None = None
+        self.recovered: list[Precommitted[MemHandle]] | None = None
         self.finished = False
 
     def begin_transaction(self) -> list:
@@ -34,22 +43,28 @@ class MemWriter(TwoPhaseCommitSinkWriter[list]):
     def write(self, txn: list, batch: list[Any]) -> None:
         txn.extend(batch)
 
-    def pre_commit(self, txn: list) -> dict[str, Any]:
+    def pre_commit(self, txn: list) -> MemHandle:
         name = f"t{self.info.task_index}-{self.n}"
         self.n += 1
         self.prepared[name] = list(txn)
         self.calls.append(("pre_commit", name))
-        return {"name": name}
+        return MemHandle(name)
 
-    def commit(self, handle: dict[str, Any]) -> None:
-        self.calls.append(("commit", handle["name"]))
-        if handle["name"] in self.prepared:
-            self.store[handle["name"]] = self.prepared.pop(handle["name"])
+    def commit(self, entry: Precommitted[MemHandle]) -> None:
+        name = entry.handle.name
+        self.calls.append(("commit", name))
+        if name in self.prepared:
+            self.store[name] = self.prepared.pop(name)
 
-    def abort(self, handle_or_txn: Any) -> None:
-        self.calls.append(("abort", handle_or_txn))
+    def abort(self, txn: list) -> None:
+        self.calls.append(("abort", txn))
 
-    def recover(self, handles: list[dict[str, Any]]) -> None:
+    def decode_handle(self, entry: dict[str, Any]) -> MemHandle:
+        if type(entry.get("name")) is not str:
+            raise CheckpointCorruptError(f"not a MemWriter handle: {entry!r}")
+        return MemHandle(entry["name"])
+
+    def recover(self, handles: list[Precommitted[MemHandle]]) -> None:
         self.recovered = handles
         for h in self.responsible_handles(handles):
             self.commit(h)
@@ -118,10 +133,10 @@ def test_aborted_checkpoint_keeps_handles_for_a_later_completion() -> None:
 
 def test_failed_commit_keeps_the_rest_pending() -> None:
     class Failing(MemWriter):
-        def commit(self, handle: dict[str, Any]) -> None:
-            if handle["name"] == "t0-1":
+        def commit(self, entry: Precommitted[MemHandle]) -> None:
+            if entry.handle.name == "t0-1":
                 raise OSError("disk gone")
-            super().commit(handle)
+            super().commit(entry)
 
     w = Failing(_info())
     for cid in (1, 2):
@@ -180,7 +195,8 @@ def test_restore_gets_union_and_responsibility_is_modulo(
     ]
     w = MemWriter(_info(task_index, parallelism))
     w.restore(union)
-    assert w.recovered == union  # recover sees every task's handles
+    assert w.recovered is not None  # recover sees every task's handles, decoded
+    assert [h.to_state() for h in w.recovered] == union
     assert [c[1] for c in w.calls if c[0] == "commit"] == expected
 
 
@@ -200,9 +216,14 @@ def test_rescaling_commits_every_transaction_exactly_once() -> None:
 
 
 def test_reserved_handle_keys_rejected() -> None:
-    class Bad(MemWriter):
-        def pre_commit(self, txn: list) -> dict[str, Any]:
+    @dataclass(frozen=True)
+    class BadHandle(MemHandle):
+        def to_state(self) -> dict[str, Any]:
             return {"checkpoint_id": 3}
+
+    class Bad(MemWriter):
+        def pre_commit(self, txn: list) -> MemHandle:
+            return BadHandle("x")
 
     w = Bad(_info())
     w.write_batch([1])
@@ -215,3 +236,16 @@ def test_restore_rejects_foreign_entries(entry: Any) -> None:
     w = MemWriter(_info())
     with pytest.raises(LockgateError, match="two-phase-commit handle"):
         w.restore([entry])
+
+
+@pytest.mark.parametrize("entry", [
+    {"name": "x", "checkpoint_id": "1", "task_index": 0},
+    {"name": "x", "checkpoint_id": 1, "task_index": -1},
+    {"name": 7, "checkpoint_id": 1, "task_index": 0},  # the sink's own check
+])
+def test_restore_decodes_every_entry_before_recovering(entry: dict[str, Any]) -> None:
+    w = MemWriter(_info())
+    good = {"name": "a", "checkpoint_id": 1, "task_index": 0}
+    with pytest.raises(CheckpointCorruptError):
+        w.restore([good, entry])
+    assert w.recovered is None and w.calls == []  # one bad entry: nothing done

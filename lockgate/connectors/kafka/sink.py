@@ -21,15 +21,17 @@ from typing import Any
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.kafka.client import base_config, ensure_topic, kafka_module
 from lockgate.connectors.kafka.sink_plan import (
-    OWNER,
-    Handle,
+    KafkaEntry,
+    KafkaOwner,
+    KafkaTxnHandle,
+    Pair,
     check_entry,
     committed,
     plan_recovery,
     transactional_id,
 )
 from lockgate.connectors.kafka.source import KafkaRecord
-from lockgate.connectors.twophase import TwoPhaseCommitSinkWriter
+from lockgate.connectors.twophase import Precommitted, TwoPhaseCommitSinkWriter
 
 __all__ = ["KafkaSink", "default_serializer"]
 
@@ -40,7 +42,6 @@ TXN_TIMEOUT = 30.0
 calls may take (a new id's init waits for the coordinator to abort what an
 older producer of that id left open)."""
 
-Pair = tuple[bytes | None, bytes | None]
 
 
 def _bytes(x: Any) -> bytes | None:
@@ -186,7 +187,7 @@ class _Txn:
     records: list[Pair] = field(default_factory=list)
 
 
-class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
+class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
     """One task of an exactly-once ``KafkaSink`` (see the module docstring)."""
 
     def __init__(self, sink: KafkaSink, info: TaskInfo) -> None:
@@ -241,34 +242,38 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
             self._group(tid).consumer_group_metadata(), TXN_TIMEOUT)
         producer.commit_transaction(TXN_TIMEOUT)
 
-    def _redo(self, producer: Any, handle: Handle) -> None:
+    def _redo(self, producer: Any, entry: Precommitted[KafkaTxnHandle]) -> None:
         """Send a handle's records in a new transaction, with its marker, and commit."""
         producer.begin_transaction()
-        _produce(producer, self.sink.topic, handle.records)
-        self._commit_kafka(producer, handle.tid, handle.checkpoint_id)
+        _produce(producer, self.sink.topic, entry.handle.records)
+        self._commit_kafka(producer, entry.handle.tid, entry.checkpoint_id)
 
     # -------------------------------------------------------------- hooks
-    def recover(self, handles: list[dict[str, Any]]) -> None:
+    def decode_handle(self, entry: dict[str, Any]) -> KafkaEntry:
+        """A restored transaction or owner entry, checked: it names one of
+        this sink's transactional ids."""
+        return check_entry(entry, self.sink.transactional_id_prefix, self.info.uid)
+
+    def recover(self, handles: list[Precommitted[KafkaEntry]]) -> None:
         """Step 5 of the design: fence, find what committed, redo the rest."""
-        sink, info = self.sink, self.info
-        plan = plan_recovery(handles, sink.transactional_id_prefix, info.uid, info.task_index,
-                             info.parallelism, self.tid)
+        info = self.info
+        plan = plan_recovery(handles, info.task_index, info.parallelism, self.tid)
         self.producer = self._producer(self.tid)
         others: dict[str, Any] = {}
         for tid in plan.fence:  # old tasks' ids: abort what they left open
             self._producer(tid)
-        for handle in plan.handles:
-            if handle.tid == self.tid:
+        for entry in plan.handles:
+            tid = entry.handle.tid
+            if tid == self.tid:
                 producer = self.producer
             else:
-                producer = others.get(handle.tid) or others.setdefault(
-                    handle.tid, self._producer(handle.tid))
-            if committed(self._marker(handle.tid), handle):
+                producer = others.get(tid) or others.setdefault(tid, self._producer(tid))
+            if committed(self._marker(tid), entry):
                 continue
             log.info("Kafka sink %s task %d: redoing checkpoint %d's transaction of %s "
-                     "(%d records)", info.uid, info.task_index, handle.checkpoint_id,
-                     handle.tid, len(handle.records))
-            self._redo(producer, handle)
+                     "(%d records)", info.uid, info.task_index, entry.checkpoint_id,
+                     tid, len(entry.handle.keys))
+            self._redo(producer, entry)
 
     def begin_transaction(self) -> _Txn:
         self._seq += 1
@@ -284,26 +289,24 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
         if txn is self.live:
             _produce(self.producer, self.sink.topic, pairs)
 
-    def pre_commit(self, txn: _Txn) -> dict[str, Any]:
+    def pre_commit(self, txn: _Txn) -> KafkaTxnHandle:
         """Step 3: flush; the handle keeps the records to redo the transaction."""
         if txn is self.live:
             self.delivery.flush(self.producer, "a pre-commit flush")
-        # the keys and the values as two lists of bytes: msgpack packs them
-        # natively (a list of tuples would take a callback per record)
         records = txn.records
-        return {"tid": self.tid, "writer": self.nonce, "seq": txn.seq,
-                "keys": [k for k, _ in records], "values": [v for _, v in records]}
+        return KafkaTxnHandle(self.tid, self.nonce, txn.seq, [k for k, _ in records],
+                              [v for _, v in records])
 
-    def commit(self, handle: dict[str, Any]) -> None:
+    def commit(self, entry: Precommitted[KafkaEntry]) -> None:
         """Step 4: commit the live transaction, or redo one from its handle."""
+        handle = entry.handle
+        assert isinstance(handle, KafkaTxnHandle)  # owner entries are never pending
         live = self.live
-        if live is not None and handle.get("writer") == self.nonce and handle["seq"] == live.seq:
-            self._commit_kafka(self.producer, self.tid, int(handle["checkpoint_id"]))
+        if live is not None and handle.writer == self.nonce and handle.seq == live.seq:
+            self._commit_kafka(self.producer, self.tid, entry.checkpoint_id)
             self.live = None
             return
-        checked = check_entry(handle, self.sink.transactional_id_prefix, self.info.uid)
-        assert isinstance(checked, Handle)
-        self._redo(self.producer, checked)
+        self._redo(self.producer, Precommitted(entry.checkpoint_id, entry.task_index, handle))
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         super().notify_checkpoint_complete(checkpoint_id)
@@ -321,14 +324,14 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn]):
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         entries = super().snapshot_state(checkpoint_id)
-        entries.append({OWNER: self.tid, "checkpoint_id": checkpoint_id,
-                        "task_index": self.info.task_index})
+        entries.append(Precommitted(checkpoint_id, self.info.task_index,
+                                    KafkaOwner(self.tid)).to_state())
         return entries
 
-    def abort(self, handle_or_txn: Any) -> None:
-        """Abort the open Kafka transaction if it is ``handle_or_txn``'s (on
-        close); otherwise nothing: the next attempt's fencing aborts it."""
-        if handle_or_txn is self.live and self.producer is not None:
+    def abort(self, txn: _Txn) -> None:
+        """Abort the open Kafka transaction if it is ``txn``'s (on close);
+        otherwise nothing: the next attempt's fencing aborts it."""
+        if txn is self.live and self.producer is not None:
             self.live = None
             try:
                 self.producer.abort_transaction(TXN_TIMEOUT)

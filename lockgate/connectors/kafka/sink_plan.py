@@ -2,9 +2,10 @@
 
 A sink task's transactional id (also its marker group) is
 ``<prefix>-<job>-<uid>-<task>``. Its operator state holds *handles* (one per
-pre-committed checkpoint: ``{"tid", "writer", "seq", "keys", "values"}``) and one
-*owner* entry (``{"owner": tid}``), each with the two-phase-commit base's
-``checkpoint_id`` and ``task_index``. Everything read back from a checkpoint
+pre-committed checkpoint: :class:`KafkaTxnHandle`, ``{"tid", "writer", "seq",
+"keys", "values"}``) and one *owner* entry (:class:`KafkaOwner`,
+``{"owner": tid}``), each with the two-phase-commit base's ``checkpoint_id``
+and ``task_index``. Everything read back from a checkpoint
 is checked here before the sink touches a transaction (untrusted input: a
 crafted checkpoint must not make the sink redo another sink's records or
 fence another application's producer).
@@ -16,10 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lockgate.connectors.twophase import Precommitted
 from lockgate.errors import CheckpointCorruptError
 
 __all__ = ["transactional_id", "check_entry", "RecoveryPlan", "plan_recovery", "committed",
-           "Handle", "OWNER"]
+           "KafkaTxnHandle", "KafkaOwner", "KafkaEntry", "Pair", "OWNER"]
 
 OWNER = "owner"
 """The key of an owner entry."""
@@ -48,21 +50,52 @@ def _own_tid(value: Any, prefix: str, uid: str, entry: dict[str, Any]) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class Handle:
-    """A pre-committed checkpoint's transaction of one task, validated."""
+Pair = tuple[bytes | None, bytes | None]
+"""A record as sent: key and value bytes (either may be None)."""
 
-    checkpoint_id: int
-    task_index: int
+
+@dataclass(frozen=True, slots=True)
+class KafkaTxnHandle:
+    """A pre-committed checkpoint's transaction of one task: its
+    transactional id, the writer and sequence number that name the live
+    one, and its records (keys and values, two lists of one length) to redo
+    it with."""
+
     tid: str
     writer: str
     seq: int
-    records: list[tuple[bytes | None, bytes | None]]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+
+    @property
+    def records(self) -> list[Pair]:
+        return list(zip(self.keys, self.values, strict=True))
+
+    def to_state(self) -> dict[str, Any]:
+        # the keys and the values as two lists of bytes: msgpack packs them
+        # natively (a list of tuples would take a callback per record)
+        return {"tid": self.tid, "writer": self.writer, "seq": self.seq,
+                "keys": self.keys, "values": self.values}
 
 
-def _records(entry: dict[str, Any], uid: str) -> list[tuple[bytes | None, bytes | None]]:
-    """A handle's records: ``keys`` and ``values``, two lists of bytes (or
-    None) of one length; or, as older checkpoints hold them, ``records``:
+@dataclass(frozen=True, slots=True)
+class KafkaOwner:
+    """An owner entry: the transactional id the task that wrote it used (the
+    task that takes it over fences it, even when no handle names it)."""
+
+    tid: str
+
+    def to_state(self) -> dict[str, Any]:
+        return {OWNER: self.tid}
+
+
+KafkaEntry = KafkaTxnHandle | KafkaOwner
+"""What the Kafka sink's state holds: transactions and owner entries."""
+
+
+def _records(entry: dict[str, Any], uid: str) -> tuple[list[bytes | None], list[bytes | None]]:
+    """A handle's records as keys and values: two lists of bytes (or None)
+    of one length; or, as older checkpoints hold them, ``records``:
     [key, value] pairs."""
     if "records" not in entry:
         keys, values = entry.get("keys"), entry.get("values")
@@ -72,7 +105,7 @@ def _records(entry: dict[str, Any], uid: str) -> list[tuple[bytes | None, bytes 
             raise CheckpointCorruptError(
                 f"Kafka sink {uid!r}: a restored transaction's keys and values are not two "
                 "lists of bytes of one length; the checkpoint was not written by this sink")
-        return list(zip(keys, values, strict=True))
+        return keys, values
     value = entry["records"]
     ok = isinstance(value, list | tuple) and all(
         isinstance(r, list | tuple) and len(r) == 2
@@ -81,61 +114,60 @@ def _records(entry: dict[str, Any], uid: str) -> list[tuple[bytes | None, bytes 
         raise CheckpointCorruptError(
             f"Kafka sink {uid!r}: a restored transaction's records are not [key, value] "
             "pairs of bytes; the checkpoint was not written by this sink")
-    return [(k, v) for k, v in value]
+    return [k for k, _ in value], [v for _, v in value]
 
 
-def check_entry(entry: dict[str, Any], prefix: str, uid: str) -> Handle | str:
-    """A restored entry as a :class:`Handle`, or the transactional id of an
-    owner entry; ``CheckpointCorruptError`` for anything else."""
+def check_entry(entry: dict[str, Any], prefix: str, uid: str) -> KafkaEntry:
+    """A restored entry as a :class:`KafkaTxnHandle` or a :class:`KafkaOwner`;
+    ``CheckpointCorruptError`` for anything else."""
     cid = entry.get("checkpoint_id")
     if type(cid) is not int or cid < 0:
         raise CheckpointCorruptError(
             f"Kafka sink {uid!r}: restored state entry has no valid checkpoint id")
     if OWNER in entry:
-        return _own_tid(entry[OWNER], prefix, uid, entry)
+        return KafkaOwner(_own_tid(entry[OWNER], prefix, uid, entry))
     writer, seq = entry.get("writer"), entry.get("seq")
     if not isinstance(writer, str) or type(seq) is not int:
         raise CheckpointCorruptError(
             f"Kafka sink {uid!r}: restored state entry is not a transaction of this sink")
-    return Handle(cid, entry["task_index"], _own_tid(entry.get("tid"), prefix, uid, entry),
-                  writer, seq, _records(entry, uid))
+    keys, values = _records(entry, uid)
+    return KafkaTxnHandle(_own_tid(entry.get("tid"), prefix, uid, entry), writer, seq,
+                          keys, values)
 
 
-def committed(marker: int | None, handle: Handle) -> bool:
-    """Whether ``handle``'s transaction committed, from the marker group's
+def committed(marker: int | None, entry: Precommitted[KafkaEntry]) -> bool:
+    """Whether ``entry``'s transaction committed, from the marker group's
     committed offset (``None``: the group never committed): transactions of
     one id commit in checkpoint order, each with its checkpoint id as marker."""
-    return marker is not None and marker >= handle.checkpoint_id
+    return marker is not None and marker >= entry.checkpoint_id
 
 
 @dataclass(frozen=True)
 class RecoveryPlan:
     """What one sink task does with a restored checkpoint's entries."""
 
-    handles: list[Handle]
+    handles: list[Precommitted[KafkaTxnHandle]]
     """The transactions to commit (or find committed), in checkpoint order."""
     fence: list[str]
     """Transactional ids of old tasks to initialize (aborting what they left
     open) that no handle and not the task itself uses."""
 
 
-def plan_recovery(entries: list[dict[str, Any]], prefix: str, uid: str, task_index: int,
-                  parallelism: int, own_tid: str) -> RecoveryPlan:
+def plan_recovery(entries: list[Precommitted[KafkaEntry]], task_index: int, parallelism: int,
+                  own_tid: str) -> RecoveryPlan:
     """The handles and old ids task ``task_index`` of ``parallelism`` takes
     over: those written by a task ``t`` with ``t % parallelism ==
-    task_index`` (every entry is seen by every task: UNION state)."""
-    handles: list[Handle] = []
+    task_index`` (every entry is seen by every task: UNION state; each
+    decoded by :func:`check_entry`)."""
+    handles: list[Precommitted[KafkaTxnHandle]] = []
     owners: set[str] = set()
     for entry in entries:
-        checked = check_entry(entry, prefix, uid)
-        task = entry["task_index"]
-        if task % parallelism != task_index:
+        if entry.task_index % parallelism != task_index:
             continue
-        if isinstance(checked, Handle):
-            handles.append(checked)
-            owners.add(checked.tid)
-        else:
-            owners.add(checked)
-    handles.sort(key=lambda h: (h.checkpoint_id, h.seq))
-    used = {h.tid for h in handles} | {own_tid}
+        h = entry.handle
+        if isinstance(h, KafkaTxnHandle):
+            handles.append(Precommitted(entry.checkpoint_id, entry.task_index, h))
+        owners.add(h.tid)
+    handles.sort(key=lambda e: (e.checkpoint_id, e.handle.seq))
+    used = {e.handle.tid for e in handles} | {own_tid}
     return RecoveryPlan(handles, sorted(owners - used))
