@@ -14,7 +14,7 @@ from typing import Any, cast
 from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.watermarks import TimeDomain, TimerService
 from lockgate.checkpoint.kinds import OperatorStateMode
-from lockgate.connectors.base import SinkWriter, TaskInfo
+from lockgate.connectors.base import SinkWriter, SourceReader, TaskInfo
 from lockgate.errors import LockgateError, PipelineDefinitionError, UserFunctionError
 from lockgate.graph.jobgraph import OperatorSpec
 from lockgate.runtime.timers import KeyedTimers
@@ -426,14 +426,13 @@ class SourceOperator(StreamOperator):
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
         super().__init__(spec, info)
-        self.reader = spec.fn.create_reader(info)
+        self.reader: SourceReader[Any] = spec.fn.create_reader(info)
 
     def restore_operator_state(self, entries: list[Any] | None) -> None:
         self.reader.restore(entries)
 
     def poll(self, max_records: int) -> list[Any] | None:
-        batch: list[Any] | None = self.reader.poll(max_records)
-        return batch
+        return self.reader.poll(max_records)
 
     def process(self, batch: list[Any]) -> list[Any]:
         return batch

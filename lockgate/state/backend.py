@@ -255,7 +255,7 @@ class HeapKeyedStateBackend:
         self._ttl: dict[str, StateTtlConfig] = {}
         self._restored_kinds: dict[str, str] = {}
         """As read back from a checkpoint: strings."""
-        self._handles: dict[str, _State] = {}
+        self._handles: dict[str, ValueState | ListState | MapState] = {}
         self._assigner = KeyGroupAssigner(max_parallelism)
         self.savepoint_next = False
         """Set by the task before a savepoint's snapshot: every snapshot here
@@ -270,7 +270,7 @@ class HeapKeyedStateBackend:
     @overload
     def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
 
-    def get_state(self, descriptor: Descriptor) -> _State:
+    def get_state(self, descriptor: Descriptor) -> ValueState | ListState | MapState:
         name = descriptor.name
         kind = registered_kind(descriptor, self._kinds, self._restored_kinds)
         if descriptor.ttl is not None:
@@ -279,7 +279,7 @@ class HeapKeyedStateBackend:
             return self._handles[name]
         table = self._tables.setdefault(name, {})
         self._kinds[name] = kind
-        handle: _State
+        handle: ValueState | ListState | MapState
         match descriptor:
             case ValueStateDescriptor():
                 handle = ValueState(self, table, descriptor.default)

@@ -135,7 +135,7 @@ class RocksDBKeyedStateBackend:
         self._kinds: dict[str, str] = {}
         self._restored_kinds: dict[str, str] = {}
         self._ttl: dict[str, StateTtlConfig] = {}
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, ValueState | ListState | MapState] = {}
         self._snapshots = 0
         self.uploaded: dict[str, SharedFile] = {}
         """Local SST file -> its shared copy, for files an earlier checkpoint
@@ -178,7 +178,7 @@ class RocksDBKeyedStateBackend:
     @overload
     def get_state(self, descriptor: MapStateDescriptor) -> MapState: ...
 
-    def get_state(self, descriptor: Descriptor) -> Any:
+    def get_state(self, descriptor: Descriptor) -> ValueState | ListState | MapState:
         name = descriptor.name
         kind = registered_kind(descriptor, self._kinds, self._restored_kinds)
         if descriptor.ttl is not None:
@@ -186,7 +186,7 @@ class RocksDBKeyedStateBackend:
         if name in self._handles:
             return self._handles[name]
         table = self._register(name, kind)
-        handle: Any
+        handle: ValueState | ListState | MapState
         match descriptor:
             case ValueStateDescriptor():
                 assert isinstance(table, ValueTable)
