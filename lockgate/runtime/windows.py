@@ -262,31 +262,52 @@ class WindowOperator(KeyedOperator):
     def _merge(self, key: Any, w: Window) -> Window:
         """Merge the new session ``w`` with the key's windows it intersects
         (touching included); returns the window the record goes to. (The
-        key's windows are never late: their clean-up timers fired before.)"""
+        key's windows are never late: their clean-up timers fired before.)
+
+        A session that only grows (one window intersects ``w``: a key's
+        records arriving within the gap, the common case) keeps its
+        contents as they are, under the new bounds: nothing is copied, and
+        whether they may change in place (``_fresh``) goes with them."""
         table = self.windows.get(key)
         if not table:
             return w
         start, end = w
-        overlapping = sorted(v for v in table if v is not None and v[0] <= end and start <= v[1])
+        overlapping = [v for v in table if v is not None and v[0] <= end and start <= v[1]]
         if not overlapping:
             return w
+        if len(overlapping) > 1:
+            overlapping.sort()
         merged = (min(start, overlapping[0][0]), max(end, max(v[1] for v in overlapping)))
-        if overlapping == [merged]:
-            return merged
-        contents = [table.pop(v) for v in overlapping]
-        for v in overlapping:
-            self._fresh.discard((key, v))
-        acc: Any = contents[0] if contents[0].__class__ in ATOMIC else private_copy(contents[0])
-        fn, kind = self.window_spec.function, self.kind
-        for c in contents[1:]:
-            if kind == WindowFunctionKind.REDUCE:
-                acc = fn(acc, c if c.__class__ in ATOMIC else private_copy(c))
-            elif kind == WindowFunctionKind.AGGREGATE:
-                acc = fn.merge(acc, c if c.__class__ in ATOMIC else private_copy(c))
+        fresh = self._fresh
+        if len(overlapping) == 1:
+            (only,) = overlapping
+            if only == merged:
+                return merged
+            table[merged] = table.pop(only)
+            if (key, only) in fresh:
+                fresh.discard((key, only))
+                fresh.add((key, merged))
+        else:
+            contents = [table.pop(v) for v in overlapping]
+            for v in overlapping:
+                fresh.discard((key, v))
+            fn, kind = self.window_spec.function, self.kind
+            if kind == WindowFunctionKind.PROCESS:
+                # stored records are private copies, never changed in place
+                # (user code gets copies of them): a new list of the same ones
+                acc: Any = [r for c in contents for r in c]
             else:
-                acc.extend(private_copy(c))
-        table[merged] = acc if acc.__class__ in ATOMIC else private_copy(acc)
-        self._fresh.add((key, merged))
+                acc = contents[0] if contents[0].__class__ in ATOMIC \
+                    else private_copy(contents[0])
+                for c in contents[1:]:
+                    if kind == WindowFunctionKind.REDUCE:
+                        acc = fn(acc, c if c.__class__ in ATOMIC else private_copy(c))
+                    else:
+                        acc = fn.merge(acc, c if c.__class__ in ATOMIC else private_copy(c))
+                if acc.__class__ not in ATOMIC:
+                    acc = private_copy(acc)
+            table[merged] = acc
+            fresh.add((key, merged))
         self._register(merged)
         needed = {t for v in table if v is not None for t in self._times(v)}
         for v in overlapping:

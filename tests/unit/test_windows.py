@@ -280,6 +280,37 @@ def test_stored_contents_are_private_to_the_operator():
     assert op.windows == {}
 
 
+def test_a_growing_session_moves_its_records_and_a_snapshot_keeps_its_own():
+    """A session that only grows keeps its list of records under the new
+    bounds (no copy per record: a session of n records would cost n**2);
+    after a snapshot the first record added copies it once, so the
+    snapshot's list stays as it was. Merging two sessions keeps both lists'
+    records, and neither snapshot changes."""
+    op = operator(spec(EventTimeSessionWindows.with_gap(10), WindowFunctionKind.PROCESS))
+    op.process([("k", 0, 1)])
+    first = op.windows["k"][(0, 10)]
+    op.process([("k", 5, 2)])
+    op.process([("k", 12, 3)])
+    assert list(op.windows["k"]) == [(0, 22)] and op.windows["k"][(0, 22)] is first
+    snap = op.snapshot(1)
+    op.process([("k", 20, 4)])  # grows again: copied once, then changed in place
+    grown = op.windows["k"][(0, 30)]
+    assert grown is not first and [r[2] for r in grown] == [1, 2, 3, 4]
+    op.process([("k", 25, 5)])
+    assert op.windows["k"][(0, 35)] is grown
+    assert snap.keyed.tables[WINDOWS_STATE] == {"k": {(0, 22): [("k", 0, 1), ("k", 5, 2),
+                                                                 ("k", 12, 3)]}}
+    op.process([("k", 45, 6)])
+    snap2 = op.snapshot(2)
+    op.process([("k", 35, 7)])  # [35, 45) bridges [0, 35) and [45, 55)
+    assert list(op.windows["k"]) == [(0, 55)]
+    assert [r[2] for r in op.windows["k"][(0, 55)]] == [1, 2, 3, 4, 5, 6, 7]
+    assert snap2.keyed.tables[WINDOWS_STATE]["k"][(45, 55)] == [("k", 45, 6)]
+    assert snap2.keyed.tables[WINDOWS_STATE]["k"][(0, 35)] == [
+        ("k", 0, 1), ("k", 5, 2), ("k", 12, 3), ("k", 20, 4), ("k", 25, 5)]
+    assert op.process_watermark(INF) == [("k", 0, 55, (1, 2, 3, 4, 5, 6, 7))]
+
+
 def test_the_api_refuses_what_cannot_work():
     p = Pipeline("w")
     plain = p.source(SequenceSource(1, 10), uid="plain")
