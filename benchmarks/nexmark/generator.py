@@ -15,10 +15,17 @@ time until 100 more auctions exist. Event time advances by ``1 / rate``
 seconds per event from ``base_time`` (ms).
 
 The code is this project's own. Every field of event ``i`` is a function of
-``i`` alone (a SplitMix64 stream seeded by ``i``, not Java's ``Random``,
-so the values differ from Flink's generator while their distributions and
-id relations are the same): any task can generate any event, which is what
-makes the source replayable and rescalable (``source.py``).
+``i`` alone, not Java's ``Random``, so the values differ from Flink's
+generator while their distributions and id relations are the same: any task
+can generate any event, which is what makes the source replayable and
+rescalable (``source.py``). The random draws are counter-based: draw ``k``
+of event ``i`` comes from the 64-bit word ``SplitMix64(i, k)``, several small
+draws from the bit fields of one word, so a batch of events is computed
+with numpy, column by column (``batch``), and only the tuples are built
+one by one; ``event(i)`` is the same computation for one event. Prices are
+drawn from a table of 65,536 (``round(10 ** (6 u) * 100)`` for ``u`` in steps
+of 1/65,536), so no floating-point function of numpy's is in the way of
+equal results everywhere.
 
 Events are tuples (cheap to pickle between tasks, exact in state):
 
@@ -41,6 +48,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 # --- field positions -------------------------------------------------------
 KIND = 0
@@ -73,55 +82,46 @@ HOT_CHANNELS_RATIO = 2
 NUM_CHANNELS = 10_000
 
 _M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_DRAW = 0xD1B54A32D192ED03
+"""Word ``k`` of event ``i`` is ``_mix(i * _GOLDEN + k * _DRAW)``."""
 
 
 def _mix(z: int) -> int:
     """SplitMix64's step and finalizer: a well-mixed 64-bit value of ``z``."""
-    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = (z + _GOLDEN) & _M64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return z ^ (z >> 31)
 
 
-def _letters() -> str:
-    z, out = 0x5EED, []
-    for _ in range(4096):
-        z = _mix(z)
-        out.append(chr(ord("a") + z % 26))
+def _word(i: int, k: int) -> int:
+    return _mix((i * _GOLDEN + k * _DRAW) & _M64)
+
+
+_U = np.uint64
+
+
+def _words(i: np.ndarray, k: int) -> np.ndarray:
+    """``_word(i, k)`` of every ``i`` (uint64, wrapping as the ints are masked)."""
+    z = i * _U(_GOLDEN) + _U((k * _DRAW + _GOLDEN) & _M64)
+    z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U(27))) * _U(0x94D049BB133111EB)
+    return z ^ (z >> _U(31))
+
+
+def _text() -> str:
+    out = []
+    for k in range(4096):
+        out.append(chr(ord("a") + _word(0x5EED, k) % 26))
     return "".join(out)
 
 
-_TEXT = _letters()
+_TEXT = _text()
 """Random lowercase text; a random string is a slice of it."""
 
-
-class _Draws:
-    """The random draws of one event: a SplitMix64 stream seeded by its id,
-    each 64-bit value spent on several draws (mixed radix: ``x % n``, then
-    ``x // n``), so an event costs one or two mixes, not one per draw."""
-
-    __slots__ = ("z", "x", "room")
-
-    def __init__(self, seed: int) -> None:
-        self.z = seed * 0x2545F4914F6CDD1D & _M64
-        self.x = self.z = _mix(self.z)
-        self.room = _M64
-
-    def below(self, n: int) -> int:
-        if self.room < n << 8:  # too few values left for an unbiased draw: a new word
-            self.x = self.z = _mix(self.z)
-            self.room = _M64
-        x = self.x
-        self.x = x // n
-        self.room //= n
-        return x % n
-
-    def unit(self) -> float:
-        return self.below(1 << 24) / 16777216.0
-
-    def text(self, n: int) -> str:
-        start = self.below(len(_TEXT) - n)
-        return _TEXT[start:start + n]
+PRICES = tuple(round(10.0 ** (u / 65536 * 6.0) * 100.0) for u in range(65536))
+"""A price in cents for each 16-bit draw: ``round(10 ** (6 u) * 100)``."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,8 @@ class GeneratorConfig:
 
 
 class NexmarkGenerator:
-    """``event(i)``: the ``i``-th event of the workload, always the same."""
+    """``event(i)``: the ``i``-th event of the workload, always the same;
+    ``batch(numbers)``: the events of a list of event numbers."""
 
     def __init__(self, config: GeneratorConfig | None = None) -> None:
         self.config = c = config or GeneratorConfig()
@@ -180,6 +181,9 @@ class NexmarkGenerator:
         # the time until num_in_flight_auctions more auctions exist, in ms
         events_ahead = c.num_in_flight_auctions * c.total // c.auction_proportion
         self._horizon_ms = max(events_ahead * 1000 // c.rate, 1)
+        # a bid's padding: want - delta + uniform(2 delta + 1) characters
+        self._bid_want = max(c.avg_bid_bytes - 32, 0)
+        self._bid_delta = round(self._bid_want * 0.2)
 
     def kind(self, i: int) -> str:
         offset = i % self.config.total
@@ -187,81 +191,164 @@ class NexmarkGenerator:
             else "B"
 
     def event(self, i: int) -> Event:
-        offset = i % self.config.total
-        if offset >= self._auction_below:
-            return self.bid(i)
-        if offset < self._person_below:
-            return self.person(i)
-        return self.auction(i)
+        return self.batch([i])[0]
 
     def events(self, start: int, stop: int) -> list[Event]:
-        event = self.event
-        return [event(i) for i in range(start, stop)]
+        out: list[Event] = []
+        for lo in range(start, stop, 4096):
+            out += self.batch(list(range(lo, min(lo + 4096, stop))))
+        return out
+
+    def batch(self, numbers: list[int]) -> list[Event]:
+        """The events ``numbers`` (in that order)."""
+        if not numbers:
+            return []
+        c = self.config
+        i = np.array(numbers, dtype=np.uint64)
+        offset = i % _U(c.total)
+        is_bid = offset >= _U(self._auction_below)
+        is_auction = ~is_bid & (offset >= _U(self._person_below))
+        if is_bid.all():
+            return self._bids(i)
+        out: list[Any] = [None] * len(numbers)
+        for where, events in ((is_bid, self._bids), (is_auction, self._auctions)):
+            at = np.flatnonzero(where)
+            if len(at):
+                for k, e in zip(at.tolist(), events(i[at]), strict=True):
+                    out[k] = e
+        for k in np.flatnonzero(~is_bid & ~is_auction).tolist():
+            out[k] = self.person(numbers[k])
+        return out
 
     # --------------------------------------------------------------- models
+    def _last_ids(self, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``last_person`` and ``last_auction`` of each ``i`` (GeneratorConfig's)."""
+        c = self.config
+        epoch, offset = i // _U(c.total), i % _U(c.total)
+        pp, ap = c.person_proportion, c.auction_proportion
+        last_person = (epoch * _U(pp) + np.minimum(offset, _U(pp - 1))).astype(np.int64)
+        is_person = offset < _U(pp)
+        a_off = np.where(is_person | (offset >= _U(pp + ap)), _U(ap - 1), offset - _U(pp))
+        last_auction = (epoch.astype(np.int64) - is_person.astype(np.int64)) * ap \
+            + a_off.astype(np.int64)
+        return last_person, last_auction
+
+    def _some_people(self, last_person: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """An active person (base 0) each, or one of the next few not created yet."""
+        people = last_person + 1
+        active = np.minimum(people, self.config.num_active_people)
+        return people - active + (w % (active + PERSON_ID_LEAD).astype(np.uint64)).astype(
+            np.int64)
+
+    def _bids(self, i: np.ndarray) -> list[Event]:
+        """The bids ``i``."""
+        c = self.config
+        last_person, last_auction = self._last_ids(i)
+        w0, w1, w2, w3, w4 = (_words(i, k) for k in range(5))
+        m16 = _U(0xFFFF)
+        hot_auction = (w0 & m16) % _U(c.hot_auction_ratio) > _U(0)
+        low = np.maximum(last_auction - c.num_in_flight_auctions, 0)
+        span = (last_auction - low + 1 + AUCTION_ID_LEAD).astype(np.uint64)
+        auction = np.where(hot_auction, last_auction // HOT_GROUP * HOT_GROUP,
+                           low + (w1 % span).astype(np.int64)) + FIRST_AUCTION_ID
+        hot_bidder = ((w0 >> _U(16)) & m16) % _U(c.hot_bidders_ratio) > _U(0)
+        bidder = np.where(hot_bidder, last_person // HOT_GROUP * HOT_GROUP + 1,
+                          self._some_people(last_person, w2)) + FIRST_PERSON_ID
+        price = PRICES_ARRAY[(w3 & m16).astype(np.intp)]
+        hot_channel = ((w0 >> _U(32)) & m16) % _U(HOT_CHANNELS_RATIO) > _U(0)
+        channel = np.where(hot_channel, (w0 >> _U(48)) % _U(len(HOT_CHANNELS)),
+                           _U(len(HOT_CHANNELS)) + (w3 >> _U(16)) % _U(NUM_CHANNELS))
+        ts = c.base_time + i.astype(np.int64) * 1000 // c.rate
+        want, delta = self._bid_want, self._bid_delta
+        length = want - delta + ((w4 & m16) % _U(2 * delta + 1)).astype(np.int64)
+        start = ((w4 >> _U(16)) % _U(len(_TEXT) - want - delta)).astype(np.int64)
+        stop = start + length
+        names, urls = _channels()
+        text = _TEXT
+        return [("B", a, b, p, names[ch], urls[ch], t, text[s:e])
+                for a, b, p, ch, t, s, e in zip(
+                    auction.tolist(), bidder.tolist(), price.tolist(), channel.tolist(),
+                    ts.tolist(), start.tolist(), stop.tolist(), strict=True)]
+
+    def _auctions(self, i: np.ndarray) -> list[Event]:
+        """The auctions ``i``."""
+        c = self.config
+        last_person, last_auction = self._last_ids(i)
+        w0, w1, w2, w3, w4, w5 = (_words(i, k) for k in range(6))
+        m16, m32 = _U(0xFFFF), _U(0xFFFFFFFF)
+        hot_seller = (w0 & m16) % _U(c.hot_sellers_ratio) > _U(0)
+        seller = np.where(hot_seller, last_person // HOT_GROUP * HOT_GROUP,
+                          self._some_people(last_person, w1)) + FIRST_PERSON_ID
+        category = FIRST_CATEGORY_ID + ((w0 >> _U(16)) & m16) % _U(NUM_CATEGORIES)
+        initial = PRICES_ARRAY[(w2 & m16).astype(np.intp)]
+        reserve = initial + PRICES_ARRAY[((w2 >> _U(16)) & m16).astype(np.intp)]
+        ts = c.base_time + i.astype(np.int64) * 1000 // c.rate
+        expires = ts + 1 + (w3 % _U(2 * self._horizon_ms)).astype(np.int64)
+        item = ((w4 & m32) % _U(len(_TEXT) - ITEM_CHARS)).astype(np.int64)
+        desc = ((w4 >> _U(32)) % _U(len(_TEXT) - DESC_CHARS)).astype(np.int64)
+        want = max(c.avg_auction_bytes - AUCTION_BYTES, 0)
+        delta = round(want * 0.2)
+        length = want - delta + ((w5 & m16) % _U(2 * delta + 1)).astype(np.int64)
+        extra = ((w5 >> _U(16)) % (_U(len(_TEXT)) - length.astype(np.uint64))).astype(np.int64)
+        text = _TEXT
+        return [("A", a, text[it:it + ITEM_CHARS], text[d:d + DESC_CHARS], ini, res, t, exp,
+                 sel, cat, text[x:x + n])
+                for a, it, d, ini, res, t, exp, sel, cat, x, n in zip(
+                    (last_auction + FIRST_AUCTION_ID).tolist(), item.tolist(), desc.tolist(),
+                    initial.tolist(), reserve.tolist(), ts.tolist(), expires.tolist(),
+                    seller.tolist(), category.tolist(), extra.tolist(), length.tolist(),
+                    strict=True)]
+
     def person(self, i: int) -> Event:
-        c, r = self.config, _Draws(i)
-        name = f"{FIRST_NAMES[r.below(len(FIRST_NAMES))]} {LAST_NAMES[r.below(len(LAST_NAMES))]}"
-        email = f"{r.text(7)}@{r.text(5)}.com"
-        card = " ".join(f"{r.below(10000):04d}" for _ in range(4))
-        city = US_CITIES[r.below(len(US_CITIES))]
-        state = US_STATES[r.below(len(US_STATES))]
+        c = self.config
+        w0, w1, w2, w3 = (_word(i, k) for k in range(4))
+        name = f"{FIRST_NAMES[(w0 & 0xFFFF) % len(FIRST_NAMES)]} " \
+               f"{LAST_NAMES[(w0 >> 16 & 0xFFFF) % len(LAST_NAMES)]}"
+        city = US_CITIES[(w0 >> 32 & 0xFFFF) % len(US_CITIES)]
+        state = US_STATES[(w0 >> 48) % len(US_STATES)]
+        email = f"{_slice(w1 & 0xFFFFFFFF, 7)}@{_slice(w1 >> 32, 5)}.com"
+        card = " ".join(f"{(w2 >> s & 0xFFFF) % 10000:04d}" for s in (0, 16, 32, 48))
         size = 8 + len(name) + len(email) + len(card) + len(city) + len(state)
         return ("P", c.last_person(i) + FIRST_PERSON_ID, name, email, card, city, state,
-                c.timestamp(i), _extra(r, size, c.avg_person_bytes))
-
-    def auction(self, i: int) -> Event:
-        c, r = self.config, _Draws(i)
-        auction_id = c.last_auction(i) + FIRST_AUCTION_ID
-        if r.below(c.hot_sellers_ratio) > 0:
-            seller = c.last_person(i) // HOT_GROUP * HOT_GROUP
-        else:
-            seller = self._some_person(i, r)
-        category = FIRST_CATEGORY_ID + r.below(NUM_CATEGORIES)
-        initial = _price(r)
-        ts = c.timestamp(i)
-        expires = ts + 1 + r.below(2 * self._horizon_ms)
-        item, desc = r.text(20), r.text(100)
-        reserve = initial + _price(r)
-        size = 8 + len(item) + len(desc) + 8 * 5
-        return ("A", auction_id, item, desc, initial, reserve, ts, expires,
-                seller + FIRST_PERSON_ID, category, _extra(r, size, c.avg_auction_bytes))
-
-    def bid(self, i: int) -> Event:
-        c, r = self.config, _Draws(i)
-        if r.below(c.hot_auction_ratio) > 0:
-            auction = c.last_auction(i) // HOT_GROUP * HOT_GROUP
-        else:
-            newest = c.last_auction(i)
-            low = max(newest - c.num_in_flight_auctions, 0)
-            auction = low + r.below(newest - low + 1 + AUCTION_ID_LEAD)
-        if r.below(c.hot_bidders_ratio) > 0:
-            bidder = c.last_person(i) // HOT_GROUP * HOT_GROUP + 1
-        else:
-            bidder = self._some_person(i, r)
-        price = _price(r)
-        if r.below(HOT_CHANNELS_RATIO) > 0:
-            channel, url = _HOT[r.below(len(HOT_CHANNELS))]
-        else:
-            channel, url = _channel(r.below(NUM_CHANNELS))
-        return ("B", auction + FIRST_AUCTION_ID, bidder + FIRST_PERSON_ID, price, channel, url,
-                c.timestamp(i), _extra(r, 32, c.avg_bid_bytes))
-
-    def _some_person(self, i: int, r: _Draws) -> int:
-        """An active person (base 0), or one of the next few not created yet."""
-        people = self.config.last_person(i) + 1
-        active = min(people, self.config.num_active_people)
-        return people - active + r.below(active + PERSON_ID_LEAD)
+                c.timestamp(i), _extra(w3, size, c.avg_person_bytes))
 
 
-def _dir(r: _Draws) -> str:
-    """3 or 4 letters, each ``_`` with probability 1/13 (Flink's ``nextString(5, '_')``)."""
-    return "".join("_" if r.below(13) == 0 else chr(ord("a") + r.below(26))
-                   for _ in range(3 + r.below(2)))
+PRICES_ARRAY = np.array(PRICES, dtype=np.int64)
+ITEM_CHARS, DESC_CHARS = 20, 100
+AUCTION_BYTES = 8 + ITEM_CHARS + DESC_CHARS + 8 * 5
+"""An auction's size without its padding (``avg_auction_bytes`` on average with it)."""
 
 
-def _url(r: _Draws) -> str:
-    return f"https://www.nexmark.com/{_dir(r)}/{_dir(r)}/{_dir(r)}/item.htm?query=1"
+def _slice(x: int, n: int) -> str:
+    """``n`` characters of the random text, where ``x`` says."""
+    start = x % (len(_TEXT) - n)
+    return _TEXT[start:start + n]
+
+
+def _extra(w: int, size: int, average: int) -> str:
+    """Padding that brings the event to ``average`` bytes on average (± 20 %)."""
+    if size >= average:
+        return ""
+    want = average - size
+    delta = round(want * 0.2)
+    return _slice(w >> 16, want - delta + (w & 0xFFFF) % (2 * delta + 1))
+
+
+def _dirs(w: np.ndarray) -> list[str]:
+    """Per word: 3 or 4 characters, each ``_`` with probability 1/13 and a
+    letter else (Flink's ``nextString(5, '_')``), from 15-bit fields of it."""
+    chars = np.empty((len(w), 4), dtype=np.uint8)
+    for j in range(4):
+        x = (w >> _U(1 + 15 * j)) & _U(0x7FFF)
+        chars[:, j] = np.where(x % _U(13) == _U(0), ord("_"), ord("a") + x // _U(13) % _U(26))
+    flat = chars.tobytes().decode("ascii")
+    return [flat[4 * r:4 * r + n] for r, n in enumerate((3 + (w & _U(1))).tolist())]
+
+
+def _urls(seeds: np.ndarray) -> list[str]:
+    d1, d2, d3 = (_dirs(_words(seeds, k)) for k in range(3))
+    return [f"https://www.nexmark.com/{a}/{b}/{c}/item.htm?query=1"
+            for a, b, c in zip(d1, d2, d3, strict=True)]
 
 
 def java_abs_reverse(n: int) -> int:
@@ -272,31 +359,20 @@ def java_abs_reverse(n: int) -> int:
     return v if v == -(1 << 31) else abs(v)
 
 
-_URL_SEED = 0x4E45584D41524B  # the URLs' own random stream, apart from the events'
-_HOT = tuple((ch, _url(_Draws(_URL_SEED + k))) for k, ch in enumerate(HOT_CHANNELS))
-_CHANNELS: list[tuple[str, str] | None] = [None] * NUM_CHANNELS
+_URL_SEED = 0x4E45584D41524B  # the URLs' own draws, apart from the events'
+_CHANNELS: tuple[list[str], list[str]] | None = None
 
 
-def _channel(n: int) -> tuple[str, str]:
-    """``("channel-<n>", its URL)``, made on first use (Flink's channel cache)."""
-    got = _CHANNELS[n]
-    if got is None:
-        r = _Draws(_URL_SEED + len(HOT_CHANNELS) + n)
-        url = _url(r)
-        if r.below(10) > 0:
-            url += f"&channel_id={java_abs_reverse(n)}"
-        got = _CHANNELS[n] = (f"channel-{n}", url)
-    return got
-
-
-def _price(r: _Draws) -> int:
-    return round(10.0 ** (r.unit() * 6.0) * 100.0)
-
-
-def _extra(r: _Draws, size: int, average: int) -> str:
-    """Padding that brings the event to ``average`` bytes on average (± 20 %)."""
-    if size >= average:
-        return ""
-    want = average - size
-    delta = round(want * 0.2)
-    return r.text(want - delta + r.below(2 * delta + 1))
+def _channels() -> tuple[list[str], list[str]]:
+    """Names and URLs of the channels: the hot ones, then ``channel-0`` ...
+    (Flink's channel cache), made on first use."""
+    global _CHANNELS
+    if _CHANNELS is None:
+        seeds = np.arange(NUM_CHANNELS, dtype=np.uint64) + _U(_URL_SEED)
+        with_id = (_words(seeds, 3) % _U(10) > _U(0)).tolist()
+        urls = [url + f"&channel_id={java_abs_reverse(n)}" if has else url
+                for n, (url, has) in enumerate(zip(_urls(seeds), with_id, strict=True))]
+        hot = _urls(np.arange(len(HOT_CHANNELS), dtype=np.uint64) + _U(_URL_SEED - 16))
+        _CHANNELS = ([*HOT_CHANNELS, *(f"channel-{n}" for n in range(NUM_CHANNELS))],
+                     [*hot, *urls])
+    return _CHANNELS

@@ -4,10 +4,10 @@
   wall clock at the sink minus each result's event time (``result_time``),
   written by each task to ``<folder>/<uid>-<task>.json`` when its input ends.
   Not transactional (the job says at-least-once): it keeps nothing.
-* ``TaskUsage``: CPU seconds and peak memory of the job's task processes
-  (the driver's descendants named ``lgtask-...``), sampled from ``/proc``
-  every 20 ms while the job runs; a process's last CPU sample is at most 20 ms
-  old when it ends.
+* ``JobUsage``: CPU seconds of every process of the job (the driver, the
+  fork server, the tasks), its CPU over time, and the tasks' peak memory.
+* ``steady``: the rate and the rate per CPU second between two points of the
+  sources' progress (start-up and the end left out).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def read_stats(folder: str) -> tuple[int, list[int]]:
 
 
 def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (the machine is shared: only this job's tasks)."""
+    """Every process below ``pid`` (the machine is shared: only this job's)."""
     found: set[int] = set()
     todo = [pid]
     while todo:
@@ -96,37 +96,142 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-class TaskUsage(threading.Thread):
-    """CPU seconds and the peak of the summed RSS of this job's task processes."""
+def _stat(pid: int) -> tuple[str, float, float, int] | None:
+    """``(name, own CPU s, CPU s of its reaped children, RSS bytes)`` of ``pid``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (name, (int(fields[11]) + int(fields[12])) / _TICK,
+            (int(fields[13]) + int(fields[14])) / _TICK, int(fields[21]) * _PAGE)
+
+
+class JobUsage(threading.Thread):
+    """CPU seconds of every process of a job run from this process (the
+    driver): the driver itself, the fork server and the tasks (and, on Spark,
+    its JVM and Python workers), from ``/proc`` and ``os.times``.
+
+    A snapshot adds the driver's own CPU (less this sampling thread's), the
+    CPU of its reaped children, and of every live descendant its own and its
+    reaped children's: a task that ended is in its parent's (the fork
+    server's) reaped-children figure from then on, so nothing is lost or
+    counted twice. ``finish`` takes the last snapshot after the tasks are
+    reaped; the CPU of the run is the difference of the first and the last.
+    Every 50 ms a sample ``(wall clock, CPU so far)`` goes to ``timeline``
+    (the steady-state figures), and the peak of the summed RSS of the tasks
+    (processes named ``lgtask-...``) is kept; ``tasks`` keeps each task's
+    last CPU sample (at most 50 ms old when it ended)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.cpu: dict[int, float] = {}
+        self.timeline: list[tuple[float, float]] = []
+        self.tasks: dict[int, float] = {}
         self.peak_rss = 0
         self.stop = threading.Event()
+        self.own = 0.0
+        """CPU seconds of this thread (not the job's)."""
+        self.base = self.snapshot()
 
-    def run(self) -> None:
-        while not self.stop.wait(0.02):
-            self.sample()
-
-    def sample(self) -> None:
+    def snapshot(self) -> float:
+        t = os.times()
+        total = t.user + t.system - self.own + t.children_user + t.children_system
         rss = 0
         for pid in _descendants(os.getpid()):
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
-            except OSError:
+            st = _stat(pid)
+            if st is None:
                 continue
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
-            if not name.startswith(TASK_PROCESS_PREFIX):
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            self.cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICK
-            rss += int(fields[21]) * _PAGE
+            name, cpu, reaped, mem = st
+            total += cpu + reaped
+            if name.startswith(TASK_PROCESS_PREFIX):
+                self.tasks[pid] = cpu
+                rss += mem
         self.peak_rss = max(self.peak_rss, rss)
+        return total
 
-    def finish(self) -> tuple[float, int]:
-        """Stop sampling: (CPU seconds of all tasks, peak total RSS in bytes)."""
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            begin = time.thread_time()
+            self.timeline.append((time.time(), self.snapshot() - self.base))
+            self.own += time.thread_time() - begin
+
+    def finish(self, settle: float = 5.0) -> dict[str, float]:
+        """Stop sampling once no task process is left (at most ``settle``
+        seconds): CPU seconds of the whole job (``cpu_s``), of the driver
+        (``driver_cpu_s``), of the tasks (``tasks_cpu_s``), and the peak
+        RSS of the tasks in bytes (``peak_rss``)."""
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and any(
+                (st := _stat(pid)) is not None and st[0].startswith(TASK_PROCESS_PREFIX)
+                for pid in _descendants(os.getpid())):
+            time.sleep(0.02)
         self.stop.set()
         self.join()
-        return sum(self.cpu.values()), self.peak_rss
+        total = self.snapshot() - self.base
+        self.timeline.append((time.time(), total))
+        t = os.times()
+        return {"cpu_s": total, "driver_cpu_s": t.user + t.system - self.own - self._driver0,
+                "tasks_cpu_s": sum(self.tasks.values()), "peak_rss": self.peak_rss}
+
+    def start(self) -> None:
+        t = os.times()
+        self._driver0 = t.user + t.system - self.own
+        self.base = self.snapshot()
+        self.tasks.clear()
+        self.peak_rss = 0
+        super().start()
+
+
+def steady(marks: list[tuple[float, int]], timeline: list[tuple[float, float]], events: int,
+           lo: float = 0.2, hi: float = 0.8) -> dict[str, float | None]:
+    """Events/s and events per CPU second between the moments the sources
+    had read ``lo`` and ``hi`` of ``events`` (``marks``: the sources' summed
+    progress, ``timeline``: the job's CPU so far), start-up and the last
+    stragglers left out."""
+    a, b = _when(marks, lo * events), _when(marks, hi * events)
+    if a is None or b is None or b <= a:
+        return {"steady_events_per_s": None, "steady_events_per_core_s": None}
+    n = (hi - lo) * events
+    ca, cb = _at(timeline, a), _at(timeline, b)
+    return {"steady_events_per_s": n / (b - a),
+            "steady_events_per_core_s": n / (cb - ca) if cb > ca else None}
+
+
+def _when(marks: list[tuple[float, int]], count: float) -> float | None:
+    """The wall clock at which ``count`` events were read (linear between marks)."""
+    for (t0, c0), (t1, c1) in zip(marks, marks[1:], strict=False):
+        if c0 <= count <= c1:
+            return t0 if c1 == c0 else t0 + (t1 - t0) * (count - c0) / (c1 - c0)
+    return None
+
+
+def _at(timeline: list[tuple[float, float]], t: float) -> float:
+    """The CPU seconds at wall clock ``t`` (linear between samples)."""
+    for (t0, c0), (t1, c1) in zip(timeline, timeline[1:], strict=False):
+        if t0 <= t <= t1:
+            return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+    return timeline[-1][1] if timeline and t > timeline[-1][0] else 0.0
+
+
+def source_progress(folder: str) -> list[tuple[float, int]]:
+    """The sources' progress files summed: ``[(wall clock, events read by all)]``."""
+    per_task = [json.loads(f.read_text()) for f in Path(folder).glob("source-*.json")]
+    times = sorted({t for marks in per_task for t, _ in marks})
+    out = []
+    for t in times:
+        total = 0.0
+        for marks in per_task:
+            total += _count_at(marks, t)
+        out.append((t, int(total)))
+    return out
+
+
+def _count_at(marks: list[list[float]], t: float) -> float:
+    if t <= marks[0][0]:
+        return 0.0
+    for (t0, c0), (t1, c1) in zip(marks, marks[1:], strict=False):
+        if t0 <= t <= t1:
+            return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+    return float(marks[-1][1])

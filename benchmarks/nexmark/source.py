@@ -17,7 +17,9 @@ watermark of the tasks is never far behind.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.nexmark.generator import Event, GeneratorConfig, NexmarkGenerator
@@ -50,13 +52,18 @@ class NexmarkSource(SequenceSource):
         paced: emit each event when the wall clock reaches its ``date_time``
             (the config's ``base_time`` then is a wall-clock time: the
             latency runs), not as fast as possible.
+        progress: a folder for each reader's progress over time, or None.
     """
 
     def __init__(self, events: int | None, config: GeneratorConfig | None = None, *,
-                 paced: bool = False) -> None:
+                 paced: bool = False, progress: str | None = None) -> None:
         super().__init__(0, None if events is None else events - 1)
         self.config = config or GeneratorConfig()
         self.paced = paced
+        self.progress = progress
+        """A folder: each reader writes ``source-<task>.json`` there when its
+        input ends, ``[[wall clock, events read so far], ...]`` every 50 ms
+        (the runner's steady-state rate)."""
 
     def splits(self, parallelism: int) -> list[dict[str, Any]]:
         return [{"split": i, "next": self.start + i, "end": self.end, "step": parallelism}
@@ -72,6 +79,8 @@ class NexmarkReader(SequenceReader):
     def __init__(self, source: NexmarkSource, info: TaskInfo) -> None:
         super().__init__(source, info)
         self.generator = NexmarkGenerator(source.config)
+        self.marks: list[tuple[float, int]] = []
+        self.read = 0
 
     def poll(self, max_records: int) -> list[Any] | None:  # type: ignore[override]
         if self.source.paced:  # type: ignore[attr-defined]
@@ -84,7 +93,23 @@ class NexmarkReader(SequenceReader):
                     return []
                 max_records = min(max_records, (due - nxt) // left[0]["step"] + 1)
         numbers = super().poll(max_records)
+        if self.source.progress is not None:  # type: ignore[attr-defined]
+            self._mark(numbers)
         if numbers is None:
             return None
-        event = self.generator.event
-        return [event(i) for i in numbers]
+        return self.generator.batch(numbers)
+
+    def _mark(self, numbers: list[int] | None) -> None:
+        now = time.time()
+        if numbers is None:
+            if self.marks is not None:
+                self.marks.append((now, self.read))
+                folder = Path(self.source.progress)  # type: ignore[attr-defined]
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"source-{self.info.task_index}.json").write_text(
+                    json.dumps(self.marks))
+                self.marks = None  # type: ignore[assignment]
+            return
+        if not self.marks or now - self.marks[-1][0] >= 0.05:
+            self.marks.append((now, self.read))
+        self.read += len(numbers)
