@@ -42,6 +42,7 @@ from lockgate.api.windows import (
     TumblingProcessingTimeWindows,
 )
 from lockgate.config import (
+    AutoscalerConfig,
     CheckpointConfig,
     CheckpointingMode,
     ExponentialBackoffRestart,
@@ -113,6 +114,7 @@ __all__ = [
     "NoRestart",
     "Pipeline",
     "RestConfig",
+    "AutoscalerConfig",
     "RuntimeContext",
     "ValueStateDescriptor",
     "StateTtlConfig",

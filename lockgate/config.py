@@ -13,6 +13,7 @@ __all__ = [
     "ExponentialBackoffRestart",
     "NoRestart",
     "RestConfig",
+    "AutoscalerConfig",
 ]
 
 
@@ -170,3 +171,70 @@ class RestConfig:
         if self.token is not None and len(self.token) < 16:
             raise ValueError("a REST token must have at least 16 characters; leave it None "
                              "for a random one")
+
+
+@dataclass(frozen=True)
+class AutoscalerConfig:
+    """The autoscaler: each vertex's parallelism chosen from the job's own
+    metrics, so that it keeps up with its input at ``target_utilization``
+    (docs/elasticity.md, *The autoscaler*). Off unless given to
+    ``Pipeline(autoscale=...)``.
+
+    Args:
+        min: the smallest parallelism it gives a vertex.
+        max: the largest (None: the job's ``max_parallelism``); never beyond
+            ``max_parallelism`` nor the task slots the launcher has.
+        target_utilization: the share of its time a vertex's tasks should be
+            busy at the chosen parallelism (0 < u <= 1).
+        utilization_boundary: a vertex whose utilization is within
+            ``target_utilization`` +/- this is left alone (hysteresis).
+        stabilization: seconds after every task of an attempt runs (the
+            job's start, a restart, a rescale) before its metrics count.
+        window: seconds of metrics each decision averages; a decision waits
+            until the window is full.
+        cooldown: seconds after a vertex was scaled before it can be scaled
+            the other way.
+        catch_up: seconds in which a source's known backlog (records it could
+            read but has not) should be worked off on top of its input rate;
+            None counts only the backlog's growth.
+        exclude: uids of operators whose vertices keep their parallelism.
+    """
+
+    min: int = 1
+    max: int | None = None
+    target_utilization: float = 0.7
+    utilization_boundary: float = 0.2
+    stabilization: float = 60.0
+    window: float = 60.0
+    cooldown: float = 300.0
+    catch_up: float | None = 300.0
+    exclude: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        for name in ("min", "max"):
+            value = getattr(self, name)
+            if value is None and name == "max":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"autoscaler {name} must be an integer >= 1, got {value!r}")
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"autoscaler max ({self.max}) is below its min ({self.min})")
+        if not 0.0 < self.target_utilization <= 1.0:
+            raise ValueError("autoscaler target_utilization must be in (0, 1], got "
+                             f"{self.target_utilization!r}")
+        if not 0.0 <= self.utilization_boundary < self.target_utilization:
+            raise ValueError(
+                "autoscaler utilization_boundary must be >= 0 and below target_utilization "
+                f"({self.target_utilization}), got {self.utilization_boundary!r}")
+        for name in ("stabilization", "window", "cooldown", "catch_up"):
+            value = getattr(self, name)
+            if value is None and name == "catch_up":
+                continue
+            if not (isinstance(value, int | float) and not isinstance(value, bool)
+                    and 0.0 <= value < 1e9):
+                raise ValueError(f"autoscaler {name} must be seconds >= 0, got {value!r}")
+        if self.window <= 0 or (self.catch_up is not None and self.catch_up <= 0):
+            raise ValueError("autoscaler window and catch_up must be > 0 seconds")
+        if not all(isinstance(u, str) and u for u in self.exclude):
+            raise ValueError(f"autoscaler exclude takes operator uids, got {self.exclude!r}")

@@ -267,7 +267,9 @@ class TaskMetrics(ControlMessage):
     records in and out of its chain since the attempt started; seconds busy,
     backpressured (blocked sending) and idle (waiting for input) since then;
     the fill of its input queues (0..1); its current watermark (ms; None
-    before the first); the number of keys in its keyed state."""
+    before the first); the number of keys in its keyed state; its source's
+    backlog, the records it could read now and has not (None: no source, or
+    the source cannot tell)."""
 
     tag: ClassVar[str] = "metrics"
     records_in: int
@@ -278,11 +280,14 @@ class TaskMetrics(ControlMessage):
     queue_fill: float
     watermark: float | None
     state_keys: int
+    backlog: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("records_in", "records_out", "state_keys"):
             if getattr(self, name) < 0:
                 raise ProtocolError(f"metrics: {name} must be >= 0")
+        if self.backlog is not None and self.backlog < 0:
+            raise ProtocolError(f"metrics: backlog must be >= 0, got {self.backlog!r}")
         for name in ("busy", "backpressured", "idle"):
             value = getattr(self, name)
             if not 0.0 <= value < 1e12:

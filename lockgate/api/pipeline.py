@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lockgate.api.stream import DataStream, KeyedStream
 from lockgate.api.watermarks import WatermarkStrategy
-from lockgate.config import CheckpointConfig, RestartStrategy, RestConfig
+from lockgate.config import AutoscalerConfig, CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Source
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.types import OperatorKind, Partitioning
@@ -120,6 +120,9 @@ class Pipeline:
             options (state larger than memory, incremental checkpoints;
             docs/state-backends.md).
         batch_size: records per batch that sources emit.
+        autoscale: the autoscaler (off by default): the job master sizes each
+            vertex from its tasks' metrics and rescales the running job
+            (:class:`~lockgate.config.AutoscalerConfig`, docs/elasticity.md).
     """
 
     def __init__(
@@ -133,6 +136,7 @@ class Pipeline:
         allow_pickle: bool = False,
         batch_size: int = 1024,
         state_backend: str | StateBackend | None = None,
+        autoscale: AutoscalerConfig | None = None,
     ) -> None:
         if parallelism < 1:
             raise PipelineDefinitionError(f"parallelism must be >= 1, got {parallelism}")
@@ -141,8 +145,17 @@ class Pipeline:
                 f"parallelism {parallelism} exceeds max_parallelism {max_parallelism}; "
                 "raise max_parallelism (it fixes the number of key groups)"
             )
+        if autoscale is not None and not isinstance(autoscale, AutoscalerConfig):
+            raise PipelineDefinitionError(
+                f"autoscale= takes an AutoscalerConfig, got {type(autoscale).__name__}")
+        if autoscale is not None and autoscale.max is not None \
+                and autoscale.max > max_parallelism:
+            raise PipelineDefinitionError(
+                f"the autoscaler's max ({autoscale.max}) exceeds max_parallelism "
+                f"({max_parallelism}); lower it or raise max_parallelism")
         self.name = name
         self.parallelism = parallelism
+        self.autoscale = autoscale
         self.max_parallelism = max_parallelism
         self.checkpoint = checkpoint or CheckpointConfig()
         self.restart = restart

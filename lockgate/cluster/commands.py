@@ -173,6 +173,17 @@ class Commands:
         self._rescale_id = started
         self.rescale_checkpoint = None
 
+    def busy(self) -> str | None:
+        """Why the job cannot take a rescale now (one in progress, a stop, a
+        drain), or None."""
+        if self.rescale is not None:
+            return "a rescale is in progress"
+        if self._stop_id is not None or self.stopped is not None or self.drain is not None:
+            return "the job is stopping"
+        if any(c.kind == CommandKind.RESCALE for c in self._deferred):
+            return "a rescale is waiting for a checkpoint"
+        return None
+
     def rescaled(self) -> Command | None:
         """The attempt's tasks all ended: the rescale that ended them, if any
         (the next attempt runs at its parallelism)."""

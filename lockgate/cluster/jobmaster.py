@@ -33,6 +33,7 @@ from lockgate.checkpoint.coordinator import (
 )
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.cluster import resume
+from lockgate.cluster.autoscaling import AutoscaleDriver
 from lockgate.cluster.commands import Command, CommandKind, Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
@@ -46,7 +47,7 @@ from lockgate.cluster.metrics import JobMetrics, history_entry, overview
 from lockgate.cluster.naming import dashboard_of
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
-from lockgate.cluster.rescale import rescale_plan
+from lockgate.cluster.rescale import available_slots, rescale_plan
 from lockgate.cluster.restarts import RestartHandler
 from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
 from lockgate.cluster.server import ControlServer
@@ -143,6 +144,12 @@ class JobMaster(RestartHandler):
         """The dashboard's URL and the token it needs, while the job is served."""
         self._rescaling: Command | None = None
         """A rescale whose attempt is starting: answered when its tasks all run."""
+        self.autoscaling: AutoscaleDriver | None = None
+        """The autoscaler (``Pipeline(autoscale=...)``), or None."""
+        if pipeline.autoscale is not None:
+            self.autoscaling = AutoscaleDriver(
+                pipeline.autoscale, graph, self.submit,
+                lambda: available_slots(self.options.launcher))
 
     def _use_graph(self, graph: JobGraph) -> None:
         """Run the next attempts with ``graph`` (the first, or a rescale's)."""
@@ -195,6 +202,13 @@ class JobMaster(RestartHandler):
     def metrics(self) -> dict[str, Any]:
         """The dashboard's and ``/metrics``' figures (``GET /jobs/<id>/metrics``)."""
         return overview(self)
+
+    def autoscaler(self) -> dict[str, Any]:
+        """The autoscaler's settings, state, evaluations and decisions
+        (``GET /jobs/<id>/autoscaler``); ``{"enabled": False}`` without one."""
+        if self.autoscaling is None:
+            return {"enabled": False}
+        return self.autoscaling.snapshot()
 
     # ------------------------------------------------------------------ run
     def run(self) -> JobResult:
@@ -297,6 +311,8 @@ class JobMaster(RestartHandler):
         self._finished = set()
         self.exit_codes = {}
         self.monitor.start_attempt()
+        if self.autoscaling is not None:
+            self.autoscaling.start_attempt()
         self.launcher = make_launcher(self.options.launcher, self.events)
         latest = self.coordinator.latest
         specs = task_specs(
@@ -327,6 +343,8 @@ class JobMaster(RestartHandler):
                 # would never take it (and never stop).
                 self.commands.serve()
                 self.coordinator.tick()
+                if self.autoscaling is not None:
+                    self.autoscaling.tick(self.commands.busy())
             else:
                 self.commands.serve_cancel()
             if self.coordinator.completed_count != self._reported:
@@ -376,6 +394,8 @@ class JobMaster(RestartHandler):
                 self._running.add(task)
                 if len(self._running) == self.graph.num_tasks:
                     self._rescale_running()
+                    if self.autoscaling is not None:
+                        self.autoscaling.running()
                 self.startup.task_running(task, steps, len(self._running) == self.graph.num_tasks,
                                           getattr(self.launcher, "steps", None))
                 if len(self._running) == self.graph.num_tasks and self._failed_at is not None:
@@ -389,6 +409,8 @@ class JobMaster(RestartHandler):
                 self.monitor.on_state_bytes(task, sum(h.size for h in msg.handles.values() if h))
             case TaskMetrics():
                 self.monitor.on_task_metrics(task, msg)
+                if self.autoscaling is not None:
+                    self.autoscaling.on_metrics(task, msg)
             case Decline(checkpoint_id, reason, error_type):
                 failure = AttemptFailed(f"task {self._task_name(task)} cannot checkpoint: "
                                         f"{reason}", task, error_type)
@@ -398,6 +420,8 @@ class JobMaster(RestartHandler):
             case InputEnded(read, written):
                 self._count(task, read, written)
                 self.coordinator.on_end_of_data(task)
+                if self.autoscaling is not None and task in self.source_tasks:
+                    self.autoscaling.input_ended()
             case Finished(read, written):
                 self._count(task, read, written)
                 self._finished.add(task)
@@ -418,6 +442,8 @@ class JobMaster(RestartHandler):
         self._use_graph(graph)
         self.coordinator.rescaled(graph.operator_parallelism())
         self.monitor.use_graph(graph)
+        if self.autoscaling is not None:
+            self.autoscaling.use_graph(graph)
         if next_attempt:
             self.attempt += 1
         self._rescaling = cmd

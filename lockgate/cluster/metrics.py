@@ -198,7 +198,8 @@ def history_entry(r: CheckpointRecord) -> dict[str, Any]:
 
 def overview(master: JobMaster) -> dict[str, Any]:
     """``GET /jobs/<id>/metrics``: the job, its vertices and tasks, its
-    checkpoints in short, restarts and savepoints — one read per poll."""
+    checkpoints in short, restarts, savepoints and the autoscaler's
+    decisions — one read per poll."""
     status = master.status()
     live = master.monitor.snapshot()
     history = master.checkpoint_history()
@@ -226,6 +227,7 @@ def overview(master: JobMaster) -> dict[str, Any]:
             if last and last["completed_time"] else None,
         },
         "restarts": live["restarts"], "savepoints": savepoints,
+        "autoscaler": master.autoscaler(),
     }
 
 

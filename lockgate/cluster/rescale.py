@@ -55,3 +55,16 @@ def slots_problem(launcher: str, num_tasks: int) -> str | None:
     except ConfigurationError as e:
         return str(e)
     return None
+
+
+def available_slots(launcher: str) -> int | None:
+    """The tasks the launcher can run at once: the Spark application's task
+    slots (None on the local launcher: no limit, or without a context)."""
+    if launcher != "spark":
+        return None
+    from pyspark import SparkContext
+
+    from lockgate.cluster.spark_session import task_slots
+
+    sc = SparkContext._active_spark_context
+    return None if sc is None else task_slots(sc)

@@ -73,6 +73,15 @@ class SourceReader(ABC, Generic[T]):
         e.g. tell the system read from how far the job got (for monitoring;
         a replayable source never reads it back)."""
 
+    def backlog(self) -> int | None:
+        """The records this reader could read now and has not yet (Kafka's
+        consumer lag, records due from a rate-limited source), or None when
+        it cannot tell. The autoscaler adds its growth to the source's input
+        rate. Called about once a second from the task's metrics thread, not
+        the task thread: return what ``poll`` keeps up to date, never call a
+        client here."""
+        return None
+
     def close(self) -> None:
         """Release resources. Always called, also on failure."""
 

@@ -166,6 +166,21 @@ class SequenceReader(SourceReader[int]):
     def unfinished_splits(self) -> list[Any]:
         return [s["split"] for s in self.splits if _unfinished(s)]
 
+    def backlog(self) -> int | None:
+        """Rate-limited: the records due and not read yet; else what is left
+        of its bounded splits (None for an unbounded one: without end)."""
+        left: int | None = 0
+        for s in list(self.splits):
+            if s["end"] is None:
+                left = None
+                break
+            assert left is not None
+            left += max(0, (s["end"] - s["next"]) // s["step"] + 1)
+        if self.rate is None:
+            return left
+        due = max(0, int((time.monotonic() - self.started) * self.rate) - self.emitted)
+        return due if left is None else min(due, left)
+
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         owner, of = self.info.task_index, self.info.parallelism
         return [{**s, "owner": owner, "of": of} for s in self.splits]

@@ -54,7 +54,8 @@ class TaskMeter:
 
     def sample(self, task: Task) -> TaskMetrics:
         """The task's figures now (from the reporting thread: every read is of
-        one attribute or one ``len``, each atomic under the GIL)."""
+        one attribute or one ``len``, each atomic under the GIL; a source
+        reader's ``backlog()`` reads what its ``poll`` keeps up to date)."""
         now = time.monotonic()
         since = self.idle_since
         idle = self.idle + (now - since if since else 0.0)
@@ -70,9 +71,12 @@ class TaskMeter:
             if backend is not None:
                 keys += backend.approximate_keys()
         watermark = task.valve.watermark
+        source = task.source
+        backlog = source.backlog() if source is not None and not task.reached_end else None
         return TaskMetrics(
             records_in, records_out, busy, backpressured, max(0.0, idle),
-            task.mailbox.fill(), watermark if math.isfinite(watermark) else None, keys)
+            task.mailbox.fill(), watermark if math.isfinite(watermark) else None, keys,
+            backlog)
 
     def _report(self, task: Task, send: Callable[[ControlMessage], None],
                 interval: float) -> None:

@@ -434,6 +434,17 @@ class SourceOperator(StreamOperator):
     def poll(self, max_records: int) -> list[Any] | None:
         return self.reader.poll(max_records)
 
+    def backlog(self) -> int | None:
+        """The reader's backlog (from the metrics thread), checked: None when
+        it cannot tell, or answers something else than a count."""
+        try:
+            value = self.reader.backlog()
+        except Exception:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return None
+        return min(value, 1 << 62)
+
     def process(self, batch: list[Any]) -> list[Any]:
         return batch
 

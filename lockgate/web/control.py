@@ -51,7 +51,7 @@ class JobControl(Protocol):
     def metrics(self) -> dict[str, Any]:
         """The dashboard's and ``/metrics``' figures (``GET /jobs/<id>/metrics``):
         ``job``, ``vertices`` (with ``tasks``), ``checkpoints``, ``restarts``,
-        ``savepoints``."""
+        ``savepoints``, ``autoscaler``."""
         ...
 
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:

@@ -17,6 +17,9 @@
     GET   /jobs/<id>/vertices                {"vertices": [...]} (graph, tasks' figures)
     GET   /jobs/<id>/exceptions              {"restarts": [...]} (cause, failing operator)
     GET   /jobs/<id>/savepoints              {"savepoints": [...]} (taken by this job)
+    GET   /jobs/<id>/autoscaler              {"enabled", "config", "state", "vertices": [...],
+                                              "decisions": [{"time", "vertex", "from", "to",
+                                              "why", "inputs", "status"}]}
     GET   /metrics                           every job's figures, Prometheus text format
     GET   /ui, /ui/<file>                    the dashboard (static; no token: it holds no
                                              data, its script sends the token)
@@ -153,12 +156,14 @@ def route(table: JobTable, method: str, target: str,
         counts = {s: sum(1 for h in history if h["status"] == s)
                   for s in ("completed", "failed", "in_progress")}
         return 200, {"counts": {**counts, "total": len(history)}, "history": history}
-    if tail in (["metrics"], ["vertices"], ["exceptions"]) or (
+    if tail in (["metrics"], ["vertices"], ["exceptions"], ["autoscaler"]) or (
             tail == ["savepoints"] and method == "GET"):
         _allow(method, "GET")
         overview = master.metrics()
         if tail == ["metrics"]:
             return 200, overview
+        if tail == ["autoscaler"]:
+            return 200, overview.get("autoscaler") or {"enabled": False}
         key = {"vertices": "vertices", "exceptions": "restarts"}.get(tail[0], tail[0])
         return 200, {key: overview[key]}
     if tail == ["savepoints"] or tail == ["stop"]:

@@ -296,3 +296,75 @@ def test_the_dashboard_shows_the_live_job_in_a_browser(job: tuple[JobClient, str
     finally:
         driver.quit()
 
+
+
+def test_the_dashboard_shows_the_autoscalers_decisions(tmp_path: Path) -> None:
+    """An autoscaled job whose vertices idle at parallelism 2: the
+    autoscaler takes both down to 1 in one decision; ``GET
+    /jobs/<id>/autoscaler`` and the job page show it, a row per vertex
+    (time, vertex, from, to, why, outcome), with each vertex's evaluation."""
+    _need_chromium()
+    from lockgate import AutoscalerConfig, CheckpointConfig, Pipeline
+    from lockgate.connectors import SequenceSource
+    from tests.fault.sums_job import running_sums
+
+    p = Pipeline("autoscaled", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.5, storage=str(tmp_path / "chk")),
+                 autoscale=AutoscalerConfig(max=4, stabilization=1.0, window=2.0,
+                                            cooldown=600.0))
+    running_sums(p.source(SequenceSource(1, None, rate=200), uid="numbers"), 3,
+                 str(tmp_path / "out"))
+    client = p.start(launcher="local", rest=RestConfig(token=TOKEN))
+    driver = None
+    try:
+        dashboard = _wait(lambda: client.master.dashboard, 120, "the REST server")
+        url = dashboard[0][:-len("/ui")]
+
+        def served() -> dict[str, Any] | None:
+            status, text = _get(f"{url}/jobs/{client.job_id}/autoscaler")
+            answer = json.loads(text) if status == 200 else None
+            done = answer and [d for d in answer["decisions"] if d["status"] == "done"]
+            return answer if done and len(done) == 2 else None
+
+        answer = _wait(served, 120, "the autoscaler's decision, done")
+        assert answer["enabled"] and answer["config"]["max"] == 4
+        rows = [(d["vertex"], d["from"], d["to"]) for d in answer["decisions"]]
+        assert rows == [("numbers -> pairs", 2, 1), ("sums -> out", 2, 1)], answer["decisions"]
+        for d in answer["decisions"]:
+            assert "below 0.50" in d["why"] and d["inputs"]["utilization"] < 0.5
+            assert d["inputs"]["true_rate"] > d["inputs"]["input_rate"]
+        assert client.status()["vertex_parallelism"] == {"numbers -> pairs": 1,
+                                                         "sums -> out": 1}
+        assert _get(f"{url}/jobs/{client.job_id}/autoscaler", token=None)[0] == 401
+
+        driver = _browser()
+        driver.get(f"{url}/ui#token={TOKEN}&job={client.job_id}")
+
+        def table() -> dict[str, Any] | None:
+            shown = dict(driver.execute_script("""
+                const qa = (s) => [...document.querySelectorAll(s)];
+                return {
+                  decisions: qa("#autoscaler-decisions tr.decision").map((r) => ({
+                    vertex: r.getAttribute("data-vertex"), from: r.getAttribute("data-from"),
+                    to: r.getAttribute("data-to"), text: r.textContent})),
+                  evaluations: qa("#autoscaler-vertices tr.evaluation").map(
+                    (r) => r.getAttribute("data-vertex")),
+                  state: (document.querySelector("#autoscaler-state") || {}).textContent,
+                };"""))
+            return shown if len(shown["decisions"]) == 2 and shown["evaluations"] else None
+
+        shown = _wait(table, 60, "the autoscaler's table on the job page")
+        # newest first: the two rows of the one decision, in either order
+        assert sorted((d["vertex"], d["from"], d["to"]) for d in shown["decisions"]) == [
+            ("numbers -> pairs", "2", "1"), ("sums -> out", "2", "1")]
+        for d in shown["decisions"]:
+            assert "below 0.50" in d["text"] and "done" in d["text"], d["text"]
+        assert set(shown["evaluations"]) == {"numbers -> pairs", "sums -> out"}
+        assert shown["state"]
+        _shoot(driver, "dashboard-autoscaler.png", tmp_path)
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        if driver is not None:
+            driver.quit()
+        client.cancel(timeout=120)

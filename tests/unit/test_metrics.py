@@ -26,17 +26,21 @@ def test_task_metrics_round_trip() -> None:
     assert decode_control(encode_control(m)) == m
     none = TaskMetrics(0, 0, 0.0, 0.0, 0.0, 0.0, None, 0)
     assert decode_control(encode_control(none)) == none
+    backlog = TaskMetrics(10, 9, 0.5, 0.25, 3.0, 0.5, None, 7, 1234)
+    assert decode_control(encode_control(backlog)) == backlog
 
 
 @pytest.mark.parametrize("fields, complaint", [
-    ([-1, 0, 0.0, 0.0, 0.0, 0.0, None, 0], "records_in must be >= 0"),
-    ([0, 0, -1.0, 0.0, 0.0, 0.0, None, 0], "busy must be seconds"),
-    ([0, 0, 0.0, float("inf"), 0.0, 0.0, None, 0], "backpressured must be seconds"),
-    ([0, 0, 0.0, 0.0, float("nan"), 0.0, None, 0], "idle must be seconds"),
-    ([0, 0, 0.0, 0.0, 0.0, 1.5, None, 0], "queue_fill must be in"),
-    ([0, 0, 0.0, 0.0, 0.0, 0.5, float("nan"), 0], "watermark is NaN"),
-    ([0, 0, 0.0, 0.0, 0.0, 0.5, "x", 0], "field watermark has type str"),
-    ([0, 0, 0.0, 0.0, 0.0, 0.5, None], "7 fields, expected 8"),
+    ([-1, 0, 0.0, 0.0, 0.0, 0.0, None, 0, None], "records_in must be >= 0"),
+    ([0, 0, -1.0, 0.0, 0.0, 0.0, None, 0, None], "busy must be seconds"),
+    ([0, 0, 0.0, float("inf"), 0.0, 0.0, None, 0, None], "backpressured must be seconds"),
+    ([0, 0, 0.0, 0.0, float("nan"), 0.0, None, 0, None], "idle must be seconds"),
+    ([0, 0, 0.0, 0.0, 0.0, 1.5, None, 0, None], "queue_fill must be in"),
+    ([0, 0, 0.0, 0.0, 0.0, 0.5, float("nan"), 0, None], "watermark is NaN"),
+    ([0, 0, 0.0, 0.0, 0.0, 0.5, "x", 0, None], "field watermark has type str"),
+    ([0, 0, 0.0, 0.0, 0.0, 0.5, None, 0], "8 fields, expected 9"),
+    ([0, 0, 0.0, 0.0, 0.0, 0.5, None, 0, -1], "backlog must be >= 0"),
+    ([0, 0, 0.0, 0.0, 0.0, 0.5, None, 0, True], "field backlog has type bool"),
 ])
 def test_malformed_task_metrics_are_protocol_errors(fields: list[object], complaint: str) -> None:
     with pytest.raises(ProtocolError, match=complaint):

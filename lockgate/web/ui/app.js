@@ -234,6 +234,7 @@ async function jobPage(job) {
       <th class="n">records out</th><th class="n">out /s</th><th class="n">busy</th><th class="n">backpressured</th><th class="n">idle</th>
       <th class="n">queue fill</th><th>watermark</th><th class="n">state keys</th><th class="n">state (last ack)</th></tr></thead>
       <tbody>${m.vertices.map(taskRows).join("")}</tbody></table>
+    ${autoscalerSection(m.autoscaler)}
     <h2>Plots</h2>
     <div class="plots">
       <div class="panel"><div class="plot-title">records per second (sources read, sinks received)</div><div id="plot-rate"></div>
@@ -277,6 +278,30 @@ async function jobPage(job) {
   document.getElementById("plot-size").appendChild(linePlot("size-svg", [
     { name: "size", color: "#7b52ab", dots: true, points: done.map((h) => [h.id, h.bytes || 0]) }],
     bytes, (x) => `#${x.toFixed(0)}`));
+}
+
+function ratio(x) { return x === null || x === undefined ? "–" : x.toFixed(2); }
+
+// the autoscaler: its state, each vertex's latest evaluation, a row per decision
+function autoscalerSection(a) {
+  if (!a || !a.enabled) return "";
+  const c = a.config;
+  const band = `${(c.target_utilization - c.utilization_boundary).toFixed(2)}..${(c.target_utilization + c.utilization_boundary).toFixed(2)}`;
+  return `<h2>Autoscaler <span class="muted" id="autoscaler-state">${esc(a.state)}</span></h2>
+    <p class="muted">parallelism ${esc(c.min)}..${esc(c.max === null ? "max_parallelism" : c.max)} · target utilization ${esc(c.target_utilization)} (acts outside ${band})
+      · stabilization ${dur(c.stabilization)} · window ${dur(c.window)} · cool-down ${dur(c.cooldown)} · ${num(a.decision_count)} decision${a.decision_count === 1 ? "" : "s"}</p>
+    <table id="autoscaler-vertices"><thead><tr><th>vertex</th><th class="n">parallelism</th><th class="n">wants</th><th class="n">input</th>
+      <th class="n">processed</th><th class="n">true rate / subtask</th><th class="n">busy</th><th class="n">utilization</th><th class="n">backlog</th><th>evaluation</th></tr></thead>
+      <tbody>${a.vertices.map((v) => `<tr class="evaluation" data-vertex="${esc(v.vertex)}"><td>${esc(v.vertex)}</td>
+        <td class="n">${v.parallelism}</td><td class="n">${v.proposed}</td><td class="n">${rate(v.input_rate)}</td>
+        <td class="n">${rate(v.processing_rate)}</td><td class="n">${rate(v.true_rate)}</td><td class="n">${pct((v.busy || 0) * 1000)}</td>
+        <td class="n">${ratio(v.utilization)}</td><td class="n">${num(v.backlog)}</td><td class="reason">${esc(v.reason)}</td></tr>`).join("")
+        || '<tr><td colspan="10" class="muted">no evaluation yet</td></tr>'}</tbody></table>
+    <table id="autoscaler-decisions"><thead><tr><th>time</th><th>vertex</th><th class="n">from</th><th class="n">to</th><th>why</th><th>outcome</th></tr></thead>
+      <tbody>${a.decisions.slice().reverse().map((d) => `<tr class="decision" data-vertex="${esc(d.vertex)}" data-from="${d.from}" data-to="${d.to}">
+        <td>${when(d.time)}</td><td>${esc(d.vertex)}</td><td class="n">${d.from}</td><td class="n">${d.to}</td>
+        <td class="reason">${esc(d.why)}</td><td class="${d.status === "done" ? "status-completed" : d.status === "requested" ? "status-in_progress" : "status-failed"}">${esc(d.status)}${d.seconds !== null && d.seconds !== undefined ? " · " + dur(d.seconds) : ""}</td></tr>`).join("")
+        || '<tr><td colspan="6" class="muted">no decision yet</td></tr>'}</tbody></table>`;
 }
 
 function taskRows(v) {
