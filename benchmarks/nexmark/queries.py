@@ -245,16 +245,25 @@ class FirstOnly(KeyedProcessFunction):
         return None
 
 
+def _q8_rows(batch: list[Any]) -> list[Any]:
+    """``("P", id, name, date_time)`` of each person and ``("A", seller,
+    date_time)`` of each auction: the columns q8 reads, in the source's task
+    (Flink's planner puts this projection and filter before the shuffle), so
+    the join's inputs take only these rows, not every event."""
+    return [("P", e[P_ID], e[P_NAME], e[P_TIME]) if e[0] == "P" else ("A", e[A_SELLER], e[A_TIME])
+            for e in batch if e[0] != "B"]
+
+
 def q8(events: DataStream[Any], w: Windows) -> DataStream[Any]:
     size = w.size
-    persons = events.filter(is_person, uid="q8.persons")
-    auctions = events.filter(is_auction, uid="q8.auctions")
-    pairs = (persons.join(auctions).where(lambda p: p[P_ID]).equal_to(lambda a: a[A_SELLER])
+    rows = events.map_batch(_q8_rows, uid="q8.rows")
+    persons = rows.filter(lambda r: r[0] == "P", uid="q8.persons")
+    auctions = rows.filter(lambda r: r[0] == "A", uid="q8.auctions")
+    pairs = (persons.join(auctions).where(lambda p: p[1]).equal_to(lambda a: a[1])
                     .window(TumblingEventTimeWindows.of(size),
-                            timestamp_of=lambda p: p[P_TIME],
-                            other_timestamp_of=lambda a: a[A_TIME])
-                    .apply(lambda p, a: (p[P_ID], p[P_NAME], p[P_TIME] // size * size,
-                                         p[P_TIME] // size * size + size), uid="q8.join"))
+                            timestamp_of=lambda p: p[3], other_timestamp_of=lambda a: a[2])
+                    .apply(lambda p, a: (p[1], p[2], p[3] // size * size,
+                                         p[3] // size * size + size), uid="q8.join"))
     return pairs.key_by(lambda r: (r[0], r[2])).process(FirstOnly(), uid="q8")
 
 
