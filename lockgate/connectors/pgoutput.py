@@ -18,8 +18,8 @@ from typing import Any
 
 from lockgate.errors import LockgateError
 
-__all__ = ["Relation", "Change", "Transaction", "decode_transactions", "parse_value",
-           "PG_EPOCH_MS", "format_lsn", "parse_lsn"]
+__all__ = ["Relation", "Change", "Transaction", "decode_transactions", "decode_message",
+           "parse_value", "PG_EPOCH_MS", "format_lsn", "parse_lsn"]
 
 PG_EPOCH_MS = 946_684_800_000
 """2000-01-01 in milliseconds since the Unix epoch (PostgreSQL's timestamp zero)."""
@@ -225,3 +225,15 @@ def decode_transactions(messages: list[bytes], relations: dict[int, Relation],
                                               {"prefix": prefix, "content": content}, []))
         # 'O' (origin), 'Y' (type): nothing to carry
     return done
+
+
+def decode_message(data: bytes) -> tuple[str, str] | None:
+    """``(prefix, content)`` of a logical decoding message (``M``); None for
+    any other message."""
+    if bytes(data[:1]) != b"M":
+        return None
+    r = _Reader(bytes(data))
+    r.at = 1
+    _flags, _lsn = r.take("!bq")
+    prefix = r.string()
+    return prefix, r.raw(r.take("!i")).decode(errors="replace")

@@ -2,29 +2,45 @@
 their changes from logical replication (``pgoutput``), replayable from the
 log position in Lockgate's checkpoint (docs/connectors/postgres-cdc.md).
 
-The snapshot is read in primary-key chunks without locks (the watermark
-algorithm of DBLog / Flink CDC: :mod:`lockgate.connectors.postgres_cdc_plan`);
-the log is read with ``pg_logical_slot_peek_binary_changes`` over an
-ordinary connection (psycopg 3), and the slot advances with
-``pg_replication_slot_advance`` only when a checkpoint completes.
-
-State (UNION): one entry ``{"cdc": 1, ...}`` that the task numbered 0
-takes, whatever the parallelism: the reader of the snapshot and the stream.
+The snapshot is cut into primary-key chunks in the driver; the chunks are
+splits spread over the source's tasks, each read without locks as of its
+own high watermark (the watermark algorithm of DBLog / Flink CDC:
+:mod:`lockgate.connectors.postgres_cdc_plan`); the stream (one reader per
+slot) is task 0's and starts once every chunk is done
+(:mod:`lockgate.connectors.cdc_splits`: the state entries, how a restore at
+any parallelism deals them out, the hand-over). The log is read with
+``pg_logical_slot_peek_binary_changes`` over an ordinary connection
+(psycopg 3), and the slot advances with ``pg_replication_slot_advance``
+only when a checkpoint completes.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import re
 import time
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
+from lockgate.connectors.cdc_splits import (
+    ANNOUNCE_PREFIX,
+    Share,
+    announcement,
+    check_entries,
+    chunk_done,
+    deal,
+    initial_entries,
+    read_announcement,
+    stream_watermarks,
+)
 from lockgate.connectors.pgoutput import (
     Relation,
+    decode_message,
     decode_transactions,
     format_lsn,
     parse_lsn,
@@ -40,7 +56,7 @@ from lockgate.connectors.postgres_cdc_plan import (
     slot_target,
 )
 from lockgate.connectors.postgres_common import connect, import_psycopg, redact_dsn
-from lockgate.errors import CheckpointCorruptError, ConfigurationError, LockgateError
+from lockgate.errors import ConfigurationError, LockgateError
 
 if TYPE_CHECKING:
     import psycopg
@@ -52,6 +68,11 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _KEY_TYPES = {"smallint", "integer", "bigint", "text", "character varying", "uuid"}
 _TEXT_KEYS = {"text", "character varying"}
+_WATCH_S = 0.5
+"""At least this long between two reads of the log for announced chunks."""
+_SLOT_BUSY_S = 300.0
+"""How long a read of the log waits for the slot another backend holds."""
+_WHAT = "PostgreSQL CDC source"
 
 
 class ChangeEvent(NamedTuple):
@@ -101,7 +122,7 @@ class PostgresCdcSource(Source[ChangeEvent]):
             first start if missing. One job per slot.
         publication: the publication, created ``FOR TABLE`` the tables if missing.
         snapshot: read the tables' rows first (else only the changes from now on).
-        chunk_rows: rows per snapshot chunk.
+        chunk_rows: rows per snapshot chunk (as the table is when the job starts).
         peek_changes: changes decoded per read of the log (at least).
         stop_message: a bounded source: it ends after reading a logical
             decoding message with this prefix from the log, written with
@@ -140,6 +161,10 @@ class PostgresCdcSource(Source[ChangeEvent]):
         self.bounded = stop_message is not None
         self.start_lsn = 0
         """The slot's confirmed position when the job was prepared (fresh start)."""
+        self.boundaries: dict[str, list[list[Any]]] | None = None
+        """Each table's chunk boundaries when the job was prepared (fresh start)."""
+        self.run_id = ""
+        """This run of the job (announcements of other runs are not its own)."""
 
     def __repr__(self) -> str:
         return f"PostgresCdcSource({redact_dsn(self.dsn)!r}, {self.tables!r}, slot={self.slot!r})"
@@ -160,7 +185,9 @@ class PostgresCdcSource(Source[ChangeEvent]):
 
     def prepare(self, job_dir: str, uid: str) -> None:
         """Once per job, in the driver: create the publication and the slot
-        if missing; note the slot's position (where a fresh start reads from)."""
+        if missing; note the slot's position (where a fresh start reads
+        from) and cut the tables into chunks."""
+        self.run_id = uuid.uuid4().hex
         with connect(self.dsn, autocommit=True, application_name="lockgate-cdc") as conn:
             if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
                                 (self.publication,)).fetchone():
@@ -181,12 +208,17 @@ class PostgresCdcSource(Source[ChangeEvent]):
                     f"'pgoutput': drop it (SELECT pg_drop_replication_slot('{self.slot}')) "
                     "or name another slot")
             self.start_lsn = parse_lsn(row[1])
+            if self.snapshot:
+                self.boundaries = {t: chunk_boundaries(conn, t, self.chunk_rows)
+                                   for t in self.tables}
 
-    def initial_state(self) -> dict[str, Any]:
-        return {"cdc": 1, "slot": self.slot, "pos": [self.start_lsn, 0, 0],
-                "table": 0 if self.snapshot else len(self.tables), "lower": None,
-                "chunks": {t: [] if self.snapshot else [[None, 0]] for t in self.tables},
-                "pending": [], "ended": False, "max": None}
+    def initial_entries(self) -> list[dict[str, Any]]:
+        """The state of a fresh start (:func:`~lockgate.connectors.cdc_splits.initial_entries`)."""
+        if self.snapshot and self.boundaries is None:
+            raise LockgateError("PostgresCdcSource: the source was not prepared (its chunks "
+                                "are cut in the driver before the job starts)")
+        return initial_entries(self.tables, self.boundaries if self.snapshot else None,
+                               [self.start_lsn, 0, 0], slot=self.slot)
 
     def create_reader(self, info: TaskInfo) -> PostgresCdcReader:
         return PostgresCdcReader(self, info)
@@ -217,43 +249,58 @@ def table_key(conn: psycopg.Connection[Any], table: str) -> tuple[list[str], lis
     return [c for c, _ in rows], [t.split("(")[0] for _, t in rows]
 
 
-def _check_state(entry: Any, source: PostgresCdcSource) -> dict[str, Any]:
-    ok = (isinstance(entry, dict) and entry.get("cdc") == 1
-          and isinstance(entry.get("chunks"), dict) and isinstance(entry.get("pending"), list)
-          and type(entry.get("table")) is int and 0 <= entry["table"] <= len(source.tables))
-    if not ok:
-        raise CheckpointCorruptError(
-            f"PostgreSQL CDC source: restored state entry {entry!r:.100} is not this source's: "
-            "restore with the source that wrote the checkpoint")
-    if entry.get("slot") != source.slot:
-        raise ConfigurationError(
-            f"PostgresCdcSource: the checkpoint read slot {entry.get('slot')!r:.70}, this "
-            f"source names {source.slot!r}: restore with the same slot, or start fresh")
-    if entry.get("tables", source.tables) != source.tables and entry["table"] < len(source.tables):
-        raise ConfigurationError("PostgresCdcSource: the tables changed in the middle of the "
-                                 "snapshot: restore with the same tables, or start fresh")
-    entry["pos"] = check_position(entry.get("pos"))
-    for field in ("lower", "max"):
-        if entry.get(field) is not None and not isinstance(entry[field], list):
-            raise CheckpointCorruptError(
-                f"PostgreSQL CDC source: restored {field} key {entry[field]!r:.60} is damaged")
-    for table, chunks in entry["chunks"].items():
-        if not isinstance(table, str) or not isinstance(chunks, list) or not all(
-                isinstance(c, list) and len(c) == 2 and type(c[1]) is int
-                and (c[0] is None or isinstance(c[0], list)) for c in chunks):
-            raise CheckpointCorruptError(
-                f"PostgreSQL CDC source: restored chunks of {table!r:.60} are damaged")
-    return dict(entry)
+def _columns(conn: psycopg.Connection[Any], table: str) -> list[tuple[str, int]]:
+    """The table's columns and their type oids, in order."""
+    schema, name = _qualified(table)
+    return [(c, t) for c, t in conn.execute(
+        "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %s::regclass "
+        "AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        (f"{_q(schema)}.{_q(name)}",)).fetchall()]
+
+
+def _key_order(key: list[str], key_types: list[str], prefix: str = "t.") -> str:
+    """The key columns as the chunks order them (text in byte order, as
+    Python compares the keys)."""
+    return ", ".join(prefix + _q(k) + (' COLLATE "C"' if t in _TEXT_KEYS else "")
+                     for k, t in zip(key, key_types, strict=True))
+
+
+def chunk_boundaries(conn: psycopg.Connection[Any], table: str, chunk_rows: int
+                     ) -> list[list[Any]]:
+    """The keys that cut ``table`` into chunks of ``chunk_rows`` rows as it
+    is now: every ``chunk_rows``-th key in key order (one scan of the key)."""
+    schema, name = _qualified(table)
+    key, key_types = table_key(conn, table)
+    types = dict(_columns(conn, table))
+    rows = conn.execute(
+        f"SELECT {', '.join('s.' + _q(k) + '::text' for k in key)} FROM (SELECT "
+        f"{', '.join('t.' + _q(k) for k in key)}, row_number() OVER (ORDER BY "
+        f"{_key_order(key, key_types)}) AS lockgate_chunk_row_ FROM {_q(schema)}.{_q(name)} "
+        "AS t) AS s WHERE s.lockgate_chunk_row_ %% %s = 0 ORDER BY s.lockgate_chunk_row_",
+        (chunk_rows,)).fetchall()
+    return [[parse_value(types[k], v) for k, v in zip(key, r, strict=True)] for r in rows]
 
 
 class PostgresCdcReader(SourceReader[ChangeEvent]):
-    """The task numbered 0 reads the snapshot chunks, then the stream; the
-    other tasks have nothing to read (downstream operators scale out)."""
+    """One task's share: its snapshot chunks, in chunk order; on task 0 also
+    the stream, once every chunk is done (``stream["hw"]`` set)."""
 
     def __init__(self, source: PostgresCdcSource, info: TaskInfo) -> None:
         self.source = source
         self.info = info
-        self.state: dict[str, Any] | None = None
+        self.stream: dict[str, Any] | None = None
+        """The stream entry (task 0)."""
+        self.todo: deque[dict[str, Any]] = deque()
+        """This task's chunks with work left (unread or emitting), in order."""
+        self.done: list[dict[str, Any]] = []
+        """This task's chunks read and emitted."""
+        self.layout: dict[int, dict[str, Any]] = {}
+        """The stream's owner before the stream starts: every chunk by number."""
+        self.known: dict[int, int] = {}
+        """... and the high watermarks of those done in a completed checkpoint."""
+        self.announced: set[int] = set()
+        self.done_at: dict[int, list[dict[str, Any]]] = {}
+        """Per checkpoint: this task's done chunks its snapshot holds, not announced yet."""
         self.conn: psycopg.Connection[Any] | None = None
         self.relations: dict[int, Relation] = {}
         self.buffer: deque[tuple[ChangeEvent | None, list[int]]] = deque()
@@ -262,23 +309,31 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         self.targets: dict[int, int] = {}
         self.advanced = 0
         self._stopped = False
+        self._watched = 0.0
+        self._watch_s = _WATCH_S
 
     # ------------------------------------------------------------ lifecycle
     def restore(self, state: list[Any] | None) -> None:
         entries = [e for e in (state or []) if isinstance(e, dict) and e.get("cdc")]
-        if state is not None and len(entries) > 1:
-            raise CheckpointCorruptError("PostgreSQL CDC source: the checkpoint holds "
-                                         f"{len(entries)} positions, one expected")
-        if self.info.task_index != 0:
-            return
-        if state is None or not entries:
-            self.state = self.source.initial_state()
-        else:
-            self.state = _check_state(dict(entries[0]), self.source)
-        self.state["tables"] = self.source.tables
+        if not entries:
+            entries = self.source.initial_entries()
+        stream, chunks = check_entries(entries, self.source.tables, _WHAT, check_position)
+        if stream.get("slot") != self.source.slot:
+            raise ConfigurationError(
+                f"PostgresCdcSource: the checkpoint read slot {stream.get('slot')!r:.70}, this "
+                f"source names {self.source.slot!r}: restore with the same slot, or start fresh")
+        share: Share = deal(stream, chunks, self.info.task_index, self.info.parallelism)
+        self.stream, self.layout = share.stream, share.layout
+        self.todo = deque(c for c in share.chunks if not chunk_done(c))
+        self.done = [c for c in share.chunks if chunk_done(c)]
+        self.announced = {c["id"] for c in self.done}  # done in a completed checkpoint
+        self.known = {n: c["hw"] for n, c in self.layout.items() if chunk_done(c)}
+        if self.stream is None and not share.chunks:
+            return  # nothing to read: no connection
         self.conn = connect(self.source.dsn, autocommit=True,
                             application_name=f"lockgate-cdc-{self.info.uid}")
-        self._check_slot()
+        if self.stream is not None:
+            self._check_slot()
 
     def close(self) -> None:
         if self.conn is not None:
@@ -287,7 +342,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
 
     def _check_slot(self) -> None:
         """The slot exists and has not moved past the restored position."""
-        assert self.conn is not None and self.state is not None
+        assert self.conn is not None and self.stream is not None
         row = self.conn.execute("SELECT confirmed_flush_lsn::text, plugin FROM "
                                 "pg_replication_slots WHERE slot_name = %s",
                                 (self.source.slot,)).fetchone()
@@ -299,7 +354,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                 "new snapshot")
         confirmed = parse_lsn(row[0])
         self.advanced = confirmed
-        need = slot_target(self.state["pos"])
+        need = slot_target(self.stream["pos"])
         if confirmed > need:
             raise LockgateError(
                 f"PostgresCdcSource: slot {self.source.slot!r} has advanced to {row[0]}, past "
@@ -309,52 +364,98 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
 
     # --------------------------------------------------------------- reading
     def poll(self, max_records: int) -> list[ChangeEvent] | None:
-        state = self.state
-        if state is None:  # not the reading task
-            return None if self.source.bounded else []
-        if state["pending"]:
-            return self._take_pending(max_records)
-        if state["table"] < len(self.source.tables):
-            self._read_chunk()
-            return self._take_pending(max_records)
+        if self.todo:
+            chunk = self.todo[0]
+            if chunk["hw"] is None:
+                self._read_chunk(chunk)
+            reads = self._take_rows(chunk, max_records)
+            if not chunk["rows"]:
+                self.done.append(self.todo.popleft())
+            return reads
+        stream = self.stream
+        if stream is None:  # chunks only: ended once they are announced
+            if self.source.bounded and all(c["id"] in self.announced for c in self.done):
+                return None
+            return []
+        if stream["hw"] is None and not self._start_stream():
+            return []
         if not self.buffer:
-            if state.get("ended"):
+            if stream.get("ended"):
                 return None
             self._fetch()
         out: list[ChangeEvent] = []
         while self.buffer and len(out) < max_records:
             event, pos = self.buffer.popleft()
-            state["pos"] = pos
+            stream["pos"] = pos
             if event is not None:
                 out.append(event)
         if self._stopped and not self.buffer:
-            state["ended"] = True  # kept in the checkpoint: a restore ends too
+            stream["ended"] = True  # kept in the checkpoint: a restore ends too
         return out
 
-    def _take_pending(self, n: int) -> list[ChangeEvent]:
-        assert self.state is not None
-        pending = self.state["pending"]
-        take, self.state["pending"] = pending[:n], pending[n:]
-        return [ChangeEvent("read", t, None, row, high, ms) for t, row, high, ms in take]
+    def _take_rows(self, chunk: dict[str, Any], n: int) -> list[ChangeEvent]:
+        rows = chunk["rows"]
+        take, chunk["rows"] = rows[:n], rows[n:]
+        return [ChangeEvent("read", chunk["table"], None, row, chunk["hw"], chunk["ms"])
+                for row in take]
 
-    def _peek(self, upto_lsn: int | None, changes: int | None) -> list[bytes]:
-        """Rows of the slot from its confirmed position (not consuming them)."""
+    def _start_stream(self) -> bool:
+        """Start the stream if every chunk is done in a completed checkpoint
+        (this task's own: done); read the log for the announcements of the
+        others' (at most every ``_WATCH_S`` seconds, longer when a read takes
+        long)."""
+        assert self.stream is not None
+        for c in self.done:
+            self.known[c["id"]] = c["hw"]
+        if len(self.known) < len(self.layout):
+            now = time.monotonic()
+            if now - self._watched < self._watch_s:
+                return False
+            self._read_announcements()
+            took = time.monotonic() - now
+            self._watched = time.monotonic()
+            self._watch_s = max(_WATCH_S, 4 * took)
+            if len(self.known) < len(self.layout):
+                return False
+        # From the position of the job's start (every change before the
+        # lowest high watermark is a chunk's, but a stop message there is not)
+        self.stream["hw"] = stream_watermarks(self.layout, self.known)
+        self.layout, self.known = {}, {}
+        log.info("%s %s: every snapshot chunk is done; the stream starts at %s", _WHAT,
+                 self.info.uid, format_lsn(slot_target(self.stream["pos"])))
+        return True
+
+    def _read_announcements(self) -> None:
+        assert self.conn is not None
+        for data in self._peek(None, None, messages_only=True):
+            message = decode_message(data)
+            if message is not None and message[0] == ANNOUNCE_PREFIX:
+                self.known.update(read_announcement(message[1], self.source.run_id,
+                                                    self.info.attempt, self.layout))
+
+    def _peek(self, upto_lsn: int | None, changes: int | None, *,
+              messages_only: bool = False) -> list[bytes]:
+        """Rows of the slot from its confirmed position (not consuming them);
+        ``messages_only``: its logical decoding messages only."""
         assert self.conn is not None
         pg = import_psycopg()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + _SLOT_BUSY_S
+        where = " WHERE get_byte(data, 0) = 77" if messages_only else ""  # 'M'
         while True:
             try:
                 cur = self.conn.execute(
                     "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
-                    "'proto_version', '1', 'publication_names', %s, 'messages', 'true')",
+                    "'proto_version', '1', 'publication_names', %s, 'messages', 'true')"
+                    + where,
                     (self.source.slot, None if upto_lsn is None else format_lsn(upto_lsn),
                      changes, self.source.publication))
                 return [r[0] for r in cur.fetchall()]
             except pg.errors.ObjectInUse:
-                # the slot is still held by the backend of a task that died
+                # the slot is held by another task's read of it, or still by
+                # the backend of a task that died
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.2)
+                time.sleep(random.uniform(0.005, 0.05))
             except pg.errors.UndefinedObject as e:
                 raise LockgateError(
                     f"PostgresCdcSource: {str(e).strip()}: the slot was dropped; start the "
@@ -370,16 +471,16 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
     def _fetch(self) -> None:
         """Decode the log after the position into the buffer (events the
         snapshot already holds come as None: they only move the position)."""
-        assert self.state is not None
-        state = self.state
+        assert self.stream is not None
+        stream = self.stream
         n = self._decoded + max(self.source.peek_changes, self._decoded)  # geometric growth
         while True:
             rows = self._peek(None, n)
             self._decoded = len(rows)
-            final, _index, end = state["pos"]
+            final, _index, end = stream["pos"]
             txns = decode_transactions(rows, self.relations, (final, bool(end)))
             for txn in txns:
-                first = skip(state["pos"], txn)
+                first = skip(stream["pos"], txn)
                 for i in range(first, len(txn.changes)):
                     change = txn.changes[i]
                     pos = after_position(txn, i + 1)
@@ -388,7 +489,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                         self.buffer.append((None, pos))
                         self._stopped = True
                         return
-                    emitted = emit_change(change, txn.final_lsn, state["chunks"])
+                    emitted = emit_change(change, txn.final_lsn, stream["hw"])
                     if not emitted:
                         self.buffer.append((None, pos))
                     for op, before, after in emitted:
@@ -400,48 +501,32 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                 return
             n *= 2  # everything decoded was read already: decode further
 
-    def _read_chunk(self) -> None:
-        """Read the next snapshot chunk (rows merged up to its high
-        watermark) into ``pending``; move on to the next chunk or table."""
-        assert self.conn is not None and self.state is not None
-        state = self.state
-        table = self.source.tables[state["table"]]
+    def _read_chunk(self, chunk: dict[str, Any]) -> None:
+        """Read ``chunk`` as of a high watermark: its rows (merged up to the
+        high watermark) become its ``rows``."""
+        assert self.conn is not None
+        table = chunk["table"]
         schema, name = _qualified(table)
         key, key_types = table_key(self.conn, table)
-        lower = None if state["lower"] is None else tuple(state["lower"])
-        cols = self.conn.execute(
-            "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %s::regclass "
-            "AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (f"{_q(schema)}.{_q(name)}",)).fetchall()
-        order = ", ".join("t." + _q(k) + (' COLLATE "C"' if t in _TEXT_KEYS else "")
-                          for k, t in zip(key, key_types, strict=True))
-        where = ""
-        params: list[Any] = []
+        cols = _columns(self.conn, table)
+        order = _key_order(key, key_types)
+        bound = ", ".join(f"%s::{t}" + (' COLLATE "C"' if t in _TEXT_KEYS else "")
+                          for t in key_types)
+        lower, upper = chunk["lower"], chunk["upper"]
+        conds, params = [], []
         if lower is not None:
-            where = (f"WHERE ({order}) > ("
-                     + ", ".join(f"%s::{t}" + (' COLLATE "C"' if t in _TEXT_KEYS else "")
-                                 for t in key_types) + ")")
-            params = [str(v) for v in lower]
-        # The last chunk: past the largest key the table had when its
-        # snapshot began, no LIMIT (rows appended since then, all at once),
-        # so that a snapshot ends even while writers append faster than it reads.
-        last = (lower is not None and state.get("max") is not None
-                and lower >= tuple(state["max"]))
-        limit = "" if last else f" LIMIT {self.source.chunk_rows}"
+            conds.append(f"({order}) > ({bound})")
+            params += [str(v) for v in lower]
+        if upper is not None:
+            conds.append(f"({order}) <= ({bound})")
+            params += [str(v) for v in upper]
         select = (f"SELECT {', '.join(_q(c) + '::text' for c, _ in cols)} FROM "
-                  f"{_q(schema)}.{_q(name)} AS t {where} ORDER BY {order}{limit}")
+                  f"{_q(schema)}.{_q(name)} AS t"
+                  + (" WHERE " + " AND ".join(conds) if conds else "") + f" ORDER BY {order}")
         with self.conn.transaction():
             self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             snap_row = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()
             got = self.conn.execute(select, params).fetchall()
-            if lower is None:  # the table's first chunk: note its largest key
-                top = self.conn.execute(
-                    f"SELECT {', '.join('t.' + _q(k) + '::text' for k in key)} FROM "
-                    f"{_q(schema)}.{_q(name)} AS t ORDER BY "
-                    + ", ".join(o + " DESC" for o in order.split(", ")) + " LIMIT 1").fetchone()
-                types = {c: t for c, t in cols}
-                state["max"] = (None if top is None else
-                                [parse_value(types[k], v) for k, v in zip(key, top, strict=True)])
         assert snap_row is not None
         snapshot = Snapshot.parse(snap_row[0])
         with self.conn.transaction():
@@ -457,26 +542,29 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         for values in got:
             row = {c: parse_value(t, v) for (c, t), v in zip(cols, values, strict=True)}
             rows[tuple(row[k] for k in key)] = row
-        upper = max(rows) if not last and len(got) >= self.source.chunk_rows else None
         txns = decode_transactions(self._peek(high, None), self.relations)
-        merged = merge_chunk(rows, txns, snapshot, high, table, key, lower, upper)
-        state["pending"] = [[table, merged[k], high, now_ms] for k in sorted(merged)]
-        state["chunks"].setdefault(table, []).append([None if upper is None else list(upper),
-                                                      high])
-        if upper is None:
-            state["table"] += 1
-            state["lower"] = state["max"] = None
-        else:
-            state["lower"] = list(upper)
+        merged = merge_chunk(rows, txns, snapshot, high, table, key,
+                             None if lower is None else tuple(lower),
+                             None if upper is None else tuple(upper))
+        chunk["rows"] = [merged[k] for k in sorted(merged)]
+        chunk["hw"], chunk["ms"] = high, now_ms
 
     # ------------------------------------------------------------ checkpoints
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        if self.state is None:
-            return []
-        self.targets[checkpoint_id] = slot_target(self.state["pos"])
-        return [{**self.state, "pending": list(self.state["pending"])}]
+        out: list[Any] = []
+        if self.stream is not None:
+            out.append({**self.stream, "pos": list(self.stream["pos"])})
+            if self.stream["hw"] is not None:
+                self.targets[checkpoint_id] = slot_target(self.stream["pos"])
+        out += [{**c, "rows": [dict(r) for r in c["rows"]]} for c in self.todo]
+        out += [dict(c) for c in self.done]
+        fresh = [c for c in self.done if c["id"] not in self.announced]
+        if fresh and self.stream is None:
+            self.done_at[checkpoint_id] = fresh
+        return out
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._announce(checkpoint_id)
         done = [c for c in self.targets if c <= checkpoint_id]
         if not done or self.conn is None:
             return
@@ -493,3 +581,18 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
             return  # held for a moment by a backend of a task that died: next time
         self.advanced = target
         self._decoded = 0  # the slot starts later now: fewer rows before the position
+
+    def _announce(self, checkpoint_id: int) -> None:
+        """Tell the stream's owner, through the log, which of this task's
+        chunks are done in a completed checkpoint."""
+        ready = [c for k in sorted(self.done_at) if k <= checkpoint_id
+                 for c in self.done_at.pop(k) if c["id"] not in self.announced]
+        if not ready or self.conn is None:
+            return
+        ready = list({c["id"]: c for c in ready}.values())
+        with self.conn.transaction():
+            self.conn.execute("SET LOCAL synchronous_commit = on")
+            self.conn.execute("SELECT pg_logical_emit_message(true, %s, %s)",
+                              (ANNOUNCE_PREFIX, announcement(self.source.run_id,
+                                                             self.info.attempt, ready)))
+        self.announced.update(c["id"] for c in ready)

@@ -1,7 +1,8 @@
 """The fault-injection job of the PostgreSQL CDC tests: ``PostgresCdcSource``
 over one table ``(id bigint primary key, v int, name text)`` -> the change
-events as ``(op, id, v, name)`` -> ``CollectSink`` (exactly once), until the
-writer commits the stop message.
+events as ``(op, id, v, name, task)`` (``task``: the number of the task that
+read it) -> ``CollectSink`` (exactly once), until the writer commits the stop
+message.
 
 ``--kill-marker PATH``: the task that reads the first row of the second
 snapshot chunk SIGKILLs itself once (when PATH does not exist yet; it
@@ -27,9 +28,21 @@ from lockgate.connectors import CollectSink, PostgresCdcSource
 STOP = "lockgate-test-stop"
 
 
+def task_number() -> int:
+    """The number of the task this process runs (its name is
+    ``lgtask-<attempt>-<task>`` on both launchers; -1 elsewhere)."""
+    try:
+        with open("/proc/self/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return -1
+    tail = name.rpartition("-")[2]
+    return int(tail) if name.startswith("lgtask-") and tail.isdigit() else -1
+
+
 def as_tuple(e: Any) -> tuple:
     row = e.row or {}
-    return (e.op, row.get("id"), row.get("v"), row.get("name"))
+    return (e.op, row.get("id"), row.get("v"), row.get("name"), task_number())
 
 
 def killer(marker: str, chunk_rows: int) -> Any:

@@ -18,6 +18,7 @@ import os
 import random
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,13 +98,37 @@ class Writer(threading.Thread):
             self.error = e
 
 
+class Stopper(threading.Thread):
+    """Stops ``writer`` once at least ``after`` seconds passed and the job's
+    committed output (a ``CollectSink`` folder) holds ``changes`` events of
+    the stream (the writer runs past the snapshot, whatever the restarts
+    cost), or after ``limit`` seconds."""
+
+    def __init__(self, writer: Writer, out: Path, after: float, changes: int = 20,
+                 limit: float = 180.0) -> None:
+        super().__init__(daemon=True)
+        self.writer, self.out, self.after, self.changes, self.limit = (
+            writer, out, after, changes, limit)
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.writer.stop.is_set():
+            took = time.monotonic() - start
+            if took > self.limit or (took > self.after and sum(
+                    1 for e in CollectSink(str(self.out)).results() if e[0] != "read")
+                    >= self.changes):
+                break
+            time.sleep(0.5)
+        self.writer.stop.set()
+
+
 def check(events: list[tuple], dsn: str, table: str) -> None:
     """Every row's versions came exactly once, and applying the events gives
     the table row for row."""
     versions: dict[int, list[int]] = {}
     state: dict[int, tuple] = {}
     deletes: dict[int, int] = {}
-    for op, rid, v, name in events:
+    for op, rid, v, name, *_ in events:
         if op == "delete":
             deletes[rid] = deletes.get(rid, 0) + 1
         else:
@@ -122,59 +147,105 @@ def check(events: list[tuple], dsn: str, table: str) -> None:
         f"{sum(1 for k in state if k in table_rows and state[k] != table_rows[k])} rows differ")
 
 
-def info(task: int, p: int) -> TaskInfo:
-    return TaskInfo("job", "cdc", task, p, 128, 0)
+def info(task: int, p: int, attempt: int = 0) -> TaskInfo:
+    return TaskInfo("job", "cdc", task, p, 128, attempt)
 
 
-def read(source: PostgresCdcSource, state: list | None, p: int = 1, polls: int | None = None
+def read(source: PostgresCdcSource, state: list | None, p: int = 1, rounds: int | None = None,
+         attempt: int = 0, final_checkpoint: bool = True, to_stream: bool = False
          ) -> tuple[list[tuple], list, bool]:
-    """Read with ``p`` readers restored from ``state`` (at most ``polls``
-    polls of the reading task); the events, the union of the states, ended."""
-    events: list[tuple] = []
-    snapshot: list = []
-    ended = False
-    for i in range(p):
-        reader = source.create_reader(info(i, p))
+    """The runtime in small: ``p`` readers restored from ``state`` (the union
+    of every task's entries), polled in turn for at most ``rounds`` rounds
+    (``to_stream``: first until the stream started), with a checkpoint
+    (every task's snapshot, then the completion notices) every third round,
+    and after the last one if ``final_checkpoint`` (else what came after the
+    last checkpoint is lost, as in a failure). Returns the committed events
+    ``(op, id, v, name, task)``, the state of the last checkpoint and whether
+    every task ended."""
+    readers = [source.create_reader(info(i, p, attempt)) for i in range(p)]
+    for reader in readers:
         reader.restore(None if state is None else list(state))
-        n = 0
-        while polls is None or n < polls:
-            batch = reader.poll(100)
-            n += 1
-            if batch is None:
-                ended = True
-                break
-            events += [(e.op, (e.row or {}).get("id"), (e.row or {}).get("v"),
-                        (e.row or {}).get("name")) for e in batch]
-        snapshot += reader.snapshot_state(1)
-        reader.notify_checkpoint_complete(1)
-        reader.close()
-    return events, snapshot, ended
+    committed: list[tuple] = []
+    pending: list[tuple] = []
+    ended = [False] * p
+    checkpoint = 0
+
+    def take_checkpoint() -> None:
+        nonlocal state, pending, checkpoint
+        checkpoint += 1
+        state = [e for reader in readers for e in reader.snapshot_state(checkpoint)]
+        committed.extend(pending)
+        pending = []
+        for reader in readers:
+            reader.notify_checkpoint_complete(checkpoint)
+
+    n = 0
+    deadline = time.monotonic() + 120
+    try:
+        while not all(ended) and (rounds is None or n < rounds):
+            if to_stream and readers[0].stream["hw"] is None:
+                assert time.monotonic() < deadline, "the stream did not start"
+                time.sleep(0.01)
+            else:
+                n += 1
+            for i, reader in enumerate(readers):
+                if not ended[i]:
+                    batch = reader.poll(100)
+                    if batch is None:
+                        ended[i] = True
+                        continue
+                    pending += [(e.op, (e.row or {}).get("id"), (e.row or {}).get("v"),
+                                 (e.row or {}).get("name"), i) for e in batch]
+            if n % 3 == 0:
+                take_checkpoint()
+        if final_checkpoint or all(ended):
+            take_checkpoint()
+    finally:
+        for reader in readers:
+            reader.close()
+    return committed, list(state or []), all(ended)
 
 
-def test_snapshot_and_stream_under_a_writer_restored_and_rescaled(postgres_logical, names):
-    """Chunks read while a writer runs, the reader's state restored at other
-    parallelisms in the middle of the snapshot and of the stream: every
-    version of every row once, the result equal to the table."""
+def stream_entry(state: list) -> dict:
+    [stream] = [e for e in state if e.get("role") == "stream"]
+    return stream
+
+
+def test_snapshot_and_stream_under_a_writer_spread_restored_and_rescaled(postgres_logical,
+                                                                          names):
+    """Chunks spread over the tasks and read while a writer runs; the state
+    restored after a failure at another parallelism in the middle of the
+    snapshot, and rescaled in the stream: every version of every row once,
+    the result equal to the table."""
     dsn = postgres_logical
     table, slot = names
     fill(dsn, table, 2000)
-    source = PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=300, stop_message=STOP)
+    source = PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=150, stop_message=STOP)
     source.validate()
     source.prepare("", "cdc")
     writer = Writer(dsn, table, 2001, seed=3)
     writer.start()
     try:
-        events, state, _ = read(source, None, 1, polls=5)   # in the snapshot
-        more, state, _ = read(source, state, 3, polls=40)   # rescaled to 3, snapshot ends
+        # p=2, in the snapshot; a failure loses what came after the last checkpoint
+        events, state, _ = read(source, None, 2, rounds=7, final_checkpoint=False)
+        assert {task for op, *_, task in events if op == "read"} == {0, 1}
+        assert stream_entry(state)["hw"] is None
+        # the next attempt restores it at p=3 and reads to the stream
+        more, state, _ = read(source, state, 3, rounds=20, attempt=1, to_stream=True)
         events += more
-        assert any(op == "read" for op, *_ in more) and any(op != "read" for op, *_ in more)
-        more, state, _ = read(source, state, 2, polls=30)   # in the stream, rescaled to 2
+        assert {task for op, *_, task in more if op == "read"} == {0, 1, 2}
+        assert stream_entry(state)["hw"] is not None, "the stream did not start"
+        assert any(op != "read" for op, *_ in more)
+        # another run (the driver prepares anew) from that state, rescaled to 2
+        source.prepare("", "cdc")
+        more, state, _ = read(source, state, 2, rounds=30)
         events += more
+        assert [e for e in state if e.get("role") == "chunk"] == []
     finally:
         writer.stop.set()
         writer.join(60)
     assert writer.error is None, writer.error
-    more, state, ended = read(source, state, 1)
+    more, state, ended = read(source, state, 1, attempt=1)
     events += more
     assert ended
     assert writer.ops > 20
@@ -208,15 +279,15 @@ def test_a_dropped_slot_and_a_lost_position_fail_with_the_fix(postgres_logical, 
     fill(dsn, table, 5)
     source = PostgresCdcSource(dsn, table, slot=slot)
     source.prepare("", "cdc")
-    _, state, _ = read(source, None, 1, polls=3)
+    _, state, _ = read(source, None, 1, rounds=3)
     execute(dsn, f"INSERT INTO {table} VALUES (6, 0, 'x')", "SELECT pg_switch_wal()")
     # the slot moves past the checkpoint's position (another reader of it)
     execute(dsn, f"SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())")
     with pytest.raises(LockgateError, match="past the position .* Restore the latest"):
-        read(source, state, 1, polls=1)
+        read(source, state, 1, rounds=1)
     execute(dsn, f"SELECT pg_drop_replication_slot('{slot}')")
     with pytest.raises(LockgateError, match="was dropped.*start the job fresh"):
-        read(source, state, 1, polls=1)
+        read(source, state, 1, rounds=1)
 
 
 def test_settings_are_checked_at_start(postgres_dsn, postgres_logical, names):
@@ -238,16 +309,18 @@ def test_settings_are_checked_at_start(postgres_dsn, postgres_logical, names):
 
 
 def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
-    """The job reads the snapshot and the stream while the writer runs;
-    SIGKILLs after a snapshot chunk, after a checkpoint completed and before
-    the slot advanced (``commit``), and at random moments: the committed
-    events are exactly once and equal the table."""
+    """The job reads the snapshot (its chunks spread over both tasks) and the
+    stream while the writer runs; SIGKILLs after a snapshot chunk, after a
+    checkpoint completed and before a task announced its chunks done or
+    before the slot advanced (``commit``), and at random moments: the
+    committed events are exactly once and equal the table."""
     dsn = postgres_logical
     table, slot = names
     n, chunk, p = (20_000 if SOAK else 3000), 500, 2
     fill(dsn, table, n)
     out = tmp_path / "out"
-    faults = [{"point": "commit", "task": 0, "attempt": 1, "count": 3}]
+    faults = [{"point": "commit", "task": 1, "attempt": 1, "count": 2},
+              {"point": "commit", "task": 0, "attempt": 2, "count": 4}]
     kills = 3 if SOAK else 1
     cmd = [sys.executable, str(JOB), "--dsn", dsn, "--table", table, "--slot", slot,
            "--out", str(out), "--storage", str(tmp_path / "chk"), "--parallelism", str(p),
@@ -257,13 +330,11 @@ def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
     writer = Writer(dsn, table, n + 1, seed=7)
     writer.start()
-    stopper = threading.Timer(25 if SOAK else 12, writer.stop.set)
-    stopper.start()
+    Stopper(writer, out, 25 if SOAK else 12).start()
     try:
         result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.5, 2.0),
                              timeout=400)
     finally:
-        stopper.cancel()
         writer.stop.set()
         writer.join(60)
     assert writer.error is None, writer.error
@@ -272,7 +343,45 @@ def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
     assert (tmp_path / "killed-after-chunk").exists()
     events = CollectSink(str(out)).results()
     assert sum(1 for e in events if e[0] == "read") >= n // 2
-    assert sum(1 for e in events if e[0] != "read") > 10
+    assert sum(1 for e in events if e[0] != "read") >= 20
+    assert {e[4] for e in events if e[0] == "read"} == {0, 1}
+    check([tuple(e) for e in events], dsn, table)
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_cdc_job_spreads_the_snapshot_chunks_over_its_tasks(tmp_path, postgres_logical, names,
+                                                            p):
+    """At parallelism 2 and 3 every task reads snapshot chunks, then task 0
+    the stream: every version of every row once, equal to the
+    table."""
+    dsn = postgres_logical
+    table, slot = names
+    n, chunk = 3000, 300
+    fill(dsn, table, n)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(JOB), "--dsn", dsn, "--table", table, "--slot", slot,
+           "--out", str(out), "--storage", str(tmp_path / "chk"), "--parallelism", str(p),
+           "--chunk", str(chunk), "--rate", "3000", "--launcher", "local"]
+    PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
+    writer = Writer(dsn, table, n + 1, seed=11)
+    writer.start()
+    Stopper(writer, out, 3).start()
+    try:
+        result, _ = drive(cmd, kills=0, tasks=p, seed=0, kill_delays=(1, 1), timeout=300)
+    finally:
+        writer.stop.set()
+        writer.join(60)
+    assert writer.error is None, writer.error
+    assert result["status"] == "finished" and result["restarts"] == 0, result
+    events = CollectSink(str(out)).results()
+    reads: dict[int, list[int]] = {}
+    for op, rid, _v, _name, task in events:
+        if op == "read":
+            reads.setdefault(task, []).append(rid)
+    assert sorted(reads) == list(range(p)), sorted(reads)
+    assert all(len(ids) >= chunk // 2 for ids in reads.values()), {
+        task: len(ids) for task, ids in reads.items()}
+    assert sum(1 for e in events if e[0] != "read") >= 20
     check([tuple(e) for e in events], dsn, table)
 
 
@@ -285,7 +394,7 @@ def _rescale_job(dsn: str, table: str, slot: str, p: int, tmp: Path) -> Any:
     (pipeline.source(PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=500,
                                        stop_message=STOP), uid="cdc")
        .map_batch(throttle(1500), uid="throttle")
-       .map(as_tuple, uid="tuples")
+       .map(lambda e, p=p: (*as_tuple(e), p), uid="tuples")
        .sink(CollectSink(str(tmp / "out")), uid="out"))
     return pipeline
 
@@ -293,9 +402,9 @@ def _rescale_job(dsn: str, table: str, slot: str, p: int, tmp: Path) -> Any:
 def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
         tmp_path, postgres_logical, names):
     """Stopped with a savepoint in the middle of the snapshot at 2 tasks,
-    resumed at 3 and stopped again in the stream phase, resumed at 1 to the
-    end, while the writer runs: every version of every row once, equal to
-    the table."""
+    resumed at 3 (the chunks left dealt over the three) and stopped again in
+    the stream phase, resumed at 2 to the end, while the writer runs: every
+    version of every row once, equal to the table."""
     from tests.fixtures import operator_state, start_and_await
 
     dsn = postgres_logical
@@ -306,10 +415,9 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
     writer = Writer(dsn, table, n + 1, seed=9)
     writer.start()
 
-    def position(savepoint: str) -> dict:
-        entries = [e for task in operator_state(savepoint, "cdc") for e in task if e.get("cdc")]
-        assert len(entries) == 1, entries
-        return entries[0]
+    def entries(savepoint: str) -> tuple[dict, list[dict]]:
+        found = [e for task in operator_state(savepoint, "cdc") for e in task if e.get("cdc")]
+        return stream_entry(found), [e for e in found if e["role"] == "chunk"]
 
     try:
         client = start_and_await(_rescale_job(dsn, table, slot, 2, tmp_path), launcher="local",
@@ -317,21 +425,25 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
                                  what="the first hop read too little")
         first = client.stop(str(tmp_path / "savepoints"))
         assert first.status == "stopped", first
-        assert position(first.savepoint)["table"] == 0, "not stopped in the snapshot"
+        stream, chunks = entries(first.savepoint)
+        assert stream["hw"] is None, "not stopped in the snapshot"
+        assert sum(c["hw"] is None for c in chunks) >= 6, "too few chunks left to spread"
         client = start_and_await(_rescale_job(dsn, table, slot, 3, tmp_path), launcher="local",
                                  from_savepoint=first.savepoint,
                                  until=lambda pr: pr.records_read >= n + 1500, timeout=240,
                                  what="the second hop read too little")
         second = client.stop(str(tmp_path / "savepoints"))
         assert second.status == "stopped", second
-        got = position(second.savepoint)
-        assert got["table"] == 1, ("not stopped in the stream", got["lower"], got["pos"])
+        stream, _ = entries(second.savepoint)
+        assert stream["hw"] is not None, ("not stopped in the stream", stream["pos"])
     finally:
         writer.stop.set()
         writer.join(60)
     assert writer.error is None, writer.error
-    client = _rescale_job(dsn, table, slot, 1, tmp_path).start(
+    client = _rescale_job(dsn, table, slot, 2, tmp_path).start(
         launcher="local", from_savepoint=second.savepoint)
     result = client.result(timeout=240)
     assert result.status == "finished", result
-    check([tuple(e) for e in CollectSink(str(tmp_path / "out")).results()], dsn, table)
+    events = [tuple(e) for e in CollectSink(str(tmp_path / "out")).results()]
+    assert {e[4] for e in events if e[0] == "read" and e[5] == 3} == {0, 1, 2}
+    check(events, dsn, table)

@@ -10,6 +10,7 @@ import pytest
 from lockgate.connectors.pgoutput import (
     Change,
     Transaction,
+    decode_message,
     decode_transactions,
     format_lsn,
     parse_lsn,
@@ -123,3 +124,10 @@ def test_pgoutput_messages_decode_into_whole_transactions():
     # read already: left out without decoding its rows
     assert decode_transactions([begin, insert, commit], relations, (0x1_0000_0100, True)) == []
     assert format_lsn(0x1_0000_0100) == "1/100" and parse_lsn("1/100") == 0x1_0000_0100
+
+
+def test_a_logical_decoding_message_decodes_alone():
+    data = b"M" + struct.pack("!bq", 1, 0x100) + b"lockgate-cdc-done\0" + struct.pack(
+        "!i", 2) + b"{}"
+    assert decode_message(data) == ("lockgate-cdc-done", "{}")
+    assert decode_message(b"B" + struct.pack("!qqI", 1, 2, 3)) is None
