@@ -59,7 +59,7 @@ _MAX_ANNOUNCED = 1_000_000
 """Chunks one announcement may name (a bound on what is parsed)."""
 
 
-def _key(value: Any) -> tuple | None:
+def _key(value: Any) -> tuple[Any, ...] | None:
     return None if value is None else tuple(value)
 
 
