@@ -2,7 +2,7 @@
 ``SELECT`` / ``COPY`` of the same table and a plain read of the same log.
 
     python benchmarks/bench_cdc.py [--n 200000] [--chunk 4096] [--interval 1.0]
-                                   [--dsn URL] [--record]
+                                   [--parallelism 1] [--dsn URL] [--record]
 
 The table is ``(id bigint PRIMARY KEY, k int, name text)`` with N rows.
 
@@ -20,7 +20,8 @@ The table is ``(id bigint PRIMARY KEY, k int, name text)`` with N rows.
   seconds, the slot advanced at each completed checkpoint).
 
 Rows/s is N over the wall time (a job's: start to finish, start-up and final
-checkpoint included), local launcher, parallelism 1. Without ``--dsn`` (or
+checkpoint included), local launcher, parallelism ``--parallelism`` (the
+snapshot's chunks spread over the tasks; the stream is one task's). Without ``--dsn`` (or
 ``LOCKGATE_BENCH_POSTGRES_LOGICAL``) it starts a throwaway cluster with
 ``wal_level=logical`` (fsync off, as in the tests). ``--record`` appends one
 JSON line per run to benchmarks/results/cdc.jsonl.
@@ -106,10 +107,10 @@ def plain_peek(dsn: str, slot: str, n: int) -> float:
 
 
 def cdc_job(dsn: str, table: str, slot: str, n: int, snapshot: bool, chunk: int,
-            interval: float, storage: str) -> float:
+            interval: float, storage: str, parallelism: int) -> float:
     source = PostgresCdcSource(dsn, [table], slot=slot, snapshot=snapshot, chunk_rows=chunk,
                                stop_message=STOP)
-    p = Pipeline(f"bench-cdc-{'snapshot' if snapshot else 'stream'}", parallelism=1,
+    p = Pipeline(f"bench-cdc-{'snapshot' if snapshot else 'stream'}", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage))
     p.source(source, uid="cdc").sink(Discard(), uid="out")
     started = time.perf_counter()
@@ -133,6 +134,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("--parallelism", type=int, default=1)
     ap.add_argument("--dsn", default=os.environ.get("LOCKGATE_BENCH_POSTGRES_LOGICAL"))
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
@@ -149,7 +151,8 @@ def main() -> None:
             snap.prepare("", "cdc")
             execute(dsn, f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
             runs.append(("CDC snapshot", cdc_job(dsn, table, slot, n, True, args.chunk,
-                                                 args.interval, os.path.join(tmp, "s"))))
+                                                 args.interval, os.path.join(tmp, "s"),
+                                                 args.parallelism)))
             execute(dsn, f"SELECT pg_drop_replication_slot('{slot}')",
                     f"DROP PUBLICATION {slot}", f"TRUNCATE {table}")
             PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
@@ -161,12 +164,14 @@ def main() -> None:
                     f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
             runs.append(("plain peek", plain_peek(dsn, slot, n)))
             runs.append(("CDC stream", cdc_job(dsn, table, slot, n, False, args.chunk,
-                                               args.interval, os.path.join(tmp, "t"))))
+                                               args.interval, os.path.join(tmp, "t"),
+                                               args.parallelism)))
             execute(dsn, f"SELECT pg_drop_replication_slot('{slot}')",
                     f"DROP PUBLICATION {slot}", f"DROP TABLE {table}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{n:,} rows, chunks of {args.chunk}, checkpoint every {args.interval} s")
+    print(f"\n{n:,} rows, chunks of {args.chunk}, checkpoint every {args.interval} s, "
+          f"parallelism {args.parallelism}")
     print(f"{'run':<16} {'seconds':>8} {'rows/s':>12}")
     for name, seconds in runs:
         print(f"{name:<16} {seconds:>8.2f} {n / seconds:>12,.0f}")
@@ -183,6 +188,7 @@ def main() -> None:
                     "date": datetime.date.today().isoformat(), "commit": commit,
                     "machine": "2-core, 24 GiB (python-svc)", "load": round(load, 1),
                     "rows": n, "chunk_rows": args.chunk, "interval_s": args.interval,
+                    "parallelism": args.parallelism,
                     "run": name, "seconds": round(seconds, 3),
                     "rows_per_s": round(n / seconds)}) + "\n")
 
