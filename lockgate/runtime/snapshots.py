@@ -96,20 +96,18 @@ class SnapshotWriter:
         self.faults = faults
         self.send = send
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapshot")
-        self.savepoints: set[int] = set()
-        """Ids of savepoints to come: their keyed state is written canonically."""
-        self.in_flight: dict[int, InFlight] = {}
-        """Per checkpoint about to be submitted: an unaligned one's in-flight
-        data, written beside the state files (``<head uid>-<subtask>.channels``)."""
 
     def submit(self, checkpoint_id: int, snaps: list[tuple[StreamOperator, OperatorSnapshot]],
                *, read: int, written: int, finished: bool, alignment: float,
-               final: bool, sync_duration: float = 0.0) -> None:
+               final: bool, sync_duration: float = 0.0, savepoint: bool = False,
+               in_flight: InFlight | None = None) -> None:
         """Write ``snaps`` (captured by the task thread in ``sync_duration``
-        seconds) and acknowledge."""
+        seconds) and acknowledge. ``savepoint``: keyed state is written
+        canonically; ``in_flight``: an unaligned checkpoint's in-flight data,
+        written beside the state files (``<head uid>-<subtask>.channels``)."""
         self._pool.submit(self._write, checkpoint_id, snaps, read, written, finished, alignment,
                           "final_snapshot" if final else "snapshot", sync_duration,
-                          time.monotonic())
+                          time.monotonic(), savepoint, in_flight)
 
     def discard(self, snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:
         """Snapshots that will never be written (an unaligned checkpoint
@@ -124,13 +122,14 @@ class SnapshotWriter:
     def _write(self, checkpoint_id: int, snaps: list[tuple[StreamOperator, OperatorSnapshot]],
                read: int, written: int, finished: bool, alignment: float,
                fault_point: str, sync_duration: float = 0.0,
-               submitted: float = 0.0) -> None:
+               submitted: float = 0.0, savepoint: bool = False,
+               in_flight: InFlight | None = None) -> None:
         try:
             chk = checkpoint_dir(self.spec.job_dir, checkpoint_id)
             fs.makedirs(chk, private=True)
-            handles = {op.uid: self._write_state_file(chk, op.uid, snap, checkpoint_id)
+            handles = {op.uid: self._write_state_file(chk, op.uid, snap, checkpoint_id,
+                                                      savepoint)
                        for op, snap in snaps}
-            in_flight = self.in_flight.pop(checkpoint_id, None)
             if in_flight is not None:
                 handles[CHANNEL_STATE_KEY] = write_channel_state(chk, self.spec, in_flight,
                                                                  self.faults)
@@ -148,7 +147,8 @@ class SnapshotWriter:
                 log.exception("could not decline snapshot %d", checkpoint_id)
 
     def _write_state_file(self, chk: str, uid: str, snap: OperatorSnapshot,
-                          checkpoint_id: int = 0) -> StateHandle | None:
+                          checkpoint_id: int = 0, savepoint: bool = False
+                          ) -> StateHandle | None:
         """Write one operator's state file (durable: fsynced locally, one
         completed object on an object store) and return its handle."""
         if snap.keyed is None and not snap.operator_state:
@@ -161,8 +161,7 @@ class SnapshotWriter:
         def write(out: ChecksumWriter) -> None:
             nonlocal keyed, op_state, incremental
             if snap.keyed is not None:
-                keyed, incremental = write_keyed(snap.keyed, out, checkpoint_id,
-                                                 checkpoint_id in self.savepoints)
+                keyed, incremental = write_keyed(snap.keyed, out, checkpoint_id, savepoint)
             if snap.operator_state:
                 blob = self.serializer.dumps(snap.operator_state)
                 op_state = (out.tell(), len(blob))

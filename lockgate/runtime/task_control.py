@@ -105,9 +105,7 @@ class TaskControl(UnalignedCheckpoints):
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
         started = time.monotonic()
-        savepoint = self._barrier[0].is_savepoint
-        if savepoint:
-            self.snapshots.savepoints.add(checkpoint_id)  # keyed state canonical
+        savepoint = self._barrier[0].is_savepoint  # keyed state canonical
         for op in self.ops:  # a RocksDB changelog keeps files for a canonical write
             if op.backend is not None:
                 op.backend.savepoint_next = savepoint
@@ -120,7 +118,7 @@ class TaskControl(UnalignedCheckpoints):
         self.snapshots.submit(checkpoint_id, snaps, read=read, written=written,
                               finished=self.reached_end and not self.drained,
                               alignment=self.barriers.take_alignment(), final=self.reached_end,
-                              sync_duration=time.monotonic() - started)
+                              sync_duration=time.monotonic() - started, savepoint=savepoint)
         if self._barrier[0] is BarrierKind.STOP:
             # A stop's savepoint is synchronous (as Flink's): nothing more is
             # read, emitted or fired until it completes (then the sinks

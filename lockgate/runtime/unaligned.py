@@ -103,10 +103,10 @@ class UnalignedCheckpoints:
     def finish_unaligned(self, checkpoint_id: int) -> None:
         snap = self.in_flight.take()
         assert snap is not None and snap.checkpoint_id == checkpoint_id
-        self.snapshots.in_flight[checkpoint_id] = snap
         self.snapshots.submit(checkpoint_id, snap.snaps, read=snap.read, written=snap.written,
                               finished=snap.finished, alignment=self.barriers.take_alignment(),
-                              final=snap.final, sync_duration=snap.sync_duration)
+                              final=snap.final, sync_duration=snap.sync_duration,
+                              in_flight=snap)
 
     def _replayed(self, ch: int) -> None:
         """A recovered in-flight element of ``ch`` is taken."""
