@@ -24,9 +24,9 @@ Each completed checkpoint is one commit per table, recorded in the table
 itself (Delta's application transaction, Iceberg's snapshot summary), and the
 slot advances only then. At the end both tables equal the PostgreSQL table
 row for row. Kill a task while it runs (``pkill -9 -f lgtask``): the result is
-the same. Read the tables with Spark, DuckDB (``delta_scan``,
-``iceberg_scan``), Polars (``read_delta``, ``scan_iceberg``), delta-rs or
-pyiceberg.
+the same. Read the tables with DuckDB (``delta_scan``, ``iceberg_scan``),
+Polars (``read_delta``, ``scan_iceberg``), delta-rs, pyiceberg, or Spark with
+its Delta Lake or Iceberg package.
 """
 
 import os

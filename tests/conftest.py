@@ -30,7 +30,8 @@ _SLOW_FILES = {
     "integration/test_rocksdb_s3.py", "integration/test_s3_storage.py",
     "integration/test_dashboard.py", "integration/test_progress.py", "integration/test_rest.py",
     "integration/test_source_rescale.py", "integration/test_arrow.py",
-    "integration/test_lakehouse.py", "integration/test_run_again.py", "integration/test_stop.py",
+    "integration/test_lakehouse.py", "integration/test_lakehouse_readers.py",
+    "integration/test_run_again.py", "integration/test_stop.py",
     "integration/test_rescale_cli.py", "security/test_crafted_files.py",
 }
 
