@@ -102,8 +102,10 @@ merge = {"mode": "merge", "key": "id", "delete_column": "deleted", "schema": SCH
 
 pipeline = Pipeline("cdc-to-lakehouse", parallelism=2,
                     checkpoint=CheckpointConfig(interval=1.0, storage="checkpoints/"))
-# the source's changes come in commit order and reach the sinks in that order
-# (no re-partitioning between them): the last change of a customer wins
+# The snapshot's rows (read by any task) are all in checkpoints before the
+# first change of the stream, whose changes come from one task in commit order;
+# nothing re-partitions them before the sinks, so the last change of a
+# customer is the one each table keeps.
 rows = (pipeline.source(source, uid="customers-cdc")
         .filter(lambda e: e.op != "truncate", uid="no-truncates")
         .map(as_row, uid="rows"))
