@@ -190,16 +190,27 @@ class Register(ControlMessage):
 @dataclass(frozen=True, slots=True)
 class Running(ControlMessage):
     """Every channel of the task is connected; it processes. ``steps``: when
-    each of its start-up steps happened (wall clock, :mod:`lockgate.runtime.steps`)."""
+    each of its start-up steps happened (wall clock, :mod:`lockgate.runtime.steps`);
+    ``local_restores``: per keyed operator that looked for a local copy of
+    its state as it restored (local recovery), ``[operator uid, checkpoint
+    id, used, reason it was not]``."""
 
     tag: ClassVar[str] = "running"
     steps: dict[str, float] = field(default_factory=dict)
+    local_restores: list[list[Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.steps) > 16 or not all(
                 isinstance(k, str) and len(k) <= 32 and isinstance(v, int | float)
                 and not isinstance(v, bool) and 0 <= v < 1e11 for k, v in self.steps.items()):
             raise ProtocolError("running: steps must map at most 16 names to times")
+        if len(self.local_restores) > 256 or not all(
+                isinstance(r, list) and len(r) == 4 and isinstance(r[0], str)
+                and len(r[0]) <= 1000 and type(r[1]) is int and r[1] >= 0
+                and type(r[2]) is bool and isinstance(r[3], str) and len(r[3]) <= 1000
+                for r in self.local_restores):
+            raise ProtocolError("running: local_restores must be at most 256 "
+                                "[uid, checkpoint, used, reason] lists")
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,13 @@ from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.rescale import available_slots, rescale_plan
 from lockgate.cluster.restarts import RestartHandler
-from lockgate.cluster.result import Guarantee, JobResult, JobStatus, Progress
+from lockgate.cluster.result import (
+    Guarantee,
+    JobResult,
+    JobStatus,
+    LocalRestoreRecord,
+    Progress,
+)
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.specs import task_specs
 from lockgate.cluster.startup import StartupLog
@@ -73,6 +79,7 @@ from lockgate.protocol import (
     ToDriver,
 )
 from lockgate.runtime.script_classes import script_classes
+from lockgate.state.rocksdb_recovery import remove_job as remove_job_copies
 from lockgate.web.serving import attach as serve_rest
 from lockgate.web.serving import resolve_rest
 
@@ -134,6 +141,8 @@ class JobMaster(RestartHandler):
         self._finished: set[int] = set()
         self.exit_codes: dict[int, int | None] = {}
         self.recovery_times: list[float] = []
+        self.local_restores: list[LocalRestoreRecord] = []
+        """What local recovery did at each restore of a keyed operator."""
         """Seconds from detecting a failure until every task of the next attempt runs."""
         self.state = JobStatus.CREATED
         self.startup = StartupLog()
@@ -246,6 +255,7 @@ class JobMaster(RestartHandler):
                 self.launcher.stop()
                 self.launcher = None
             end_job(self.options.launcher, self.job_id)
+            remove_job_copies(self.pipeline.state_backend, self.job_id)  # local recovery's
             self._leave_job_dir()
             self.server.close()
             self.commands.job_ended(status, error)
@@ -265,6 +275,7 @@ class JobMaster(RestartHandler):
             records_out=totals.written,
             duration=time.monotonic() - started,
             recovery_times=list(self.recovery_times),
+            local_restores=list(self.local_restores),
         )
 
     def _leave_job_dir(self) -> None:
@@ -390,7 +401,8 @@ class JobMaster(RestartHandler):
         match msg:
             case Register(host, port):
                 self._registered[task] = (host, port)
-            case Running(steps):
+            case Running(steps, local_restores):
+                self._local_restores(task, local_restores)
                 self._running.add(task)
                 if len(self._running) == self.graph.num_tasks:
                     self._rescale_running()
@@ -429,6 +441,19 @@ class JobMaster(RestartHandler):
                 failure = reported_failure(task, msg, self._task_name(task))
                 self._log_report(failure)
                 raise failure
+
+    def _local_restores(self, task: int, reports: list[list[Any]]) -> None:
+        """Record and log what a task's keyed operators did about their local
+        copies as they restored (checked by the protocol)."""
+        for uid, checkpoint_id, local, reason in reports:
+            record = LocalRestoreRecord(self.attempt, task, uid, checkpoint_id, local, reason)
+            self.local_restores.append(record)
+            if local:
+                log.info("task %s, operator %s: restored from local copy of checkpoint %d",
+                         self._task_name(task), uid, checkpoint_id)
+            else:
+                log.info("task %s, operator %s: local copy of checkpoint %d unusable (%s): "
+                         "downloading", self._task_name(task), uid, checkpoint_id, reason)
 
     def _rescale_to(self, cmd: Command, next_attempt: bool = True) -> None:
         """The rescale's checkpoint completed and its tasks committed and

@@ -46,6 +46,21 @@ def end_to_end_guarantee(sources_replayable: list[bool], sinks_exactly_once: lis
 
 
 @dataclass
+class LocalRestoreRecord:
+    """Local recovery at one restore of one keyed operator in one task: it
+    restored from the local copy of its state on its host (``local``), or
+    read the checkpoint storage because the copy was missing or failed a
+    check (``reason``)."""
+
+    attempt: int
+    task: int
+    operator: str
+    checkpoint_id: int
+    local: bool
+    reason: str = ""
+
+
+@dataclass
 class JobResult:
     job_id: str
     status: JobStatus
@@ -64,6 +79,9 @@ class JobResult:
     recovery_times: list[float] = field(default_factory=list)
     """Per restart: seconds from detecting the failure until every task of the
     next attempt was running again (records flowing)."""
+    local_restores: list[LocalRestoreRecord] = field(default_factory=list)
+    """Per keyed operator of a task that restored after a failure with local
+    recovery on (RocksDB): whether it used its local copy, and if not why."""
 
     @property
     def completed_checkpoints(self) -> list[CheckpointRecord]:

@@ -25,6 +25,7 @@ from lockgate.state.backends import (
     StateFileWriter,
 )
 from lockgate.state.keygroups import key_group_range
+from lockgate.state.rocksdb_recovery import LocalRestore
 
 
 def write_keyed(snap: KeyedSnapshot, out: StateFileWriter,
@@ -39,8 +40,11 @@ def write_keyed(snap: KeyedSnapshot, out: StateFileWriter,
 
 def restore_keyed(backend: KeyedStateBackend, op_meta: OperatorMetadata, task_index: int,
                   parallelism: int, max_parallelism: int, restore_dir: str,
-                  data_of: Callable[[StateHandle], bytes]) -> None:
-    """Give ``backend`` the state of its key groups from ``op_meta``."""
+                  data_of: Callable[[StateHandle], bytes],
+                  checkpoint_id: int | None = None) -> LocalRestore | None:
+    """Give ``backend`` the state of its key groups from ``op_meta`` (of
+    checkpoint ``checkpoint_id``); returns what a RocksDB backend did about
+    its local copy (None: it looked for none)."""
     plan = plan_keyed_restore(op_meta, task_index, parallelism, max_parallelism)
     for block, offset, length in plan.blocks:
         backend.restore_block(data_of(block)[offset:offset + length], plan.states)
@@ -50,7 +54,7 @@ def restore_keyed(backend: KeyedStateBackend, op_meta: OperatorMetadata, task_in
              and h.incremental.key_groups[0] < wanted.stop
              and h.incremental.key_groups[1] > wanted.start]
     if not parts:
-        return
+        return None
     states = {n: k for h in op_meta.subtasks if h is not None and h.incremental is not None
               for n, k in h.states.items()}
-    backend.restore_incremental(restore_dir, parts, states)
+    return backend.restore_incremental(restore_dir, parts, states, checkpoint_id)

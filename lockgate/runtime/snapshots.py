@@ -37,16 +37,18 @@ from lockgate.runtime.keyed_state import restore_keyed, write_keyed
 from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.spec import TaskSpec
 from lockgate.state.backend import KeyedBlocks
+from lockgate.state.rocksdb_recovery import LocalRestore
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")
 
 
-def restore_operators(spec: TaskSpec, ops: list[StreamOperator],
-                      serializer: StateSerializer) -> set[str]:
+def restore_operators(spec: TaskSpec, ops: list[StreamOperator], serializer: StateSerializer,
+                      local: list[tuple[str, LocalRestore]] | None = None) -> set[str]:
     """Restore every operator's state; returns the uids of the operators
     restored as finished (FLIP-147), which read nothing and do not run
-    ``end_input``/``finish`` again."""
+    ``end_input``/``finish`` again. ``local`` receives, per keyed operator
+    that looked for a local copy of its state (local recovery), what it did."""
     meta = spec.restore_metadata
     files: dict[str, bytes] = {}
     skipped: set[str] = set()
@@ -67,8 +69,10 @@ def restore_operators(spec: TaskSpec, ops: list[StreamOperator],
             skipped.add(op.uid)
         p = spec.vertex.parallelism
         if op.keyed and op.backend is not None:
-            restore_keyed(op.backend, op_meta, spec.task_index, p, spec.max_parallelism,
-                          spec.restore_dir or "", data_of)
+            note = restore_keyed(op.backend, op_meta, spec.task_index, p, spec.max_parallelism,
+                                 spec.restore_dir or "", data_of, meta.checkpoint_id)
+            if note is not None and local is not None:
+                local.append((op.uid, note))
         per_subtask: list[list[Any]] = []
         for handle in op_meta.subtasks:
             if handle and handle.op_state:

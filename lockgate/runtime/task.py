@@ -74,6 +74,7 @@ from lockgate.runtime.steps import Steps, mark
 from lockgate.runtime.task_control import TaskControl
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.backends import close_backend
+from lockgate.state.rocksdb_recovery import LocalRestore
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")
@@ -134,6 +135,9 @@ class Task(TaskControl):
         self._next_tick = 0.0
         self.meter = TaskMeter()
         """Busy, idle and backpressured time; reports the task's figures."""
+        self.local_restores: list[list[Any]] = []
+        """Per keyed operator that looked for a local copy of its state when
+        it restored (local recovery): ``[uid, checkpoint, used, reason]``."""
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
@@ -145,7 +149,10 @@ class Task(TaskControl):
             # Step 2. Open operators and restore their state.
             self._open_operators()
             self.faults.hit("restore")
-            skipped = restore_operators(self.spec, self.ops, self.serializer)
+            local: list[tuple[str, LocalRestore]] = []
+            skipped = restore_operators(self.spec, self.ops, self.serializer, local)
+            self.local_restores = [[uid[:1000], n.checkpoint_id, n.local, n.reason[:1000]]
+                                   for uid, n in local]
             recovered = channel_state.recover(self.spec, self.serializer)
             mark(self.steps, "restored")
             # Step 3. Wire the channels of this attempt.
@@ -168,7 +175,7 @@ class Task(TaskControl):
             if self.spec.unaligned:
                 self.mailbox.overtaking = self._overtakes
             mark(self.steps, "running")
-            self._send(Running(self.steps))
+            self._send(Running(self.steps, self.local_restores))
             self.meter.start(self, self._send)
             self._loop()
             # Step 5. End: tell downstream and the coordinator.

@@ -55,6 +55,8 @@ class TaskControl(UnalignedCheckpoints):
                 self.faults.hit("commit")
                 for op in self.ops:
                     op.notify_complete(checkpoint_id)
+                    if op.backend is not None:
+                        op.backend.notify_checkpoint_complete(checkpoint_id)
             case NotifyAborted(checkpoint_id):
                 if checkpoint_id == self.holding:
                     self.holding = None  # the stop failed: the job goes on

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
     from lockgate.checkpoint.incremental import IncrementalState
+    from lockgate.state.rocksdb_recovery import LocalRestore
 
 __all__ = [
     "StateKind",
@@ -345,6 +346,9 @@ class HeapKeyedStateBackend:
         """Nothing to get ready (:attr:`prepares_snapshots` is False)."""
         return float("inf")
 
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Nothing to do: heap state keeps no local copies."""
+
     def restore_block(self, data: bytes, states: dict[str, str]) -> None:
         """Merge one key-group block written by ``KeyedStateSnapshot.write``."""
         note_restored_kinds(states, self._kinds, self._restored_kinds)
@@ -362,16 +366,19 @@ class HeapKeyedStateBackend:
                 table[key] = value
 
     def restore_incremental(self, restore_dir: str, parts: list[tuple[IncrementalState, bytes]],
-                            states: dict[str, str]) -> None:
+                            states: dict[str, str], checkpoint_id: int | None = None
+                            ) -> LocalRestore | None:
         """Incremental state (a RocksDB backend's checkpoint) restored here:
         read out of a temporary database as canonical blocks of this task's
-        key groups (:func:`~lockgate.state.rocksdb_io.canonical_blocks`)."""
+        key groups (:func:`~lockgate.state.rocksdb_io.canonical_blocks`); no
+        local copy is looked for."""
         from lockgate.state.rocksdb_io import canonical_blocks
 
         for state, data in parts:
             for blob in canonical_blocks(state, data, restore_dir, self.key_group_range,
                                          self.serializer):
                 self.restore_block(blob, states)
+        return None
 
     def close(self) -> None:
         """Nothing held outside memory."""

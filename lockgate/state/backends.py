@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
     from lockgate.checkpoint.incremental import IncrementalState
+    from lockgate.state.rocksdb_recovery import LocalRestore
 
 __all__ = [
     "HeapStateBackend",
@@ -99,6 +100,15 @@ class RocksDBStateBackend:
             (lower: fewer files to apply on restore, more bytes uploaded).
         max_changelog: with a changelog, materialize at the latest after this
             many checkpoints.
+        local_recovery: with incremental checkpoints, each task keeps its last
+            completed checkpoint's files in ``local_dir`` too (hard links of
+            what it uploaded, no second write), and a restart on the same host
+            at the same parallelism restores from them, checked against the
+            checkpoint, instead of reading the checkpoint storage
+            (:mod:`lockgate.state.rocksdb_recovery`). Costs disk: files that
+            RocksDB compacted away since stay until the next checkpoint
+            completes (at most about the state's size). False: every
+            restore reads the checkpoint storage.
     """
 
     local_dir: str | None = None
@@ -108,6 +118,7 @@ class RocksDBStateBackend:
     changelog: bool = True
     materialize_ratio: float = 0.5
     max_changelog: int = 300
+    local_recovery: bool = True
     name: ClassVar[str] = "rocksdb"
 
     def __post_init__(self) -> None:
@@ -122,6 +133,9 @@ class RocksDBStateBackend:
             raise PipelineDefinitionError(
                 f"RocksDBStateBackend(max_changelog={self.max_changelog!r}): "
                 "give a count of checkpoints from 1 to 1000")
+        if type(self.local_recovery) is not bool:
+            raise PipelineDefinitionError(
+                f"RocksDBStateBackend(local_recovery={self.local_recovery!r}): give True or False")
         if self.local_dir is not None:
             object.__setattr__(self, "local_dir", os.path.abspath(self.local_dir))
 
@@ -283,10 +297,18 @@ class KeyedStateBackend(Protocol):
     def restore_block(self, data: bytes, states: dict[str, str]) -> None: ...
 
     def restore_incremental(self, restore_dir: str, parts: list[tuple[IncrementalState, bytes]],
-                            states: dict[str, str]) -> None:
+                            states: dict[str, str], checkpoint_id: int | None = None
+                            ) -> LocalRestore | None:
         """Restore the task's key groups from incremental state handles
         (RocksDB checkpoints: each with its state file's bytes; ``states``:
-        the kinds of the states, as the handles record them)."""
+        the kinds of the states, as the handles record them) of checkpoint
+        ``checkpoint_id``; returns what the backend did about its local copy
+        (local recovery; None: it looked for none)."""
+        ...
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed (RocksDB: older local copies
+        for local recovery go; the heap backend keeps nothing)."""
         ...
 
     def close(self) -> None:

@@ -35,11 +35,15 @@ links from a local checkpoint storage, downloads otherwise), the key groups
 it must not keep are deleted with two ``delete_range``; every other
 overlapping handle is materialized beside it, opened read-only, and its
 entries of the task's key groups are copied in. The simplest correct way: a
-range copy never needs to know what the bytes mean.
+range copy never needs to know what the bytes mean. A failover at the same
+key groups reads the files from the task's local copy when one passes its
+checks (local recovery: :mod:`lockgate.state.rocksdb_recovery`, whose
+copies the snapshot thread makes as it uploads).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -76,6 +80,7 @@ from lockgate.state.rocksdb_io import (
     state_names,
 )
 from lockgate.state.rocksdb_local import remove_task_folder, task_folder
+from lockgate.state.rocksdb_recovery import CopyUnusable, LocalCopies, LocalRestore
 from lockgate.state.rocksdb_snapshots import (
     READER,
     RocksDBChangelogSnapshot,
@@ -103,6 +108,8 @@ if TYPE_CHECKING:
     pass
 
 __all__ = ["RocksDBKeyedStateBackend"]
+
+log = logging.getLogger("lockgate.task")
 
 
 class RocksDBKeyedStateBackend:
@@ -159,6 +166,9 @@ class RocksDBKeyedStateBackend:
         """Fault injection at the changelog's points (``materialize``: a
         materialization taken, the log emptied; ``changelog``: a changelog
         file uploaded, its checkpoint not acknowledged)."""
+        self.copies = (LocalCopies(config, scope, key_group_range)
+                       if config.incremental and config.local_recovery else None)
+        """Local recovery: the copies of completed checkpoints on this host."""
 
     def _open(self, db: Any) -> None:
         self.raw_db = db
@@ -407,11 +417,15 @@ class RocksDBKeyedStateBackend:
                 pass
 
     def restore_incremental(self, restore_dir: str, parts: list[tuple[IncrementalState, bytes]],
-                            states: dict[str, str]) -> None:
+                            states: dict[str, str], checkpoint_id: int | None = None
+                            ) -> LocalRestore | None:
         """Restore from incremental state handles (with their state files'
-        bytes): see the module's docstring. The kinds of the states are read
-        from the databases restored (``states``, the handles' record of them,
-        is not needed)."""
+        bytes) of checkpoint ``checkpoint_id``: see the module's docstring.
+        The kinds of the states are read from the databases restored
+        (``states``, the handles' record of them, is not needed). A failover
+        at the same key groups reads the local copy when one passes its
+        checks (:mod:`~lockgate.state.rocksdb_recovery`); returns what it did
+        about it (None: no local copy was looked for)."""
         wanted = self.key_group_range
 
         def overlap(s: IncrementalState) -> int:
@@ -419,16 +433,20 @@ class RocksDBKeyedStateBackend:
 
         parts = [(s, d) for s, d in parts if overlap(s) > 0]
         if not parts:
-            return
+            return None
         parts.sort(key=lambda p: -overlap(p[0]))
         (base, base_data), others = parts[0], parts[1:]
-        self.raw_db.close()
-        shutil.rmtree(self.db_path, ignore_errors=True)
-        materialize(base, base_data, restore_dir, self.db_path)
-        self._open(open_db(self.db_path, self.config))
-        db = self.raw_db  # restored: in the first materialization, not in a changelog
-        apply_changelog(db, base, restore_dir, self.folder)
         exact = base.key_groups == (wanted.start, wanted.stop) and not others
+        failover = exact and _same_folder(fs.parent(restore_dir), self.scope.job_dir)
+        self.raw_db.close()
+        note: LocalRestore | None = None
+        if failover and self.copies is not None and checkpoint_id is not None:
+            note = self._restore_local(base, base_data, restore_dir, checkpoint_id)
+        elif self.copies is not None:
+            self.copies.restored(None)
+        if note is None or not note.local:
+            self._materialize_base(base, base_data, restore_dir, None)
+        db = self.raw_db  # restored: in the first materialization, not in a changelog
         if not exact:
             db.delete_range(kg_bytes(0), kg_bytes(wanted.start))
             db.delete_range(kg_bytes(wanted.stop) if wanted.stop < 0xFFFF else META, META)
@@ -452,9 +470,51 @@ class RocksDBKeyedStateBackend:
         self._check_kinds({name: kind for name, kind in state_names(db).values()})
         for name, kind in self._kinds.items():
             db.put(KIND_PREFIX + name.encode(), kind.encode())
-        if exact and _same_folder(fs.parent(restore_dir), self.scope.job_dir):
+        if failover:
             # a failover in the same job: the restored files are uploaded already
             self.uploaded = dict(base.shared)
+        return note
+
+    def _materialize_base(self, base: IncrementalState, data: bytes, restore_dir: str,
+                          local: str | None) -> None:
+        """The task's database from ``base``'s files (from the local copy
+        ``local``, or the checkpoint storage), its changelog applied."""
+        shutil.rmtree(self.db_path, ignore_errors=True)
+        materialize(base, data, restore_dir, self.db_path, local)
+        self._open(open_db(self.db_path, self.config))
+        apply_changelog(self.raw_db, base, restore_dir, self.folder, local)
+
+    def _restore_local(self, base: IncrementalState, data: bytes, restore_dir: str,
+                       checkpoint_id: int) -> LocalRestore:
+        """Restore ``base`` from its local copy if it passes its checks; else
+        leave nothing of the attempt behind (the caller reads the storage)."""
+        assert self.copies is not None
+        try:
+            copy = self.copies.find(checkpoint_id, base)
+            self._materialize_base(base, data, restore_dir, copy)
+            note = LocalRestore(checkpoint_id, True)
+        except CopyUnusable as e:
+            note = LocalRestore(checkpoint_id, False, e.reason)
+        except Exception as e:  # RocksDB refused what it read, an I/O error
+            note = LocalRestore(checkpoint_id, False, f"{type(e).__name__}: {e}"[:300])
+        if not note.local:
+            try:
+                self.raw_db.close()
+            except Exception:
+                pass
+            shutil.rmtree(self.db_path, ignore_errors=True)
+        self.copies.restored(checkpoint_id if note.local else None)
+        where = f"operator {self.scope.uid} (subtask {self.scope.task_index})"
+        if note.local:
+            log.info("%s: %s", where, note.describe())
+        else:
+            log.warning("%s: %s", where, note.describe())
+        return note
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: local copies before it go."""
+        if self.copies is not None:
+            self.copies.completed(checkpoint_id)
 
     def close(self) -> None:
         try:

@@ -253,6 +253,8 @@ def upload_folder(backend: RocksDBKeyedStateBackend, path: str, checkpoint_id: i
         if name.endswith(".sst"):
             ref = b.uploaded.get(name)
             shared[name] = ref if ref is not None else upload_shared(b, local, checkpoint_id)
+            if b.copies is not None:  # local recovery: the same file, linked
+                b.copies.add("db", name, local)
         else:
             with open(local, "rb") as f:
                 private[name] = f.read()
@@ -293,6 +295,8 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
         if write_segment(log, path, backend):
             try:
                 ref = upload_shared(backend, path, checkpoint_id)
+                if backend.copies is not None:  # local recovery: the same file, linked
+                    backend.copies.add("log", ref.name, path)
             finally:
                 os.remove(path)
             chain.files.append(ref)

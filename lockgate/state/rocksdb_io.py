@@ -19,6 +19,7 @@ from lockgate.checkpoint.files import copy_checked
 from lockgate.checkpoint.incremental import SHARED_DIR, IncrementalState, SharedFile
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 from lockgate.state.backends import RocksDBStateBackend
+from lockgate.state.rocksdb_recovery import link_checked
 from lockgate.state.rocksdb_tables import (
     KIND_PREFIX,
     META,
@@ -108,13 +109,16 @@ def upload(local: str, job_dir: str, name: str) -> SharedFile:
     return SharedFile(name, size, crc)
 
 
-def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: str) -> None:
+def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: str,
+                local: str | None = None) -> None:
     """Make ``dest`` a private RocksDB folder with the files of ``state``:
     the private ones from the state file's bytes ``data``, the shared ones
     hard-linked from the checkpoint's job folder (a local filesystem) or
-    copied, each checked as untrusted (:mod:`lockgate.checkpoint.files`). A
-    changelog is not applied here (:func:`apply_changelog`, once the
-    database is open)."""
+    copied, each checked as untrusted (:mod:`lockgate.checkpoint.files`);
+    with ``local``, from that local copy instead
+    (:mod:`lockgate.state.rocksdb_recovery`: a file that fails its checks
+    raises ``CopyUnusable``). A changelog is not applied here
+    (:func:`apply_changelog`, once the database is open)."""
     private.make_dir(dest)
     for name, (offset, length) in state.private.items():
         if offset + length > len(data):
@@ -123,26 +127,35 @@ def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: st
         with private.open_new(os.path.join(dest, name)) as f:
             f.write(data[offset:offset + length])
     for name, ref in state.shared.items():
-        _fetch(ref, restore_dir, os.path.join(dest, name), "shared file", link=True)
+        if local is not None:
+            link_checked(os.path.join(local, "db", name), os.path.join(dest, name), ref,
+                         link=True)
+        else:
+            _fetch(ref, restore_dir, os.path.join(dest, name), "shared file", link=True)
 
 
-def apply_changelog(db: Any, state: IncrementalState, restore_dir: str, folder: str) -> None:
+def apply_changelog(db: Any, state: IncrementalState, restore_dir: str, folder: str,
+                    local: str | None = None) -> None:
     """Ingest the changelog files of ``state`` into ``db`` (open, holding the
     materialization), oldest first: each one's entries shadow what is older,
     its tombstones delete. Each is a private copy (ingestion may write into
-    the file it takes), moved in."""
+    the file it takes), moved in; with ``local``, copied from that local
+    copy (as :func:`materialize`)."""
     if not state.changelog:
         return
     opts = require().IngestExternalFileOptions()
     opts.set_move_files(True)
     for i, ref in enumerate(state.changelog):
-        local = os.path.join(folder, f"changelog-{i}.sst")
-        _fetch(ref, restore_dir, local, "changelog file", link=False)
+        path = os.path.join(folder, f"changelog-{i}.sst")
+        if local is not None:
+            link_checked(os.path.join(local, "log", ref.name), path, ref, link=False)
+        else:
+            _fetch(ref, restore_dir, path, "changelog file", link=False)
         try:
-            db.ingest_external_file([local], opts)
+            db.ingest_external_file([path], opts)
         finally:
             try:
-                os.remove(local)
+                os.remove(path)
             except OSError:
                 pass
 

@@ -74,10 +74,15 @@ class RocksDBIncrementalSnapshot(RocksDBSnapshot, IncrementalSnapshot):
         others, write the private files into ``out`` (the state file)."""
         b = self.backend
         try:
+            if b.copies is not None:
+                b.copies.begin(checkpoint_id)
             shared, files = upload_folder(b, self.path, checkpoint_id)
             private = write_private(out, files)
             r = b.key_group_range
-            return IncrementalState("rocksdb", (r.start, r.stop), private, shared)
+            state = IncrementalState("rocksdb", (r.start, r.stop), private, shared)
+            if b.copies is not None:
+                b.copies.finish(checkpoint_id, state)
+            return state
         finally:
             shutil.rmtree(self.path, ignore_errors=True)
 
@@ -119,8 +124,13 @@ class RocksDBChangelogSnapshot(IncrementalSnapshot):
         b = self.backend
         if self.frozen is not None:  # taken for a savepoint: not read
             shutil.rmtree(self.frozen, ignore_errors=True)
+        if b.copies is not None:
+            b.copies.begin(checkpoint_id)
         advance(b, b.chain, (self.seq, self.cut, self.epoch, self.log), checkpoint_id)
-        return handle(b, b.chain, out)
+        state = handle(b, b.chain, out)
+        if b.copies is not None:
+            b.copies.finish(checkpoint_id, state)
+        return state
 
     def write(self, out: SupportsWrite[bytes]) -> KeyedBlocks:
         """Canonically (a savepoint), from the RocksDB checkpoint taken with

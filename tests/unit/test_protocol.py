@@ -49,7 +49,7 @@ from lockgate.runtime import handshake, wire
 CONTROL = [
     Start({0: ("127.0.0.1", 4000), 3: ("10.0.0.2", 5)}), TriggerCheckpoint(7),
     NotifyComplete(7), NotifyAborted(8), Finish(), Drain(), Cancel(),
-    Register("127.0.0.1", 0, 1234), Running(),
+    Register("127.0.0.1", 0, 1234), Running(), Running({"entry": 1.5}, [["op", 3, False, "r"]]),
     Ack(7, {"sums": StateHandle("sums-0.state", 10, 3, 0, {0: (0, 4), 5: (4, 6)},
                                 {"reduce": "value"}, (10, 2)), "out": None}, 10, 4, False, 0.25),
     Decline(7, "writing the snapshot failed", "OSError"), Decline(9, "subsumed"),

@@ -54,3 +54,13 @@ def test_running_carries_the_steps_and_refuses_what_is_not_steps() -> None:
                 {str(i): 1.0 for i in range(17)}):
         with pytest.raises(ProtocolError, match="running: steps"):
             Running(bad)
+
+
+def test_running_carries_what_local_recovery_did_and_refuses_malformed_reports() -> None:
+    reports = [["sums", 7, True, ""], ["windows", 7, False, "000012.sst is missing"]]
+    assert decode_control(encode_control(Running({}, reports))) == Running({}, reports)
+    for bad in ([["sums", 7, True]], [["sums", -1, True, ""]], [["sums", 7, 1, ""]],
+                [[1, 7, True, ""]], [["sums", 7, True, "x" * 1001]], [("sums", 7, True, "")],
+                [["s", 1, True, ""]] * 257):
+        with pytest.raises(ProtocolError, match="running: local_restores"):
+            Running({}, bad)
