@@ -89,7 +89,8 @@ PARALLELISM = 2
 
 
 def build(keys: int, total: int, backend: str, chk: str, out: str,
-          prefilled: bool, extra: dict[str, Any] | None = None) -> Pipeline:
+          prefilled: bool, extra: dict[str, Any] | None = None,
+          rate: float | None = None) -> Pipeline:
     extra = extra or {}
     state: Any = "heap" if backend == "heap" else RocksDBStateBackend(memory_mb=256, **extra)
     p = Pipeline("bench-state", parallelism=PARALLELISM, state_backend=state,
@@ -104,7 +105,7 @@ def build(keys: int, total: int, backend: str, chk: str, out: str,
             return x * stride % keys  # a permutation: every key once
         return (((x * MIX) & 0xFFFFFFFFFFFFFFFF) >> 20) % keys
 
-    (p.source(SequenceSource(0, total - 1), uid="numbers")
+    (p.source(SequenceSource(0, total - 1, rate=rate), uid="numbers")
        .map(key_of, uid="keys")
        .key_by(lambda k: k)
        .process(Count(), uid="counts")

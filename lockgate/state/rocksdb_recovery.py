@@ -308,7 +308,11 @@ class LocalCopies:
 
     def restored(self, checkpoint_id: int | None) -> None:
         """A restore is over: keep the copy of ``checkpoint_id`` it used (None:
-        none), delete every other copy of this operator and key groups."""
+        none), delete every other copy of this operator and key groups (and
+        of other key groups, :meth:`_ensure`); nothing is made when the job
+        has no copies on this host."""
+        if checkpoint_id is None and not _marked(self.job, JOB_MARK):
+            return
         try:
             self._ensure()
         except OSError as e:

@@ -249,6 +249,8 @@ def test_a_rescaled_or_other_jobs_restore_looks_for_no_copy(tmp_path):
     restore_at(other, [handle], tmp_path / "b" / "job" / "chk-2", 0, 1)  # another job's
     other.get_state(V)
     assert contents(other) == model
+    base = Path(base_folder(RocksDBStateBackend(local_dir=str(tmp_path / "b" / "local"))))
+    assert not [p for p in base.iterdir() if p.name.startswith("other")]  # nothing made
     other.close()
 
 
