@@ -214,42 +214,90 @@ def stream_entry(state: list) -> dict:
 def test_snapshot_and_stream_under_a_writer_spread_restored_and_rescaled(postgres_logical,
                                                                           names):
     """Chunks spread over the tasks and read while a writer runs; the state
-    restored after a failure at another parallelism in the middle of the
-    snapshot, and rescaled in the stream: every version of every row once,
-    the result equal to the table."""
+    restored after a failure at a lower parallelism in the middle of the
+    snapshot, at a higher one to the stream, and rescaled in the stream:
+    every version of every row once, the result equal to the table."""
     dsn = postgres_logical
     table, slot = names
-    fill(dsn, table, 2000)
+    fill(dsn, table, 3000)
     source = PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=150, stop_message=STOP)
     source.validate()
     source.prepare("", "cdc")
-    writer = Writer(dsn, table, 2001, seed=3)
+    writer = Writer(dsn, table, 3001, seed=3)
     writer.start()
+
+    def tasks_read(events: list[tuple]) -> set[int]:
+        return {task for op, *_, task in events if op == "read"}
+
     try:
-        # p=2, in the snapshot; a failure loses what came after the last checkpoint
-        events, state, _ = read(source, None, 2, rounds=7, final_checkpoint=False)
-        assert {task for op, *_, task in events if op == "read"} == {0, 1}
-        assert stream_entry(state)["hw"] is None
-        # the next attempt restores it at p=3 and reads to the stream
-        more, state, _ = read(source, state, 3, rounds=20, attempt=1, to_stream=True)
+        # p=3, in the snapshot; a failure loses what came after the last checkpoint
+        events, state, _ = read(source, None, 3, rounds=5, final_checkpoint=False)
+        assert tasks_read(events) == {0, 1, 2}
+        # the next attempt restores it at p=2, still in the snapshot
+        more, state, _ = read(source, state, 2, rounds=4, attempt=1)
         events += more
-        assert {task for op, *_, task in more if op == "read"} == {0, 1, 2}
+        assert tasks_read(more) == {0, 1}
+        assert stream_entry(state)["hw"] is None, "the snapshot ended too early"
+        assert sum(e["hw"] is None for e in state if e.get("role") == "chunk") >= 3
+        # another run (the driver prepares anew) from that state at p=3, to the stream
+        source.prepare("", "cdc")
+        more, state, _ = read(source, state, 3, rounds=20, to_stream=True)
+        events += more
+        assert tasks_read(more) == {0, 1, 2}
         assert stream_entry(state)["hw"] is not None, "the stream did not start"
         assert any(op != "read" for op, *_ in more)
-        # another run (the driver prepares anew) from that state, rescaled to 2
-        source.prepare("", "cdc")
-        more, state, _ = read(source, state, 2, rounds=30)
+        # in the stream, rescaled to 2
+        more, state, _ = read(source, state, 2, rounds=30, attempt=1)
         events += more
         assert [e for e in state if e.get("role") == "chunk"] == []
     finally:
         writer.stop.set()
         writer.join(60)
     assert writer.error is None, writer.error
-    more, state, ended = read(source, state, 1, attempt=1)
+    more, state, ended = read(source, state, 1, attempt=2)
     events += more
     assert ended
     assert writer.ops > 20
     check(events, dsn, table)
+
+
+def test_the_stream_waits_for_every_chunk_in_a_completed_checkpoint(postgres_logical, names):
+    """Task 1 takes its part of a checkpoint, then reads its chunk; task 0,
+    done with its own, must not start the stream before the chunk is in a
+    completed checkpoint: restored from that checkpoint, the chunk is read
+    again, and its rows come once."""
+    dsn = postgres_logical
+    table, slot = names
+    fill(dsn, table, 200)
+    source = PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=100, stop_message=STOP)
+    source.prepare("", "cdc")  # chunks: ids 1-100 (task 0), 101-200 (task 1), above (task 0)
+    execute(dsn, f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
+    t0, t1 = (source.create_reader(info(i, 2)) for i in range(2))
+    t0.restore(None)
+    t1.restore(None)
+    ids: list[int] = []
+
+    def drain(reader: Any) -> None:
+        while batch := reader.poll(100):
+            ids.extend(e.after["id"] for e in batch)
+
+    drain(t0)
+    state = t1.snapshot_state(1)   # task 1's part of checkpoint 1, its chunk unread
+    drain(t1)                      # ... then it reads its chunk
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:  # task 0 waits (and looks for announcements)
+        assert t0.poll(100) == [], "the stream started before task 1's chunk was committed"
+        time.sleep(0.05)
+    state += t0.snapshot_state(1)  # task 0's part, after task 1 read its chunk
+    committed = [i for i in ids if i <= 100]  # what came before each task's barrier
+    for reader in (t0, t1):
+        reader.notify_checkpoint_complete(1)
+        reader.close()
+    assert stream_entry(state)["hw"] is None
+    more, _, ended = read(source, state, 2, attempt=1)
+    assert ended
+    assert sorted(committed + [rid for op, rid, *_ in more if op == "read"]) == list(
+        range(1, 201))
 
 
 def test_a_column_added_is_carried(postgres_logical, names):
