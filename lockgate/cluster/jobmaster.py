@@ -78,8 +78,8 @@ from lockgate.protocol import (
     TaskMetrics,
     ToDriver,
 )
-from lockgate.runtime.script_classes import script_classes
 from lockgate.state.rocksdb_recovery import remove_job as remove_job_copies
+from lockgate.state.script_classes import script_classes
 from lockgate.web.serving import attach as serve_rest
 from lockgate.web.serving import resolve_rest
 

@@ -28,7 +28,7 @@ from lockgate.cluster.metrics import JobMetrics
 from lockgate.config import RestartStrategy
 from lockgate.errors import JobFailedError
 from lockgate.redact import redact
-from lockgate.runtime.script_classes import script_traceback
+from lockgate.state.script_classes import script_traceback
 
 log = logging.getLogger("lockgate.driver")
 

@@ -46,7 +46,7 @@ class TaskSpec:
     allow_pickle: bool = False
     script_classes: list[type] = field(default_factory=list)
     """The classes of the job script the pipeline uses (sent by value): the
-    task makes them picklable by name (:mod:`lockgate.runtime.script_classes`)."""
+    task makes them picklable by name (:mod:`lockgate.state.script_classes`)."""
     batch_size: int = 1024
     faults: list[dict[str, Any]] = field(default_factory=list)
     bind_host: str = "127.0.0.1"

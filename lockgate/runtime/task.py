@@ -67,7 +67,6 @@ from lockgate.runtime.metrics import TaskMeter
 from lockgate.runtime.operators import SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.registry import OPERATORS
-from lockgate.runtime.script_classes import register_script_classes
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
 from lockgate.runtime.steps import Steps, mark
@@ -75,6 +74,7 @@ from lockgate.runtime.task_control import TaskControl
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.backends import close_backend
 from lockgate.state.rocksdb_recovery import LocalRestore
+from lockgate.state.script_classes import register_script_classes
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")

@@ -48,7 +48,7 @@ from lockgate.protocol import (
     decode_control,
     encode_control,
 )
-from lockgate.runtime import script_classes
+from lockgate.state import script_classes
 
 log = logging.getLogger("lockgate.wire")
 
@@ -220,7 +220,7 @@ def recv_exact(reader: BinaryIO, n: int) -> bytes:
 
 
 def encode_batch(records: list[Any]) -> bytes:
-    # (records of the job script's classes: see lockgate.runtime.script_classes)
+    # (records of the job script's classes: see lockgate.state.script_classes)
     return script_classes.dumps(records)
 
 

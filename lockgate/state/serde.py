@@ -84,8 +84,8 @@ class StateSerializer:
             return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
         if self.allow_pickle:
             # a class of the job script is registered first (a task's __main__
-            # is not the script): lockgate.runtime.script_classes
-            from lockgate.runtime.script_classes import dumps
+            # is not the script): lockgate.state.script_classes
+            from lockgate.state.script_classes import dumps
 
             return msgpack.ExtType(EXT_PICKLE, dumps(obj))
         raise StateSerializationError(

@@ -22,9 +22,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a batch is data: a pyarrow record batch or a list of records",
     ("runtime/arrow_ops.py", "hasattr(values, 'dtype')"):
         "an array is data: numpy's or Arrow's",
-    ("runtime/script_classes.py", "getattr(main, cls.__qualname__, None)"):
+    ("state/script_classes.py", "getattr(main, cls.__qualname__, None)"):
         "a class of the user's script, looked up by its name",
-    ("runtime/script_classes.py", "getattr(obj, '__dict__', {})"):
+    ("state/script_classes.py", "getattr(obj, '__dict__', {})"):
         "a walk over the objects of user code (any object)",
     ("state/rocksdb_changelog.py", "getattr(self.raw, name)"):
         "LoggedDB.__getattr__: what it does not log goes to the database it wraps",

@@ -161,7 +161,6 @@ KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
     ("api", "graph"),
     ("checkpoint", "protocol"),
     ("state", "checkpoint"),
-    ("state", "runtime"),
 }
 
 

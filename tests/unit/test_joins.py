@@ -456,9 +456,9 @@ class _Keyed(KeyedBroadcastProcessFunction):
 
 def test_the_driver_finds_script_classes_in_join_functions():
     """A class of the job script that only a join's function names reaches
-    the tasks (``runtime/script_classes.py`` walks tuples: the join's specs
+    the tasks (``state/script_classes.py`` walks tuples: the join's specs
     and helpers are tuples)."""
-    from lockgate.runtime.script_classes import script_classes
+    from lockgate.state.script_classes import script_classes
 
     point = type("Point", (), {})
     point.__module__ = "__main__"

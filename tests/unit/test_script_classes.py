@@ -6,7 +6,7 @@ import pickle
 import runpy
 import sys
 
-from lockgate.runtime.script_classes import (
+from lockgate.state.script_classes import (
     register_script_classes,
     script_classes,
     script_traceback,
