@@ -31,7 +31,7 @@ from lockgate.checkpoint.pending import (
 )
 from lockgate.config import CheckpointConfig
 from lockgate.errors import LockgateError
-from lockgate.fs_explain import explain
+from lockgate.fs.explain import explain
 from lockgate.protocol import (
     ControlMessage,
     Finish,

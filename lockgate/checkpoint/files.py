@@ -32,8 +32,9 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from lockgate import fs, private
+from lockgate import fs
 from lockgate.errors import CheckpointCorruptError
+from lockgate.fs import private
 
 __all__ = ["read_checked", "copy_checked", "refuse_unless_regular", "MAX_METADATA", "CHUNK"]
 

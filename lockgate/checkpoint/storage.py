@@ -25,12 +25,13 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from lockgate import fs, fs_transfer
+from lockgate import fs
 from lockgate.checkpoint.files import read_checked, refuse_unless_regular
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.metadata import CheckpointMetadata, StateHandle
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
-from lockgate.fs_explain import explain
+from lockgate.fs import transfer as fs_transfer
+from lockgate.fs.explain import explain
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite

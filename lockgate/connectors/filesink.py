@@ -50,7 +50,7 @@ from lockgate.errors import (
     OutputLostError,
     SavepointMismatchError,
 )
-from lockgate.fs_explain import explain
+from lockgate.fs.explain import explain
 
 __all__ = ["FileSink", "FileSinkWriter", "FileTxn", "ensure_writable_dir", "existing_parts"]
 

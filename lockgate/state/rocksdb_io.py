@@ -14,10 +14,12 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lockgate import fs, fs_transfer, private
+from lockgate import fs
 from lockgate.checkpoint.files import copy_checked
 from lockgate.checkpoint.incremental import SHARED_DIR, IncrementalState, SharedFile
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
+from lockgate.fs import private
+from lockgate.fs import transfer as fs_transfer
 from lockgate.state.backends import RocksDBStateBackend
 from lockgate.state.rocksdb_recovery import link_checked
 from lockgate.state.rocksdb_tables import (

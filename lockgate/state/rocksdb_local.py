@@ -11,7 +11,7 @@ folder)::
                 db/ ...                        the database
 
 * The base is made 0700; if it exists it must be a real folder (no symbolic
-  link) of this user (:func:`lockgate.private.owned_dir`): another user
+  link) of this user (:func:`lockgate.fs.private.owned_dir`): another user
   cannot plant it, or a link in its place, to steer a deletion. Lockgate
   looks at nothing outside it, and ``<local_dir>`` itself is never written
   into but for the base.
@@ -41,7 +41,7 @@ import socket
 import stat
 import time
 
-from lockgate import private
+from lockgate.fs import private
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 
 __all__ = ["task_folder", "remove_task_folder", "base_folder", "MARK", "ORPHAN_AGE"]

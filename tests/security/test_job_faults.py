@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline, fs, fs_transfer
+from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline, fs
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.coordinator import AttemptPlan, CheckpointCoordinator
 from lockgate.cli import main as cli_main
 from lockgate.connectors import CollectSink, SequenceSource
 from lockgate.errors import ConfigurationError, JobFailedError, LockgateError
+from lockgate.fs import transfer as fs_transfer
 from lockgate.protocol import NotifyAborted
 from tests.fault.sums_job import build as build_sums
 from tests.fixtures import check_exact_sums, start_and_await

@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from lockgate import fs
-from lockgate.fs_explain import explain
+from lockgate.fs.explain import explain
 
 S3 = "s3://KEY:SECRET@bkt/pre/fix?endpoint_override=127.0.0.1:9&scheme=http&region=eu-west-3"
 

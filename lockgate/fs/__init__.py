@@ -34,7 +34,7 @@ import threading
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from lockgate import private as _private
+from lockgate.fs import private as _private
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -287,7 +287,7 @@ def walk_files(location: Location) -> dict[str, int]:
 def makedirs(location: Location, private: bool = False) -> None:
     """Create the folder ``location`` and its parents (nothing in an object
     store, where folders do not exist). ``private``: local folders made are
-    0700 (:mod:`lockgate.private`)."""
+    0700 (:mod:`lockgate.fs.private`)."""
     path = local_path(location)
     if path is not None:
         if private:
@@ -423,7 +423,7 @@ def move(src: Location, dst: Location) -> None:
     atomic rename. Object store: a server-side copy, then the delete of
     ``src``; if it stops between the two, both exist with the same content and
     calling ``move`` again finishes it. Across filesystems (device, scheme,
-    bucket): ``EXDEV`` as rename(2) (:mod:`lockgate.fs_transfer` copies)."""
+    bucket): ``EXDEV`` as rename(2) (:mod:`lockgate.fs.transfer` copies)."""
     s, d = local_path(src), local_path(dst)
     if s is not None and d is not None:
         os.replace(s, d)
