@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from lockgate import fs
-from lockgate.checkpoint.files import read_checked, refuse_unless_regular
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.metadata import CheckpointMetadata, StateHandle
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 from lockgate.fs import transfer as fs_transfer
+from lockgate.fs.checked import read_checked, refuse_unless_regular
 from lockgate.fs.explain import explain
 
 if TYPE_CHECKING:

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lockgate import fs
-from lockgate.checkpoint.files import copy_checked
 from lockgate.checkpoint.incremental import SHARED_DIR, IncrementalState, SharedFile
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 from lockgate.fs import private
 from lockgate.fs import transfer as fs_transfer
+from lockgate.fs.checked import copy_checked
 from lockgate.state.backends import RocksDBStateBackend
 from lockgate.state.rocksdb_recovery import link_checked
 from lockgate.state.rocksdb_tables import (
@@ -116,7 +116,7 @@ def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: st
     """Make ``dest`` a private RocksDB folder with the files of ``state``:
     the private ones from the state file's bytes ``data``, the shared ones
     hard-linked from the checkpoint's job folder (a local filesystem) or
-    copied, each checked as untrusted (:mod:`lockgate.checkpoint.files`);
+    copied, each checked as untrusted (:mod:`lockgate.fs.checked`);
     with ``local``, from that local copy instead
     (:mod:`lockgate.state.rocksdb_recovery`: a file that fails its checks
     raises ``CopyUnusable``). A changelog is not applied here
@@ -166,7 +166,7 @@ def _fetch(ref: SharedFile, restore_dir: str, target: str, what: str, link: bool
     """The shared file ``ref`` of the checkpoint at ``restore_dir`` as the
     new local file ``target``: the checked file itself hard-linked
     (``link``, where possible) or copied; a regular file of its recorded
-    size and CRC-32, or refused (:func:`lockgate.checkpoint.files.copy_checked`)."""
+    size and CRC-32, or refused (:func:`lockgate.fs.checked.copy_checked`)."""
     source = fs.join(fs.parent(restore_dir), SHARED_DIR, ref.name)
     try:
         copy_checked(source, target, what, size=ref.size, crc32=ref.crc32, link=link)

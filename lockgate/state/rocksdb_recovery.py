@@ -47,7 +47,7 @@ files come from the checkpoint storage as without local recovery, and the
 task says which (:class:`LocalRestore`, in its log and sent to the driver):
 
 * every folder on the way is a real folder (no symbolic link), below the base
-  folder this user owns (:func:`lockgate.private.check_owned`); every name
+  folder this user owns (:func:`lockgate.fs.private.check_owned`); every name
   comes from the checkpoint's handle, checked as untrusted;
 * the manifest names the same checkpoint, job, operator, key groups and host,
   and the same file names as the checkpoint's handle (the shared files'
@@ -77,9 +77,9 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lockgate import private
-from lockgate.checkpoint.files import CHUNK
 from lockgate.checkpoint.incremental import IncrementalState, SharedFile
+from lockgate.fs import private
+from lockgate.fs.checked import CHUNK
 from lockgate.state.backends import BackendScope, RocksDBStateBackend, StateBackend
 
 __all__ = ["LocalCopies", "LocalRestore", "CopyUnusable", "link_checked", "remove_job",
