@@ -69,12 +69,12 @@ from typing import Any
 
 from lockgate import CheckpointConfig, FixedDelayRestart, KeyedProcessFunction, Pipeline
 from lockgate.checkpoint import storage
-from lockgate.checkpoint.incremental import shared_checkpoint_id
 from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
 from lockgate.checkpoint.metadata import CheckpointMetadata, OperatorMetadata, StateHandle
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.backends import RocksDBStateBackend
+from lockgate.state.incremental import shared_checkpoint_id
 from lockgate.state.keygroups import (
     DEFAULT_MAX_PARALLELISM,
     key_group_for_key,

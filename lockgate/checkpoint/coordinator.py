@@ -19,7 +19,6 @@ from enum import StrEnum
 
 from lockgate import fs
 from lockgate.checkpoint import storage
-from lockgate.checkpoint.incremental import delete_unreferenced, referenced_shared
 from lockgate.checkpoint.kinds import BarrierKind, CheckpointKind, OperatorStateMode
 from lockgate.checkpoint.metadata import CheckpointMetadata, Progress
 from lockgate.checkpoint.pending import (
@@ -40,6 +39,7 @@ from lockgate.protocol import (
     StateHandles,
     TriggerCheckpoint,
 )
+from lockgate.state.incremental import delete_unreferenced, referenced_shared
 
 log = logging.getLogger("lockgate.checkpoint")
 

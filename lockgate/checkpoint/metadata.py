@@ -17,9 +17,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
 from lockgate.errors import CheckpointCorruptError
+from lockgate.state.incremental import IncrementalState
 from lockgate.untrusted import plain_name
 
 FORMAT_VERSION = 1

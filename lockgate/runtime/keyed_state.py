@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
 from lockgate.checkpoint.restore import plan_keyed_restore
 from lockgate.state.backend import KeyedBlocks
@@ -24,6 +23,7 @@ from lockgate.state.backends import (
     KeyedStateBackend,
     StateFileWriter,
 )
+from lockgate.state.incremental import IncrementalState
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.rocksdb_recovery import LocalRestore
 

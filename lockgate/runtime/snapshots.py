@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lockgate import fs
-from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.checkpoint.metadata import CHANNEL_STATE_KEY, StateHandle
 from lockgate.checkpoint.restore import distribute_operator_state
 from lockgate.checkpoint.storage import (
@@ -37,6 +36,7 @@ from lockgate.runtime.keyed_state import restore_keyed, write_keyed
 from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.spec import TaskSpec
 from lockgate.state.backend import KeyedBlocks
+from lockgate.state.incremental import IncrementalState
 from lockgate.state.rocksdb_recovery import LocalRestore
 from lockgate.state.serde import StateSerializer
 

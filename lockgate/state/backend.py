@@ -40,7 +40,7 @@ from lockgate.state.values import ATOMIC, private_copy
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-    from lockgate.checkpoint.incremental import IncrementalState
+    from lockgate.state.incremental import IncrementalState
     from lockgate.state.rocksdb_recovery import LocalRestore
 
 __all__ = [

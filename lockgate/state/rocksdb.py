@@ -21,7 +21,7 @@ covers only the last writes. The snapshot thread then writes either
   uploaded before goes to ``<job>/shared/``, the others are referenced; the
   small private files (``MANIFEST``, ``CURRENT``, ``OPTIONS``) go into the
   task's state file; the handle lists them all
-  (:class:`~lockgate.checkpoint.incremental.IncrementalState`); or
+  (:class:`~lockgate.state.incremental.IncrementalState`); or
 - *canonically* (a savepoint, or ``incremental=False``): the checkpoint's
   folder is opened read-only and written as one block per key group, the
   heap backend's format, so either backend restores it at any parallelism.
@@ -52,7 +52,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 from lockgate import fs
-from lockgate.checkpoint.incremental import IncrementalState, SharedFile
 from lockgate.errors import LockgateError
 from lockgate.state.backend import (
     Descriptor,
@@ -66,6 +65,7 @@ from lockgate.state.backend import (
     registered_kind,
 )
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.incremental import IncrementalState, SharedFile
 from lockgate.state.rocksdb_changelog import Chain, LoggedBatch, LoggedDB, log_limit
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
 from lockgate.state.rocksdb_flush import POLL, EarlyFlush, flush_running, start_flush

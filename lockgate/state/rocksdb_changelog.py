@@ -18,7 +18,7 @@ with changelog checkpointing split the two, and so does this module:
   asynchronous part writes the log as one sorted SST file (deletions as
   tombstones) and uploads it into ``<job>/shared/``. The handle names the
   last *materialization*'s files and the changelog files since it, oldest
-  first (:class:`~lockgate.checkpoint.incremental.IncrementalState`).
+  first (:class:`~lockgate.state.incremental.IncrementalState`).
 * A *materialization* is a RocksDB checkpoint taken between records (a
   background flush first, :mod:`~lockgate.state.rocksdb_flush`'s
   ``start_flush``, then a short final one), once the changelog since the
@@ -52,8 +52,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lockgate.checkpoint.incremental import IncrementalState, SharedFile, shared_file_name
 from lockgate.errors import LockgateError
+from lockgate.state.incremental import IncrementalState, SharedFile, shared_file_name
 from lockgate.state.rocksdb_io import options, require, upload
 
 if TYPE_CHECKING:

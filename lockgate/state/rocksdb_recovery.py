@@ -18,7 +18,7 @@ folder), beside the tasks' working folders::
                     log/<shared name>.sst             the changelog files, in the handle's order
 
 **What a copy holds.** The SST files the checkpoint's handle names
-(:class:`~lockgate.checkpoint.incremental.IncrementalState`): hard links of
+(:class:`~lockgate.state.incremental.IncrementalState`): hard links of
 the very files its upload read (the RocksDB checkpoint folder of a
 materialization, a changelog file before it is deleted), no second write;
 files the previous copy holds already are linked from it. The small private
@@ -77,10 +77,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lockgate.checkpoint.incremental import IncrementalState, SharedFile
 from lockgate.fs import private
 from lockgate.fs.checked import CHUNK
 from lockgate.state.backends import BackendScope, RocksDBStateBackend, StateBackend
+from lockgate.state.incremental import IncrementalState, SharedFile
 
 __all__ = ["LocalCopies", "LocalRestore", "CopyUnusable", "link_checked", "remove_job",
            "base_folder", "STALE_AGE"]

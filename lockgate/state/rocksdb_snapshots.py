@@ -10,10 +10,10 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING
 
-from lockgate.checkpoint.incremental import IncrementalState
 from lockgate.errors import LockgateError
 from lockgate.state.backend import KeyedBlocks
 from lockgate.state.backends import IncrementalSnapshot, RocksDBStateBackend, StateFileWriter
+from lockgate.state.incremental import IncrementalState
 from lockgate.state.rocksdb_changelog import advance, handle, upload_folder, write_private
 from lockgate.state.rocksdb_io import export_blocks, open_db
 from lockgate.state.ttl_config import SnapshotFilter

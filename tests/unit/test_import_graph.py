@@ -160,7 +160,6 @@ KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
     ("api", "cluster"),
     ("api", "graph"),
     ("checkpoint", "protocol"),
-    ("state", "checkpoint"),
 }
 
 

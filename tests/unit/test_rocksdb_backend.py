@@ -11,14 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from lockgate.checkpoint.incremental import (
-    SHARED_DIR,
-    IncrementalState,
-    delete_unreferenced,
-    referenced_shared,
-    shared_checkpoint_id,
-    unreferenced,
-)
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
 from lockgate.errors import CheckpointCorruptError
@@ -36,6 +28,14 @@ from lockgate.state.backends import (
     RocksDBStateBackend,
     create_keyed_backend,
     state_backend,
+)
+from lockgate.state.incremental import (
+    SHARED_DIR,
+    IncrementalState,
+    delete_unreferenced,
+    referenced_shared,
+    shared_checkpoint_id,
+    unreferenced,
 )
 from lockgate.state.keygroups import key_group_for_key, key_group_range
 from lockgate.state.serde import StateSerializer
