@@ -24,7 +24,7 @@ from lockgate.graph.types import OperatorKind
 from lockgate.protocol import TaskMetrics
 
 if TYPE_CHECKING:
-    from lockgate.checkpoint.coordinator import CheckpointRecord
+    from lockgate.checkpoint.history import CheckpointRecord
     from lockgate.cluster.jobmaster import JobMaster
 
 __all__ = ["JobMetrics", "describe_graph", "history_entry", "overview", "size_hint"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from lockgate.checkpoint.coordinator import CheckpointRecord
+from lockgate.checkpoint.history import CheckpointRecord
 from lockgate.config import CheckpointingMode
 
 

@@ -195,7 +195,7 @@ def test_spark_names_the_job_and_links_its_dashboard_without_the_token() -> None
 
 
 def test_history_shows_the_in_flight_bytes_of_an_unaligned_checkpoint() -> None:
-    from lockgate.checkpoint.coordinator import CheckpointRecord, CheckpointStatus
+    from lockgate.checkpoint.history import CheckpointRecord, CheckpointStatus
     from lockgate.cluster.metrics import history_entry
 
     record = CheckpointRecord(7, "periodic", CheckpointStatus.COMPLETED, 1.0, duration=0.2,
