@@ -13,7 +13,7 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.checkpoint import storage
-from lockgate.checkpoint.coordinator import CheckpointCoordinator
+from lockgate.cluster.coordinator import CheckpointCoordinator
 from lockgate.cluster.failures import JobEnds
 from lockgate.cluster.result import JobStatus
 from lockgate.errors import ConfigurationError, LockgateError

@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
 from lockgate.checkpoint import metadata, storage
-from lockgate.checkpoint.coordinator import (
+from lockgate.checkpoint.kinds import OperatorStateMode
+from lockgate.cluster import resume
+from lockgate.cluster.autoscaling import AutoscaleDriver
+from lockgate.cluster.commands import Command, CommandKind, Commands
+from lockgate.cluster.coordinator import (
     AttemptPlan,
     CheckpointCoordinator,
     CheckpointFailureError,
     CompletedCheckpoint,
 )
-from lockgate.checkpoint.kinds import OperatorStateMode
-from lockgate.cluster import resume
-from lockgate.cluster.autoscaling import AutoscaleDriver
-from lockgate.cluster.commands import Command, CommandKind, Commands
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import (
     AttemptFailed,

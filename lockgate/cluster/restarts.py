@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lockgate import fs
-from lockgate.checkpoint.coordinator import CheckpointCoordinator, CheckpointFailureError
+from lockgate.cluster.coordinator import CheckpointCoordinator, CheckpointFailureError
 from lockgate.cluster.events import TaskEvent
 from lockgate.cluster.failures import (
     BROKEN_CHANNELS,

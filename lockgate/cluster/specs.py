@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lockgate.checkpoint.coordinator import CompletedCheckpoint
+from lockgate.cluster.coordinator import CompletedCheckpoint
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.types import Partitioning
 from lockgate.runtime.spec import TaskSpec

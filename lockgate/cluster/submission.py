@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
 from lockgate.checkpoint import storage
-from lockgate.checkpoint.coordinator import CompletedCheckpoint
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.restore import check_channel_state
 from lockgate.cluster import resume
+from lockgate.cluster.coordinator import CompletedCheckpoint
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import check_sink_locations

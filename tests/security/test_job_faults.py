@@ -23,8 +23,8 @@ import pytest
 
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline, fs
 from lockgate.checkpoint import storage
-from lockgate.checkpoint.coordinator import AttemptPlan, CheckpointCoordinator
 from lockgate.cli import main as cli_main
+from lockgate.cluster.coordinator import AttemptPlan, CheckpointCoordinator
 from lockgate.connectors import CollectSink, SequenceSource
 from lockgate.errors import ConfigurationError, JobFailedError, LockgateError
 from lockgate.fs import transfer as fs_transfer

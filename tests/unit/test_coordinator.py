@@ -9,12 +9,12 @@ import logging
 import pytest
 
 from lockgate.checkpoint import storage
-from lockgate.checkpoint.coordinator import (
+from lockgate.checkpoint.metadata import Progress
+from lockgate.cluster.coordinator import (
     AttemptPlan,
     CheckpointCoordinator,
     CheckpointFailureError,
 )
-from lockgate.checkpoint.metadata import Progress
 from lockgate.config import CheckpointConfig
 from lockgate.protocol import Finish, NotifyAborted, NotifyComplete, TriggerCheckpoint
 

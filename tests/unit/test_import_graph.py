@@ -159,7 +159,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
     ("api", "cluster"),
     ("api", "graph"),
-    ("checkpoint", "protocol"),
 }
 
 
