@@ -19,7 +19,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from lockgate.cluster.result import JobResult
+from lockgate.api.result import JobResult
 from lockgate.errors import LockgateError
 
 if TYPE_CHECKING:

@@ -36,8 +36,8 @@ from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
     from lockgate.api.arrow import ArrowStream
+    from lockgate.api.result import JobResult, Progress
     from lockgate.cluster.client import JobClient
-    from lockgate.cluster.result import JobResult, Progress
 
 T = TypeVar("T")
 

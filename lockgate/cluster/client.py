@@ -6,7 +6,7 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from lockgate.cluster.result import JobResult
+from lockgate.api.result import JobResult
 
 if TYPE_CHECKING:
     from lockgate.cluster.jobmaster import JobMaster

@@ -12,10 +12,10 @@ from enum import StrEnum
 from typing import Any
 
 from lockgate import fs
+from lockgate.api.result import JobStatus
 from lockgate.checkpoint import storage
 from lockgate.cluster.coordinator import CheckpointCoordinator
 from lockgate.cluster.failures import JobEnds
-from lockgate.cluster.result import JobStatus
 from lockgate.errors import ConfigurationError, LockgateError
 
 

@@ -24,6 +24,13 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
+from lockgate.api.result import (
+    Guarantee,
+    JobResult,
+    JobStatus,
+    LocalRestoreRecord,
+    Progress,
+)
 from lockgate.checkpoint import metadata, storage
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.cluster import resume
@@ -49,13 +56,6 @@ from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.rescale import available_slots, rescale_plan
 from lockgate.cluster.restarts import RestartHandler
-from lockgate.cluster.result import (
-    Guarantee,
-    JobResult,
-    JobStatus,
-    LocalRestoreRecord,
-    Progress,
-)
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.specs import task_specs
 from lockgate.cluster.startup import StartupLog

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lockgate.api.result import Progress
 from lockgate.checkpoint.kinds import CheckpointKind
-from lockgate.cluster.result import Progress
 from lockgate.config import RestConfig
 from lockgate.errors import PipelineDefinitionError
 

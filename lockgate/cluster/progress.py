@@ -32,8 +32,8 @@ from typing import IO, TYPE_CHECKING, Any
 from lockgate.cli_format import format_duration
 
 if TYPE_CHECKING:
+    from lockgate.api.result import JobResult, Progress
     from lockgate.cluster.jobmaster import JobMaster
-    from lockgate.cluster.result import JobResult, Progress
 
 __all__ = ["PLAIN_INTERVAL", "TTY_INTERVAL", "ProgressReporter", "checkpoint_text",
            "run_with_progress", "start_text", "status_text", "summary_lines"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lockgate.cluster.result import JobStatus
+from lockgate.api.result import JobStatus
 from lockgate.errors import ConfigurationError, LockgateError
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.rescale import rescaled

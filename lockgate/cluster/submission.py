@@ -18,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
+from lockgate.api.result import Guarantee, JobResult, end_to_end_guarantee
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.restore import check_channel_state
@@ -26,7 +27,6 @@ from lockgate.cluster.coordinator import CompletedCheckpoint
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import check_sink_locations
-from lockgate.cluster.result import Guarantee, JobResult, end_to_end_guarantee
 from lockgate.config import CheckpointingMode
 from lockgate.errors import (
     CheckpointCorruptError,

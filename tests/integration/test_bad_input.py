@@ -33,8 +33,8 @@ from lockgate import (
     RuntimeContext,
     ValueStateDescriptor,
 )
+from lockgate.api.result import Progress
 from lockgate.checkpoint import storage
-from lockgate.cluster.result import Progress
 from lockgate.connectors import CollectSink, FileSink, SequenceSource, Sink, TaskInfo
 from lockgate.connectors.sequence import SequenceReader
 from lockgate.errors import (
