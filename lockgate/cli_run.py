@@ -23,8 +23,8 @@ from lockgate.api.result import JobResult
 from lockgate.errors import LockgateError
 
 if TYPE_CHECKING:
+    from lockgate.api.client import JobClient
     from lockgate.api.pipeline import Pipeline
-    from lockgate.cluster.client import JobClient
 
 __all__ = ["run_command"]
 
@@ -128,7 +128,7 @@ class ScriptRun:
                                      verbose=self.args.verbose, summary=sys.stdout)
 
     def start(self, pipeline: Pipeline, script_args: dict[str, Any]) -> JobClient:
-        from lockgate.cluster.client import JobClient
+        from lockgate.api.client import JobClient
 
         return JobClient(self.prepare(pipeline, script_args))
 

@@ -25,8 +25,8 @@ from lockgate import fs
 
 if TYPE_CHECKING:
     from lockgate import Pipeline
+    from lockgate.api.client import JobClient
     from lockgate.api.result import Progress
-    from lockgate.cluster.client import JobClient
 
 LAUNCHERS = ("local", "spark")
 """The launchers every integration and fault test runs on: on ``spark`` the

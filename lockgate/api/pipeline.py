@@ -36,8 +36,8 @@ from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
     from lockgate.api.arrow import ArrowStream
+    from lockgate.api.client import JobClient
     from lockgate.api.result import JobResult, Progress
-    from lockgate.cluster.client import JobClient
 
 T = TypeVar("T")
 

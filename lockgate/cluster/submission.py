@@ -39,8 +39,8 @@ from lockgate.graph.types import OperatorKind
 from lockgate.runtime.steps import Steps, mark
 
 if TYPE_CHECKING:
+    from lockgate.api.client import JobClient
     from lockgate.api.pipeline import Pipeline
-    from lockgate.cluster.client import JobClient
 
 log = logging.getLogger("lockgate.driver")
 
@@ -71,7 +71,7 @@ def interrupted_before_start(name: str) -> JobInterrupted:
 
 def start_pipeline(pipeline: Pipeline, options: RunOptions) -> JobClient:
     """Start a job in a background thread of the driver (``Pipeline.start``)."""
-    from lockgate.cluster.client import JobClient
+    from lockgate.api.client import JobClient
 
     return JobClient(prepare_job(pipeline, options))
 

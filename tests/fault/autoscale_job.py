@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.fault.*
 
 from lockgate import AutoscalerConfig, CheckpointConfig, FixedDelayRestart, Pipeline
-from lockgate.cluster.client import JobClient
+from lockgate.api.client import JobClient
 from tests.fault.stepped_source import SteppedSource
 from tests.fault.sums_job import running_sums
 

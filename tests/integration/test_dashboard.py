@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lockgate.cluster.client import JobClient
+from lockgate.api.client import JobClient
 from lockgate.config import RestConfig
 from tests.fault.sums_job import build
 
