@@ -11,6 +11,7 @@ from lockgate.api.evictors import CountEvictor, Evictor, TimeEvictor
 from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from lockgate.api.joins import ProcessJoinFunction
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
+from lockgate.api.pipeline import set_runner as _set_runner
 from lockgate.api.triggers import (
     ContinuousEventTimeTrigger,
     CountTrigger,
@@ -41,6 +42,7 @@ from lockgate.api.windows import (
     TumblingEventTimeWindows,
     TumblingProcessingTimeWindows,
 )
+from lockgate.cluster.entry import submit as _submit
 from lockgate.config import (
     AutoscalerConfig,
     CheckpointConfig,
@@ -64,6 +66,10 @@ from lockgate.state.ttl_config import (
 )
 
 __version__ = "0.1.0"
+
+# Pipeline.run() and start() run their job on the driver (lockgate.cluster),
+# which sits above the API: the API is handed the driver's entry here.
+_set_runner(_submit)
 
 __all__ = [
     "BroadcastProcessFunction",

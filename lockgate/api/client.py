@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lockgate.api.result import JobResult
 
-if TYPE_CHECKING:
-    from lockgate.cluster.jobmaster import JobMaster
+
+class RunningJob(Protocol):
+    """What a :class:`JobClient` drives: the job master
+    (``lockgate.cluster.jobmaster.JobMaster``, which the API does not import)
+    satisfies it by its shape."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    def run(self) -> JobResult:
+        """Run the job to its end in this thread."""
+        ...
+
+    def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
+        """Hand a command (``savepoint``, ``stop``, ``rescale``, ``cancel``) to the job."""
+        ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def checkpoint_history(self) -> list[dict[str, Any]]: ...
 
 
 class JobClient:
@@ -22,7 +40,7 @@ class JobClient:
     waits for the end and returns the ``JobResult`` (or raises the job's error).
     """
 
-    def __init__(self, master: JobMaster) -> None:
+    def __init__(self, master: RunningJob) -> None:
         self.master = master
         self.job_id = master.job_id
         self._result: Future[JobResult] = Future()

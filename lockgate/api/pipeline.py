@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node", "NodeInput", "launched_by"]
+__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node", "NodeInput", "launched_by",
+           "set_runner"]
 
 LaunchHook = Callable[["Pipeline", dict[str, Any], bool], Any]
 """Who runs a pipeline whose ``run()``/``start()`` is called (the pipeline,
@@ -49,6 +50,14 @@ the call's arguments, whether it waits): ``lockgate run`` while it loads a
 script (:func:`launched_by`)."""
 
 _launch_hook: list[LaunchHook] = []
+_runner: list[LaunchHook] = []
+
+
+def set_runner(runner: LaunchHook) -> None:
+    """Who runs a pipeline's ``run()``/``start()`` in this process: the
+    driver (``lockgate.cluster.entry.submit``), which ``lockgate/__init__.py``
+    sets. The API sits below the driver and does not import it."""
+    _runner[:] = [runner]
 
 
 @contextmanager
@@ -311,31 +320,11 @@ class Pipeline:
         return client
 
     def _submit(self, args: dict[str, Any], wait: bool) -> Any:
-        """:meth:`run` (``wait``) or :meth:`start`. A local Spark session the
-        job will start begins first (its JVM starts while the driver imports
-        the job master's modules), and ends if the job is refused. Under
-        ``lockgate run`` the command line runs it (:func:`launched_by`)."""
+        """:meth:`run` (``wait``) or :meth:`start`: the driver runs it
+        (:func:`set_runner`), or under ``lockgate run`` the command line
+        (:func:`launched_by`)."""
         if _launch_hook:
             return _launch_hook[-1](self, args, wait)
-        try:
-            if args.get("launcher", "spark") != "spark":
-                return self._submit_now(args, wait)
-            from lockgate.cluster import spark_session
-
-            spark_session.prestart_job(self, args.get("spark"), args.get("master"))
-            try:
-                return self._submit_now(args, wait)
-            except BaseException:
-                spark_session.cancel_prestart()  # (none is left once the job started)
-                raise
-        except KeyboardInterrupt:  # Ctrl-C before the job started: one line, code 130
-            from lockgate.cluster.submission import interrupted_before_start
-
-            raise interrupted_before_start(self.name) from None
-
-    def _submit_now(self, args: dict[str, Any], wait: bool) -> Any:
-        from lockgate.cluster.options import RunOptions
-        from lockgate.cluster.submission import run_pipeline, start_pipeline
-
-        options = RunOptions(**args)
-        return run_pipeline(self, options) if wait else start_pipeline(self, options)
+        if not _runner:
+            raise RuntimeError("no runner: import lockgate (its __init__ sets the driver's)")
+        return _runner[-1](self, args, wait)

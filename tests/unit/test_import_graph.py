@@ -132,9 +132,6 @@ def describe(component: list[str], edges: dict[str, set[str]]) -> str:
 # the graph is a DAG, and each must still be there (take it out of the list
 # once it is gone). Empty once the house is a DAG.
 KNOWN_FILE_EDGES: set[tuple[str, str]] = {
-    ("api.pipeline", "cluster.client"),
-    ("api.pipeline", "cluster.spark_session"),
-    ("api.pipeline", "cluster.submission"),
     ("api.stream", "api.pipeline"),
     ("api.arrow", "api.pipeline"),
     ("api.windowed", "api.pipeline"),
@@ -157,7 +154,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("state.rocksdb_recovery", "state.backends"),
 }
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
-    ("api", "cluster"),
     ("api", "graph"),
 }
 
