@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.connectors.base import Sink
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind, Partitioning
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import DataStream, Node, Pipeline

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import RuntimeContext
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind, Partitioning
 from lockgate.state.backend import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from lockgate.state.values import ATOMIC, private_copy
 

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from lockgate.api.functions import RuntimeContext
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind, Partitioning
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import DataStream, KeyedStream, Node, Pipeline

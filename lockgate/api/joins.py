@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 from lockgate.api.functions import OutputTag
+from lockgate.api.plan import OperatorKind
 from lockgate.api.windows import ProcessWindowFunction, WindowAssigner, WindowContext
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import DataStream, KeyedStream, Node

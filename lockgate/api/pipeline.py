@@ -24,12 +24,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.api.stream import DataStream, KeyedStream
 from lockgate.api.watermarks import WatermarkStrategy
 from lockgate.config import AutoscalerConfig, CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Source
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind, Partitioning
 from lockgate.state.backends import StateBackend
 from lockgate.state.backends import state_backend as resolve_state_backend
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import KeyedProcessFunction, OutputTag
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.connectors.base import Sink
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind, Partitioning
 
 if TYPE_CHECKING:
     from lockgate.api.arrow import ArrowStream

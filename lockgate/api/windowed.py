@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import OutputTag
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.api.windows import (
     AggregateFunction,
     CountWindows,
@@ -19,7 +20,6 @@ from lockgate.api.windows import (
     WindowSpec,
 )
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind, Partitioning
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import DataStream, Node, Pipeline

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
+from lockgate.api.plan import OperatorKind
 from lockgate.api.result import (
     Guarantee,
     JobResult,
@@ -63,7 +64,6 @@ from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrateg
 from lockgate.errors import LockgateError
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.rescale import describe
-from lockgate.graph.types import OperatorKind
 from lockgate.protocol import (
     Ack,
     ControlMessage,

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lockgate.api.plan import OperatorKind
 from lockgate.graph.jobgraph import JobGraph
-from lockgate.graph.types import OperatorKind
 from lockgate.protocol import TaskMetrics
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 
 from lockgate import fs
+from lockgate.api.plan import OperatorKind
 from lockgate.checkpoint.metadata import CheckpointMetadata
 from lockgate.graph.jobgraph import JobGraph
-from lockgate.graph.types import OperatorKind
 
 log = logging.getLogger("lockgate.driver")
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
+from lockgate.api.plan import OperatorKind
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.metadata import CheckpointMetadata
 from lockgate.errors import CheckpointCorruptError, LockgateError, PipelineDefinitionError
-from lockgate.graph.types import OperatorKind
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Pipeline

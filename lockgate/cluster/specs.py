@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lockgate.api.plan import Partitioning
 from lockgate.cluster.coordinator import CompletedCheckpoint
 from lockgate.graph.jobgraph import JobGraph
-from lockgate.graph.types import Partitioning
 from lockgate.runtime.spec import TaskSpec
 from lockgate.runtime.wire import max_data_frame
 

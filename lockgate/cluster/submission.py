@@ -18,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from lockgate import fs
+from lockgate.api.plan import OperatorKind
 from lockgate.api.result import Guarantee, JobResult, end_to_end_guarantee
 from lockgate.checkpoint import storage
 from lockgate.checkpoint.kinds import CheckpointKind
@@ -35,7 +36,6 @@ from lockgate.errors import (
     PipelineDefinitionError,
 )
 from lockgate.graph.jobgraph import JobGraph, build_job_graph
-from lockgate.graph.types import OperatorKind
 from lockgate.runtime.steps import Steps, mark
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.errors import PipelineDefinitionError
-from lockgate.graph.types import OperatorKind, Partitioning
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Node, Pipeline

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lockgate.api.plan import Partitioning
 from lockgate.errors import ConfigurationError
 from lockgate.graph.jobgraph import InputEdge, JobGraph, JobVertex
-from lockgate.graph.types import Partitioning
 
 
 def rescaled(graph: JobGraph, parallelism: int | None,

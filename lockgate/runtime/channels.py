@@ -17,8 +17,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from lockgate.api.plan import Partitioning
 from lockgate.errors import LockgateError
-from lockgate.graph.types import Partitioning
 from lockgate.protocol import END_OF_PARTITION, Address, ChannelLost, EndOfPartition, Hello
 from lockgate.runtime import handshake, wire
 from lockgate.runtime.mailbox import Mailbox

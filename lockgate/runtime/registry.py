@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lockgate.graph.types import OperatorKind
+from lockgate.api.plan import OperatorKind
 from lockgate.runtime.arrow_ops import ArrowAggregateOperator, ArrowStepOperator
 from lockgate.runtime.async_io import AsyncOperator
 from lockgate.runtime.broadcast_process import BroadcastProcessOperator

@@ -13,10 +13,10 @@ import pytest
 from lockgate import MapStateDescriptor, ValueStateDescriptor
 from lockgate.api.broadcast import KeyedBroadcastProcessFunction
 from lockgate.api.connected import CoSpec
+from lockgate.api.plan import OperatorKind
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import OperatorSpec
-from lockgate.graph.types import OperatorKind
 from lockgate.runtime.broadcast_process import BroadcastProcessOperator
 from lockgate.state.backends import RocksDBStateBackend, close_backend
 from lockgate.state.serde import StateSerializer

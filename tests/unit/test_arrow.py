@@ -16,13 +16,13 @@ import pytest
 
 from lockgate import Pipeline
 from lockgate.api.arrow import ArrowAggregate, ColumnKey
+from lockgate.api.plan import OperatorKind
 from lockgate.connectors import FileSource
 from lockgate.connectors.base import TaskInfo
 from lockgate.connectors.formats import ParquetFormat
 from lockgate.connectors.parquet import ArrowSource
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import OperatorSpec
-from lockgate.graph.types import OperatorKind
 from lockgate.protocol import Batch, ProtocolError
 from lockgate.runtime import wire
 from lockgate.runtime.arrow_ops import (

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from lockgate.api.async_io import AsyncFunction, as_async_function
+from lockgate.api.plan import OperatorKind
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import PipelineDefinitionError, UserFunctionError
 from lockgate.graph.jobgraph import OperatorSpec
-from lockgate.graph.types import OperatorKind
 from lockgate.runtime.async_io import AsyncOperator
 from lockgate.state.serde import StateSerializer
 

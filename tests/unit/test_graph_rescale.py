@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from lockgate import Pipeline
+from lockgate.api.plan import Partitioning
 from lockgate.connectors import CollectSink, SequenceSource
 from lockgate.errors import ConfigurationError
 from lockgate.graph.jobgraph import build_job_graph
 from lockgate.graph.rescale import describe, rescaled
-from lockgate.graph.types import Partitioning
 
 
 def graph():

@@ -154,7 +154,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("state.rocksdb_recovery", "state.backends"),
 }
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
-    ("api", "graph"),
 }
 
 
@@ -214,7 +213,7 @@ ALLOWED = {
     "lockgate.protocol": ("lockgate.checkpoint.metadata", "lockgate.checkpoint.kinds"),
 }
 RULES = [
-    ("lockgate.api", ("lockgate.runtime",)),
+    ("lockgate.api", ("lockgate.graph", "lockgate.runtime", "lockgate.cluster")),
     ("lockgate.graph", ("lockgate.runtime", "lockgate.cluster", "lockgate.connectors")),
     ("lockgate.checkpoint", ("lockgate.connectors", "lockgate.cluster", "lockgate.web")),
     ("lockgate.web", ("lockgate.cluster", "lockgate.runtime")),

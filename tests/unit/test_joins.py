@@ -28,6 +28,7 @@ from lockgate import (
 from lockgate.api.broadcast import BroadcastProcessFunction
 from lockgate.api.connected import CoProcessFunction, CoSpec
 from lockgate.api.joins import IntervalJoinSpec, ProcessJoinFunction, _PairUp
+from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.api.windows import (
     EventTimeSessionWindows,
     SlidingEventTimeWindows,
@@ -38,7 +39,6 @@ from lockgate.connectors import CollectSink, SequenceSource
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import OperatorSpec, build_job_graph
-from lockgate.graph.types import OperatorKind, Partitioning
 from lockgate.protocol import Watermark
 from lockgate.runtime.broadcast_process import BroadcastProcessOperator
 from lockgate.runtime.coprocess import CoProcessOperator

@@ -8,8 +8,8 @@ import threading
 import time
 from collections import Counter
 
+from lockgate.api.plan import Partitioning
 from lockgate.graph.jobgraph import OutputEdge
-from lockgate.graph.types import Partitioning
 from lockgate.protocol import Barrier, Batch, EndOfData, TriggerCheckpoint
 from lockgate.runtime import wire
 from lockgate.runtime.mailbox import CONTROL, Mailbox

@@ -295,9 +295,9 @@ def test_triggers_and_sliding_count_windows_on_rocksdb(tmp_path):
     """The same operator over the RocksDB backend's views: trigger state and
     count buffers written back, through a snapshot, and cleaned up."""
     pytest.importorskip("rocksdict")
+    from lockgate.api.plan import OperatorKind
     from lockgate.connectors.base import TaskInfo
     from lockgate.graph.jobgraph import OperatorSpec
-    from lockgate.graph.types import OperatorKind
     from lockgate.runtime.windows import WindowOperator
     from lockgate.state.backends import RocksDBStateBackend, close_backend
     from lockgate.state.serde import StateSerializer

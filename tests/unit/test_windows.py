@@ -16,6 +16,7 @@ import pytest
 
 from lockgate import Pipeline, WatermarkStrategy
 from lockgate.api.functions import OutputTag
+from lockgate.api.plan import OperatorKind
 from lockgate.api.windows import (
     AggregateFunction,
     CountWindows,
@@ -32,7 +33,6 @@ from lockgate.connectors import CollectSink, SequenceSource
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import OperatorSpec, build_job_graph
-from lockgate.graph.types import OperatorKind
 from lockgate.runtime.timers import PROCESSING_TIMERS_STATE, TIMERS_STATE
 from lockgate.runtime.windows import WINDOWS_STATE, WindowOperator
 from lockgate.state.keygroups import key_group_range
