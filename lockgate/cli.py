@@ -13,8 +13,8 @@ from typing import Any
 
 from lockgate import cli_rescale, fs
 from lockgate.checkpoint import storage
-from lockgate.cli_format import format_duration, format_size, format_table
 from lockgate.cli_savepoint import print_savepoint
+from lockgate.cluster.format import format_duration, format_size, format_table
 from lockgate.errors import JobInterrupted, LockgateError
 from lockgate.web import client, discovery
 

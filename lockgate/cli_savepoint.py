@@ -10,7 +10,7 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.checkpoint import storage
-from lockgate.cli_format import format_size, format_table
+from lockgate.cluster.format import format_size, format_table
 from lockgate.errors import LockgateError
 
 __all__ = ["describe_savepoint", "print_savepoint"]

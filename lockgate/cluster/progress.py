@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
-from lockgate.cli_format import format_duration
+from lockgate.cluster.format import format_duration
 
 if TYPE_CHECKING:
     from lockgate.api.result import JobResult, Progress

@@ -1,5 +1,5 @@
-"""Plain-text formatting of the ``lockgate`` command's output: sizes,
-durations and aligned tables."""
+"""Plain-text formatting of what the driver prints (the progress display,
+the ``lockgate`` command): sizes, durations and aligned tables."""
 
 from __future__ import annotations
 
