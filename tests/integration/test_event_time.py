@@ -23,7 +23,7 @@ from lockgate import (
     WatermarkStrategy,
 )
 from lockgate.checkpoint import storage
-from lockgate.cli_savepoint import describe_savepoint
+from lockgate.cli.savepoint import describe_savepoint
 from lockgate.connectors import FileSink, FileSource, SequenceSource
 from tests.fixtures import committed_lines, hidden_files, sequence_read, start_and_await
 

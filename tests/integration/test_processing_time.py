@@ -24,7 +24,7 @@ from lockgate import (
     TimeDomain,
 )
 from lockgate.api.result import Progress
-from lockgate.cli_savepoint import describe_savepoint
+from lockgate.cli.savepoint import describe_savepoint
 from lockgate.connectors import FileSink, FileSource
 from lockgate.spark import _load_metadata, _read_entries
 from tests.fixtures import committed_lines, hidden_files, start_and_await

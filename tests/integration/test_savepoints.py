@@ -268,7 +268,7 @@ def test_inspect_of_an_incremental_checkpoint_names_the_owned_key_groups(
     """An incremental (RocksDB) checkpoint holds its tasks' files, not key-group
     blocks: inspect shows the key-group range each task owned, marked as such,
     and the bytes of the shared files it references."""
-    from lockgate.cli_savepoint import describe_savepoint, print_savepoint
+    from lockgate.cli.savepoint import describe_savepoint, print_savepoint
 
     p = Pipeline("inc", parallelism=2, state_backend="rocksdb",
                  checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp_path / "chk")))

@@ -11,16 +11,17 @@ import sys
 import time
 from typing import Any
 
-from lockgate import cli_rescale, fs
+from lockgate import fs
 from lockgate.checkpoint import storage
-from lockgate.cli_savepoint import print_savepoint
+from lockgate.cli import rescale as cli_rescale
+from lockgate.cli.savepoint import print_savepoint
 from lockgate.cluster.format import format_duration, format_size, format_table
 from lockgate.errors import JobInterrupted, LockgateError
 from lockgate.web import client, discovery
 
 
 def _run(args: argparse.Namespace) -> int:
-    from lockgate.cli_run import run_command
+    from lockgate.cli.run import run_command
 
     return run_command(args)
 
@@ -308,7 +309,3 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
-
-
-if __name__ == "__main__":
-    sys.exit(main())
