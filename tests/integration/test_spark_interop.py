@@ -26,8 +26,8 @@ from lockgate.errors import (
     PipelineDefinitionError,
 )
 from lockgate.spark import StateNotFoundError, read_state, write_savepoint
+from lockgate.spark.schema import merge_signatures, to_json_text, value_signature
 from lockgate.state.serde import StateSerializationError, StateSerializer
-from lockgate.state_schema import merge_signatures, to_json_text, value_signature
 from tests.fixtures import check_running_sums, hidden_files
 from tests.integration.spark_session import fresh_spark_session
 

@@ -39,6 +39,7 @@ from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
 from lockgate.checkpoint.metadata import CheckpointMetadata, OperatorMetadata, StateHandle
 from lockgate.connectors.dataframe import materialize_dataframe
 from lockgate.errors import CheckpointCorruptError, LockgateError
+from lockgate.spark.schema import Sig, converter, merge_signatures, spark_type, value_signature
 from lockgate.state.keygroups import (
     DEFAULT_MAX_PARALLELISM,
     check_parallelism,
@@ -46,7 +47,6 @@ from lockgate.state.keygroups import (
     task_for_key_group,
 )
 from lockgate.state.serde import StateSerializationError, StateSerializer
-from lockgate.state_schema import Sig, converter, merge_signatures, spark_type, value_signature
 
 __all__ = [
     "StateNotFoundError",
@@ -143,7 +143,7 @@ def read_state(spark: Any, path: str, uid: str, state_name: str) -> Any:
     ``datetime`` -> timestamp, lists -> arrays, dicts with the same string keys
     -> structs (with varying keys -> maps), other dicts -> maps. Otherwise
     (mixed types, tuples, sets, decimals, ints beyond 64 bits) the column is
-    JSON text (:func:`lockgate.state_schema.to_json_text`). List state gives
+    JSON text (:func:`lockgate.spark.schema.to_json_text`). List state gives
     a list per key, map state a dict per key.
 
     The state files are read by Spark tasks (one per state file), which must
