@@ -106,6 +106,8 @@ MAKING_AGE = 600.0
 """Seconds after which a marked folder still being made (``.<name>.<hex>.new``)
 is an orphan."""
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NO_LINKS = (errno.EXDEV, errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK)
+"""A hard link refused for good: another device, a filesystem without them."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,8 @@ class LocalCopies:
         """The newest complete copy this task made (snapshot thread)."""
         self._writing: int | None = None
         """The checkpoint whose copy is being made (None: none, or it failed)."""
+        self._off = False
+        """Copies cannot be made here (no hard links): none is tried again."""
 
     # -------------------------------------------------------- folders
     def _ensure(self) -> None:
@@ -221,6 +225,8 @@ class LocalCopies:
     def begin(self, checkpoint_id: int) -> None:
         """A checkpoint's files are about to be uploaded: start its copy."""
         self._writing = None
+        if self._off:
+            return
         try:
             self._ensure()
             for name in _listdir(self.folder):  # an earlier write that failed
@@ -289,11 +295,17 @@ class LocalCopies:
 
     def _skip(self, checkpoint_id: int, e: OSError) -> None:
         self._writing = None
+        with contextlib.suppress(OSError):
+            _remove(self._new_path(checkpoint_id))
+        if e.errno in _NO_LINKS:
+            self._off = True
+            log.warning("operator %s: local recovery is off for this task: the filesystem of "
+                        "local_dir cannot hard-link its files (%s: %s); restores read the "
+                        "checkpoint storage", self.uid, type(e).__name__, e)
+            return
         log.warning("operator %s: no local copy of checkpoint %d (%s: %s); a restore would "
                     "read it from the checkpoint storage", self.uid, checkpoint_id,
                     type(e).__name__, e)
-        with contextlib.suppress(OSError):
-            _remove(self._new_path(checkpoint_id))
 
     # ------------------------------------------------------ task thread
     def completed(self, checkpoint_id: int) -> None:

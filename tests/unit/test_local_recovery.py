@@ -353,3 +353,25 @@ def test_tasks_at_the_same_parallelism_keep_each_others_copies(tmp_path):
         assert contents(r) == models[i]
         r.close()
     assert len(copies(tmp_path)) == 2
+
+
+def test_a_filesystem_without_hard_links_turns_local_recovery_off_once(tmp_path, monkeypatch,
+                                                                       caplog):
+    job = tmp_path / "job"
+    b = rocks(tmp_path, job=job)
+    model: dict = {"v": {}, "m": {}}
+    real = os.link
+
+    def no_links(src, dst, *args, **kwargs):
+        if "lockgate-recovery" in str(dst):
+            raise OSError(1, "Operation not permitted")
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(rocksdb_recovery.os, "link", no_links)
+    for n in (1, 2, 3):
+        mutate(b, model, random.Random(n), 100)
+        write_incremental(b, n)
+    assert caplog.text.count("local recovery is off for this task") == 1
+    assert "no local copy of checkpoint" not in caplog.text
+    assert not copies(tmp_path)
+    b.close()
