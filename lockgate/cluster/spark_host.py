@@ -81,11 +81,21 @@ def serve(job: dict[str, Any]) -> int:
         log.warning("the Spark task hosting slot %d runs %d threads: forking its task "
                     "children may deadlock", slot, threading.active_count())
     with process_name(f"{HOST_PROCESS_PREFIX}{job['generation']}-{slot}"[:15]):
-        _loop(channel, link)
+        released = _loop(channel, link)
+    if released:  # the job ended: its local copies on this machine go (local recovery)
+        from lockgate.state.rocksdb_recovery import remove_job
+
+        try:
+            remove_job(job.get("state_backend"), job["job"])
+        except Exception:
+            log.warning("could not delete the local copies of job %s", job["job"],
+                        exc_info=True)
     return slot
 
 
-def _loop(channel: wire.ControlChannel, link: wire.Link) -> None:
+def _loop(channel: wire.ControlChannel, link: wire.Link) -> bool:
+    """Serve the driver's messages; True when released (the job ended),
+    False when the driver went away."""
     child: _Child | None = None
     try:
         while True:
@@ -101,7 +111,7 @@ def _loop(channel: wire.ControlChannel, link: wire.Link) -> None:
             try:
                 message = channel.recv()
             except (OSError, EOFError, ValueError):
-                return  # the driver is gone (or broke the protocol): end
+                return False  # the driver is gone (or broke the protocol): end
             match message:
                 case RunTask(attempt, payload):
                     if child is not None:  # stop() saw its lease close: it is ending
@@ -112,7 +122,7 @@ def _loop(channel: wire.ControlChannel, link: wire.Link) -> None:
                     if child is not None:
                         child.kill()
                 case Release():
-                    return
+                    return True
     finally:
         if child is not None:
             child.kill()

@@ -123,7 +123,8 @@ class SparkLauncher:
         self._stage = stage_of(self._job_id, secret, coordinator[0], specs[0].encrypt_traffic)
         self.submitted_at = time.monotonic()
         mark(self.steps, "submitted")
-        self.reused_stage = self._stage.run(sc, self, payloads, self._local)
+        self.reused_stage = self._stage.run(sc, self, payloads, self._local,
+                                            specs[0].state_backend)
 
     def pids(self) -> dict[int, int]:
         """Process id of every running task (a child of its host), by global task number."""

@@ -24,11 +24,14 @@ import socket
 import sys
 import threading
 import uuid
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.cluster.naming import spark_description
 from lockgate.protocol import Hello, KillTask, Release, RunTask, TaskEnded
 from lockgate.runtime import handshake, wire
+
+if TYPE_CHECKING:
+    from lockgate.state.backends import StateBackend
 
 log = logging.getLogger("lockgate.driver")
 
@@ -93,9 +96,12 @@ class BarrierStage:
                          name="spark-hosts").start()
 
     # ----------------------------------------------------------------- api
-    def run(self, sc: Any, watcher: Watcher, payloads: list[bytes], local: bool) -> bool:
+    def run(self, sc: Any, watcher: Watcher, payloads: list[bytes], local: bool,
+            state_backend: StateBackend | None = None) -> bool:
         """Start one attempt's tasks (``payloads[i]`` on slot ``i``); True when
-        the running stage's hosts took them, False when a new stage was submitted."""
+        the running stage's hosts took them, False when a new stage was submitted.
+        ``state_backend``: the job's, whose local copies (local recovery) a
+        host deletes on its machine when it is released at the job's end."""
         n = len(payloads)
         with self._lock:
             if self._closed:
@@ -124,6 +130,7 @@ class BarrierStage:
                 # local mode: the driver's import path, so that user modules
                 # the pickled functions refer to import in the workers too
                 "sys_path": [p or os.getcwd() for p in sys.path] if local else [],
+                "state_backend": state_backend,
             }
             jobs = [pickle.dumps({**common, "slot": i}) for i in range(n)]
             self._job = threading.Thread(

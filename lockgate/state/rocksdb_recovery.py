@@ -32,9 +32,10 @@ deletes its copies older than ``n`` and the newer ones it did not make (a
 run before): one completed copy is kept, with those still pending. A restore
 keeps the copy it restored from and deletes the others; a task that owns
 other key groups than the copies of its operator (a rescale) deletes those.
-The driver deletes the job's folder on its host when the job ends; a job
-folder nothing touched for :data:`STALE_AGE` (a driver that was killed) is
-deleted by the next task that keeps a copy on that host. A copy is only a
+The driver deletes the job's folder on its host when the job ends, and so
+does every Spark task host of the job as it is released; a job folder
+nothing touched for :data:`STALE_AGE` (a driver that was killed) is deleted
+by the next task that keeps a copy on that host. A copy is only a
 faster path: deleting one costs a download at the next restore, never
 correctness, and a copy that cannot be made (a full disk) is skipped with a
 warning, never failing the checkpoint.
