@@ -78,7 +78,7 @@ from lockgate.protocol import (
     TaskMetrics,
     ToDriver,
 )
-from lockgate.state.rocksdb_recovery import remove_job as remove_job_copies
+from lockgate.state.backends import remove_local_copies
 from lockgate.state.script_classes import script_classes
 from lockgate.web.serving import attach as serve_rest
 from lockgate.web.serving import resolve_rest
@@ -255,7 +255,7 @@ class JobMaster(RestartHandler):
                 self.launcher.stop()
                 self.launcher = None
             end_job(self.options.launcher, self.job_id)
-            remove_job_copies(self.pipeline.state_backend, self.job_id)  # local recovery's
+            remove_local_copies(self.pipeline.state_backend, self.job_id)  # local recovery's
             self._leave_job_dir()
             self.server.close()
             self.commands.job_ended(status, error)

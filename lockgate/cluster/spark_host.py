@@ -83,10 +83,10 @@ def serve(job: dict[str, Any]) -> int:
     with process_name(f"{HOST_PROCESS_PREFIX}{job['generation']}-{slot}"[:15]):
         released = _loop(channel, link)
     if released:  # the job ended: its local copies on this machine go (local recovery)
-        from lockgate.state.rocksdb_recovery import remove_job
+        from lockgate.state.backends import remove_local_copies
 
         try:
-            remove_job(job.get("state_backend"), job["job"])
+            remove_local_copies(job.get("state_backend"), job["job"])
         except Exception:
             log.warning("could not delete the local copies of job %s", job["job"],
                         exc_info=True)

@@ -55,6 +55,7 @@ __all__ = [
     "state_backend",
     "create_keyed_backend",
     "close_backend",
+    "remove_local_copies",
 ]
 
 
@@ -329,6 +330,15 @@ def create_keyed_backend(config: StateBackend | None, max_parallelism: int,
         raise ValueError("the RocksDB backend needs its scope")
     return RocksDBKeyedStateBackend(config, max_parallelism, key_group_range, serializer,
                                     scope)
+
+
+def remove_local_copies(config: StateBackend | None, job_id: str) -> None:
+    """The job ended: delete its RocksDB backend's local copies on this
+    machine (local recovery, :func:`lockgate.state.rocksdb_recovery.remove_job`)."""
+    if isinstance(config, RocksDBStateBackend) and config.local_recovery:
+        from lockgate.state.rocksdb_recovery import remove_job
+
+        remove_job(config.directory, job_id)
 
 
 def close_backend(backend: KeyedStateBackend | None) -> None:

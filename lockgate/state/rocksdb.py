@@ -166,7 +166,7 @@ class RocksDBKeyedStateBackend:
         """Fault injection at the changelog's points (``materialize``: a
         materialization taken, the log emptied; ``changelog``: a changelog
         file uploaded, its checkpoint not acknowledged)."""
-        self.copies = (LocalCopies(config, scope, key_group_range)
+        self.copies = (LocalCopies(config.directory, scope.job_id, scope.uid, key_group_range)
                        if config.incremental and config.local_recovery else None)
         """Local recovery: the copies of completed checkpoints on this host."""
 

@@ -80,7 +80,6 @@ from dataclasses import dataclass
 
 from lockgate.fs import private
 from lockgate.fs.checked import CHUNK
-from lockgate.state.backends import BackendScope, RocksDBStateBackend, StateBackend
 from lockgate.state.incremental import IncrementalState, SharedFile
 
 __all__ = ["LocalCopies", "LocalRestore", "CopyUnusable", "link_checked", "remove_job",
@@ -135,9 +134,10 @@ class CopyUnusable(Exception):
         self.reason = reason
 
 
-def base_folder(config: RocksDBStateBackend) -> str:
-    """This user's base folder of local copies under the backend's ``local_dir``."""
-    return os.path.join(config.directory, f"lockgate-recovery-{os.geteuid()}")
+def base_folder(directory: str) -> str:
+    """This user's base folder of local copies under ``directory`` (the
+    backend's ``local_dir``, or the system's temp folder)."""
+    return os.path.join(directory, f"lockgate-recovery-{os.geteuid()}")
 
 
 def _job_name(job_id: str) -> str:
@@ -171,14 +171,13 @@ class LocalCopies:
     a restore (:meth:`find`, :meth:`restored`). Never raises on the
     snapshot side: a copy that cannot be made is skipped with a warning."""
 
-    def __init__(self, config: RocksDBStateBackend, scope: BackendScope,
-                 key_groups: range) -> None:
-        self.base = base_folder(config)
-        self.job_id = scope.job_id
-        self.uid = scope.uid
+    def __init__(self, directory: str, job_id: str, uid: str, key_groups: range) -> None:
+        self.base = base_folder(directory)
+        self.job_id = job_id
+        self.uid = uid
         self.key_groups = (key_groups.start, key_groups.stop)
-        self.job = os.path.join(self.base, _job_name(scope.job_id))
-        self.folder = os.path.join(self.job, _copies_name(scope.uid, self.key_groups))
+        self.job = os.path.join(self.base, _job_name(job_id))
+        self.folder = os.path.join(self.job, _copies_name(uid, self.key_groups))
         self.host = socket.gethostname()
         self._lock = threading.Lock()
         self._ready = False
@@ -422,12 +421,11 @@ def link_checked(source: str, target: str, ref: SharedFile, link: bool) -> None:
         os.close(fd)
 
 
-def remove_job(config: StateBackend | None, job_id: str) -> None:
-    """The job is over: delete its local copies on this host (only a folder
-    Lockgate made and marked), and the base folder if it is left empty."""
-    if not isinstance(config, RocksDBStateBackend) or not config.local_recovery:
-        return
-    base = base_folder(config)
+def remove_job(directory: str, job_id: str) -> None:
+    """The job is over: delete its local copies on this host under
+    ``directory`` (only a folder Lockgate made and marked), and the base
+    folder if it is left empty."""
+    base = base_folder(directory)
     try:
         private.check_owned(base)
     except private.UnsafeFolderError:

@@ -151,7 +151,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("state.rocksdb_tables", "state.rocksdb"),
     ("state.rocksdb_changelog", "state.rocksdb"),
     ("state.rocksdb_snapshots", "state.rocksdb"),
-    ("state.rocksdb_recovery", "state.backends"),
 }
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
 }

@@ -19,9 +19,14 @@ from pathlib import Path
 import pytest
 
 from lockgate.state import rocksdb_recovery
-from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.backends import (
+    BackendScope,
+    RocksDBStateBackend,
+    create_keyed_backend,
+    remove_local_copies,
+)
 from lockgate.state.keygroups import key_group_for_key, key_group_range
-from lockgate.state.rocksdb_recovery import LocalRestore, base_folder, remove_job
+from lockgate.state.rocksdb_recovery import LocalRestore, base_folder
 from lockgate.state.serde import StateSerializer
 from tests.unit.test_rocksdb_backend import V, write_incremental
 from tests.unit.test_rocksdb_backend import restore_incremental as restore_at
@@ -249,7 +254,7 @@ def test_a_rescaled_or_other_jobs_restore_looks_for_no_copy(tmp_path):
     restore_at(other, [handle], tmp_path / "b" / "job" / "chk-2", 0, 1)  # another job's
     other.get_state(V)
     assert contents(other) == model
-    base = Path(base_folder(RocksDBStateBackend(local_dir=str(tmp_path / "b" / "local"))))
+    base = Path(base_folder(str(tmp_path / "b" / "local")))
     assert not [p for p in base.iterdir() if p.name.startswith("other")]  # nothing made
     other.close()
 
@@ -298,7 +303,7 @@ def test_the_jobs_clean_up_deletes_only_what_it_made(tmp_path):
     b, _, _ = two_checkpoints(tmp_path, job)
     b.close()
     config = RocksDBStateBackend(local_dir=str(tmp_path / "local"))
-    base = Path(base_folder(config))
+    base = Path(base_folder(config.directory))
     (job_folder,) = [p for p in base.iterdir() if p.name.startswith("job-")]
     stranger = base / "not-ours"  # no mark: not Lockgate's
     stranger.mkdir()
@@ -307,12 +312,13 @@ def test_the_jobs_clean_up_deletes_only_what_it_made(tmp_path):
     outside.mkdir()
     (outside / "keep.txt").write_text("x")
     (base / "a-link").symlink_to(outside)
-    remove_job(config, "another-job")
+    remove_local_copies(config, "another-job")
     assert job_folder.exists()
-    remove_job(config, "job")
+    remove_local_copies(config, "job")
     assert not job_folder.exists()
     assert (stranger / "keep.txt").exists() and (outside / "keep.txt").exists()
-    remove_job(RocksDBStateBackend(local_dir=str(tmp_path / "nothing")), "job")  # none: fine
+    remove_local_copies(RocksDBStateBackend(local_dir=str(tmp_path / "nothing")), "job")
+    remove_local_copies(None, "job")  # a heap job: nothing
     assert not (tmp_path / "nothing" / base.name).exists()
 
 
@@ -320,7 +326,7 @@ def test_stale_job_folders_go_when_a_task_keeps_a_copy(tmp_path):
     job = tmp_path / "job"
     b, _, _ = two_checkpoints(tmp_path, job)
     b.close()
-    base = Path(base_folder(RocksDBStateBackend(local_dir=str(tmp_path / "local"))))
+    base = Path(base_folder(str(tmp_path / "local")))
     (old,) = list(base.iterdir())
     for p in [old, *old.iterdir()]:
         os.utime(p, (1, 1))  # untouched for a long time: its driver was killed
