@@ -28,10 +28,14 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class StatsSink(Sink[Any]):
-    def __init__(self, query: str, folder: str, *, latency: bool, warmup_until: int = 0) -> None:
+    def __init__(self, query: str, folder: str, *, latency: bool, warmup_until: int = 0,
+                 last_event: int | None = None) -> None:
         self.query, self.folder, self.latency = query, folder, latency
         self.warmup_until = warmup_until
         """Results of event time before this (ms) are counted, not timed."""
+        self.last_event = last_event
+        """Results of event time after this (ms) are counted, not timed: the
+        windows and sessions the end of the input closes, not time."""
 
     def create_writer(self, info: TaskInfo) -> SinkWriter[Any]:
         return _StatsWriter(self, info)
@@ -54,9 +58,10 @@ class _StatsWriter(SinkWriter[Any]):
         if self.sink.latency:
             now = int(time.time() * 1000)
             q, warm = self.sink.query, self.sink.warmup_until
+            last = self.sink.last_event if self.sink.last_event is not None else float("inf")
             for r in batch:
                 t = result_time(q, r)
-                if t >= warm:
+                if warm <= t <= last:
                     self.latencies.append(now - t)
 
     def finish(self) -> None:
