@@ -38,7 +38,8 @@ from typing import Any
 from lockgate.config import AutoscalerConfig
 from lockgate.graph.jobgraph import JobGraph
 
-__all__ = ["Autoscaler", "Decision", "Evaluation", "Sample", "VertexShape", "shapes"]
+__all__ = ["Autoscaler", "Decision", "Evaluation", "Sample", "VertexShape", "shapes",
+           "tasks_at_most"]
 
 BUSY_FLOOR = 1e-3
 """Busy subtask-seconds per second below which a vertex counts as idle (its
@@ -95,6 +96,18 @@ def shapes(graph: JobGraph, exclude: tuple[str, ...] = ()) -> list[VertexShape]:
                         tuple((e.upstream, (e.upstream, v.id) in main) for e in v.inputs),
                         v.is_source, any(op.uid in exclude for op in v.operators))
             for v in graph.vertices]
+
+
+def tasks_at_most(graph: JobGraph, config: AutoscalerConfig | None) -> int:
+    """The tasks of ``graph`` with every vertex the autoscaler may scale at
+    its largest parallelism (without an autoscaler: the graph's): what a
+    Spark session Lockgate starts for the job has slots for."""
+    if config is None:
+        return graph.num_tasks
+    top = min(config.max or graph.max_parallelism, graph.max_parallelism)
+    excluded = {v.id for v in shapes(graph, config.exclude) if v.excluded}
+    return sum(v.parallelism if v.id in excluded else max(v.parallelism, top)
+               for v in graph.vertices)
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ def _task_row(task: int, index: int, last: _Sample | None, previous: _Sample | N
         "idle_ms_per_second": min(1000.0, _rate(last, previous, "idle", 1000.0)),
         "queue_fill": f.queue_fill, "watermark": f.watermark,
         "watermark_lag_ms": None if f.watermark is None else max(0.0, wall_ms - f.watermark),
-        "state_keys": f.state_keys, "age": now - last.at,
+        "state_keys": f.state_keys, "backlog": f.backlog, "age": now - last.at,
     })
     return row
 

@@ -45,15 +45,16 @@ OWNED = "spark.lockgate.ownedSession"
 
 
 def prepare_spark(spark: Any = None, master: str | None = None,
-                  num_tasks: int = 1, name: str = "lockgate") -> str:
+                  num_tasks: int = 1, name: str = "lockgate", size: int = 0) -> str:
     """Make sure a SparkContext that can run ``num_tasks`` barrier tasks is
     running, and return the host the driver's listeners bind (127.0.0.1 in
     local mode, ``spark.driver.host`` on a cluster).
 
     ``spark``: the user's SparkSession (or SparkContext), or ``None`` for the
-    running one, or a new one on ``master`` (default ``local[num_tasks]``).
+    running one, or a new one on ``master`` (default ``local[N]``, N the
+    larger of ``num_tasks`` and ``size``: the tasks the autoscaler may run).
     """
-    sc = spark_context(spark, master, num_tasks, name)
+    sc = spark_context(spark, master, max(num_tasks, size), name)
     check_slots(sc, num_tasks)
     if is_local(sc):
         return "127.0.0.1"
@@ -223,10 +224,12 @@ def prestart_job(pipeline: Any, spark: Any, master: str | None) -> None:
     if spark is not None:
         return
     try:
+        from lockgate.cluster.autoscaler import tasks_at_most
         from lockgate.cluster.naming import app_name
         from lockgate.graph.jobgraph import build_job_graph
 
-        prestart(spark, master, build_job_graph(pipeline).num_tasks, app_name(pipeline.name))
+        prestart(spark, master, tasks_at_most(build_job_graph(pipeline), pipeline.autoscale),
+                 app_name(pipeline.name))
     except Exception as e:
         log.debug("no early Spark session: %s", e)
         cancel_prestart()

@@ -24,6 +24,7 @@ from lockgate.checkpoint import storage
 from lockgate.checkpoint.kinds import CheckpointKind
 from lockgate.checkpoint.restore import check_channel_state
 from lockgate.cluster import resume
+from lockgate.cluster.autoscaler import tasks_at_most
 from lockgate.cluster.coordinator import CompletedCheckpoint
 from lockgate.cluster.jobmaster import JobMaster
 from lockgate.cluster.options import RunOptions
@@ -92,7 +93,8 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
 
         cancel_prestart = spark_session.cancel_prestart
         try:
-            spark_session.prestart(options.spark, options.master, graph.num_tasks,
+            spark_session.prestart(options.spark, options.master,
+                                   tasks_at_most(graph, pipeline.autoscale),
                                    app_name(pipeline.name))
         except Exception as e:
             log.debug("no early Spark session: %s", e)
@@ -149,7 +151,8 @@ def _prepare(pipeline: Pipeline, options: RunOptions, graph: JobGraph,
         from lockgate.cluster.spark_session import prepare_spark
 
         options.bind_host = prepare_spark(options.spark, options.master, graph.num_tasks,
-                                          name=app_name(pipeline.name))
+                                          name=app_name(pipeline.name),
+                                          size=tasks_at_most(graph, pipeline.autoscale))
         mark(steps, "session")
         if options.bind_host != "127.0.0.1":
             _warn_unshared_paths(pipeline, sources, sinks)

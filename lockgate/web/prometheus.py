@@ -43,6 +43,8 @@ JOB_METRICS: list[tuple[str, str, str]] = [
     ("lastCheckpointAgeSeconds", "Seconds since the latest checkpoint completed.",
      "last_age"),
     ("lastCompletedCheckpointId", "Id of the latest completed checkpoint.", "last_id"),
+    ("numAutoscalerDecisions", "Parallelism changes the autoscaler decided (one per vertex "
+     "rescaled; only with an autoscaler).", "autoscaler_decisions"),
 ]
 
 TASK_METRICS: list[tuple[str, str, str]] = [
@@ -65,11 +67,14 @@ TASK_METRICS: list[tuple[str, str, str]] = [
     ("stateKeys", "Keys in the task's keyed state (the largest state).", "state_keys"),
     ("checkpointedStateSize", "Bytes of the task's state in its latest acknowledged "
      "checkpoint.", "state_bytes"),
+    ("pendingRecords", "Records the task's source could read now and has not (Kafka's "
+     "consumer lag, JetStream's pending messages), where the source knows.", "backlog"),
 ]
 
 
 COUNTERS = frozenset({"numRestarts", "numRecordsIn", "numRecordsOut",
-                      "numberOfCompletedCheckpoints", "numberOfFailedCheckpoints"})
+                      "numberOfCompletedCheckpoints", "numberOfFailedCheckpoints",
+                      "numAutoscalerDecisions"})
 """Metrics (of jobs and tasks) that only grow: Prometheus counters. A task's
 counts start again at zero with each attempt (a restart), which Prometheus'
 ``rate()`` and ``increase()`` take as a counter reset."""
@@ -105,6 +110,7 @@ def _number(value: Any) -> str | None:
 def _job_values(o: dict[str, Any]) -> dict[str, Any]:
     job, chk = o["job"], o["checkpoints"]
     last = chk.get("last") or {}
+    autoscaler = o.get("autoscaler") or {}
 
     def ms(v: Any) -> Any:
         return None if v is None else v * 1000.0
@@ -118,6 +124,8 @@ def _job_values(o: dict[str, Any]) -> dict[str, Any]:
         "last_alignment_ms": ms(last.get("alignment")),
         "last_sync_ms": ms(last.get("sync_duration")), "last_age": chk.get("last_age"),
         "last_id": last.get("id"),
+        "autoscaler_decisions": autoscaler.get("decision_count")
+        if autoscaler.get("enabled") else None,
     }
 
 

@@ -381,3 +381,35 @@ def test_example_kafka_sums(tmp_path, kafka_broker, monkeypatch):
         fresh = [r for r in records if r[1] >= seen.get(r[0], 0)]
         check_running_sums(sums_of(fresh), n, 10)
         seen = end_offsets(kafka_broker, "lockgate-sums")
+
+
+def test_the_readers_backlog_is_its_consumer_lag(kafka_broker):
+    """What the autoscaler reads of a Kafka source: the records of its
+    partitions not read yet (high watermark minus position), measured in
+    ``poll`` from the consumer's last fetch, falling as the reader reads."""
+    topic = new_topic(kafka_broker, "lag", 2)
+    produce_numbers(kafka_broker, topic, 1, 2_000, 2)
+    reader = KafkaSource(kafka_broker, topic).create_reader(_info("lag"))
+    reader.restore(None)
+    try:
+        assert reader.backlog() is None  # nothing measured yet
+        read = 0
+        deadline = time.monotonic() + 60
+        while read < 500:
+            assert time.monotonic() < deadline, "no records within 60 s"
+            read += len(reader.poll(100) or [])
+        time.sleep(1.1)  # (the lag is measured at most once a second)
+        lags = []
+        while not lags or lags[-1] is None:
+            assert time.monotonic() < deadline, "no lag measured within 60 s"
+            read += len(reader.poll(1) or [])
+            lags.append(reader.backlog())
+        assert lags[-1] == 2_000 - read, (lags, read)
+        while read < 2_000:
+            assert time.monotonic() < deadline, "not every record within 60 s"
+            read += len(reader.poll(500) or [])
+        time.sleep(1.1)
+        reader.poll(1)
+        assert reader.backlog() == 0
+    finally:
+        reader.close()

@@ -121,6 +121,42 @@ def test_source_positions_and_resume(nats_url):
     assert end_state[0]["next"] == 3001
 
 
+def test_the_readers_backlog_is_what_jetstream_has_pending(nats_url):
+    """What the autoscaler reads of a JetStream source: the messages of its
+    splits not read yet (JetStream's ``num_pending`` after the last fetch,
+    and the fetched ones not returned), falling as the reader reads."""
+    name = unique("lag")
+    make_stream(nats_url, name, [f"{name}.>"])
+    publish(nats_url, numbers(name, 1, 2000))
+    source = JetStreamSource(name, subjects=[f"{name}.0", f"{name}.1"], url=nats_url,
+                             deserializer=int)
+    source.validate()
+    reader = source.create_reader(info(0, 1))
+    reader.restore(None)
+    try:
+        read: list[int] = []
+        deadline = time.monotonic() + 60
+        while len(read) < 500:
+            assert time.monotonic() < deadline, "no messages within 60 s"
+            read += reader.poll(100) or []
+            time.sleep(0.001)
+        # (a fetch moves a message from pending to the buffer: wait out that moment)
+        while reader.backlog() != 2000 - len(read):
+            assert time.monotonic() < deadline, (reader.backlog(), len(read))
+            time.sleep(0.01)
+        while len(read) < 2000:
+            assert time.monotonic() < deadline, "not every message within 60 s"
+            read += reader.poll(500) or []
+            time.sleep(0.001)
+        assert reader.backlog() == 0
+        publish(nats_url, numbers(name, 2001, 2100))
+        while reader.backlog() != 100:  # fetched in the background, not read yet
+            assert time.monotonic() < deadline, "the new messages not seen within 60 s"
+            time.sleep(0.01)
+    finally:
+        reader.close()
+
+
 def test_source_refuses_a_missing_stream(nats_url):
     with pytest.raises(ConfigurationError, match="no stream"):
         JetStreamSource(unique("absent"), url=nats_url).validate()

@@ -236,6 +236,20 @@ def test_shapes_from_a_job_graph() -> None:
         ("r -> out", "r", 4, ((1, True),), False, True)]
 
 
+def test_a_spark_session_lockgate_starts_has_slots_for_the_autoscalers_max() -> None:
+    from lockgate.cluster.autoscaler import tasks_at_most
+
+    p = Pipeline("g", parallelism=2, max_parallelism=16)
+    (p.source(SequenceSource(1, 10), uid="src").rebalance().map(lambda x: x, uid="m")
+     .key_by(lambda x: x).reduce(lambda a, b: a + b, uid="r").sink(CollectSink(), uid="out"))
+    graph = build_job_graph(p)
+    assert tasks_at_most(graph, None) == 6
+    assert tasks_at_most(graph, AutoscalerConfig(max=5)) == 15
+    assert tasks_at_most(graph, AutoscalerConfig(max=5, exclude=("src",))) == 12
+    assert tasks_at_most(graph, AutoscalerConfig()) == 48  # max_parallelism each
+    assert tasks_at_most(graph, AutoscalerConfig(max=1)) == 6  # never below the graph's
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"min": 0}, "min must be an integer >= 1"),
     ({"max": 0}, "max must be an integer >= 1"),

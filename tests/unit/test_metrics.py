@@ -120,7 +120,8 @@ def _overview(jm: JobMetrics) -> dict[str, object]:
                     "records_written": 70},
             "vertices": jm.snapshot()["vertices"],
             "checkpoints": {"completed": 4, "failed": 1, "in_progress": 0, "last": last,
-                            "last_age": 0.5}}
+                            "last_age": 0.5},
+            "autoscaler": {"enabled": True, "decision_count": 3}}
 
 
 def test_prometheus_exposition_parses_and_carries_flink_names() -> None:
@@ -129,7 +130,7 @@ def test_prometheus_exposition_parses_and_carries_flink_names() -> None:
     jm = JobMetrics(build_job_graph(_graph()), clock)
     jm.on_task_metrics(0, _metrics(10, 0.0, 0.0, 0.0))
     clock.now += 1
-    jm.on_task_metrics(0, _metrics(110, 0.5, 0.25, 0.25, 1_000.0))
+    jm.on_task_metrics(0, TaskMetrics(110, 110, 0.5, 0.25, 0.25, 0.25, 1_000.0, 3, 42))
     text = prometheus.render([("job-1", 'a "quoted"\nname', _overview(jm))])
     families = {f.name: f for f in text_string_to_metric_families(text)}
     job = {name: families[f"lockgate_job_{name}"].samples for name in (
@@ -144,11 +145,14 @@ def test_prometheus_exposition_parses_and_carries_flink_names() -> None:
         ("numbers", "0", 500.0)]
     assert families["lockgate_task_numRecordsIn"].samples[0].value == 110
     assert families["lockgate_task_currentInputWatermark"].samples[0].value == 1000.0
+    # the source's backlog (Flink's pendingRecords), the autoscaler's decisions
+    assert [s.value for s in families["lockgate_task_pendingRecords"].samples] == [42]
+    assert families["lockgate_job_numAutoscalerDecisions"].samples[0].value == 3
     # counts that only grow are counters, exposed with the _total suffix
     # (the parser names the family without it)
     counters = {f"lockgate_job_{n}" for n in (
         "numRestarts", "numRecordsIn", "numRecordsOut", "numberOfCompletedCheckpoints",
-        "numberOfFailedCheckpoints")} | {"lockgate_task_numRecordsIn",
+        "numberOfFailedCheckpoints", "numAutoscalerDecisions")} | {"lockgate_task_numRecordsIn",
                                          "lockgate_task_numRecordsOut"}
     for f in families.values():
         assert f.documentation

@@ -36,6 +36,8 @@ Split = tuple[str, int]
 POLL_TIMEOUT = 0.02
 """Seconds one poll may wait for records: the task handles its control
 messages (checkpoint triggers) between polls."""
+LAG_EVERY = 1.0
+"""Seconds between two measures of the consumer lag (``backlog``)."""
 
 
 class KafkaRecord(NamedTuple):
@@ -159,6 +161,8 @@ class KafkaReader(SourceReader[KafkaRecord]):
         self._consumer: Any = None
         self._next_discovery = 0.0
         self._turn = 0
+        self._lag: int | None = None
+        self._next_lag = 0.0
 
     # ------------------------------------------------------------ splits
     def _mine(self, split: Split) -> bool:
@@ -218,9 +222,42 @@ class KafkaReader(SourceReader[KafkaRecord]):
             # of one partition at a time); wait only when nothing is.
             self._fetch(max_records, 0.0 if buffered else POLL_TIMEOUT)
         batch = self._take(max_records)
+        now = time.monotonic()
+        if now >= self._next_lag:
+            self._next_lag = now + LAG_EVERY
+            self._lag = self._measure_lag()
         if batch or self._unended():
             return batch
         return None if source.end_offsets is not None else []
+
+    def _measure_lag(self) -> int | None:
+        """The records of this task's partitions not returned yet: each
+        partition's high watermark (as the consumer's last fetch of it
+        learned, no request to the broker; a bounded read's end offset at
+        most) minus the next offset to return. None while no partition's is
+        known. Offsets count transaction markers too: an estimate."""
+        k = kafka_module()
+        ends = self.source.end_offsets
+        left = self._unended()
+        total, known = 0, not left
+        for split in left:
+            try:
+                _, high = self._consumer.get_watermark_offsets(k.TopicPartition(*split),
+                                                               cached=True)
+            except k.KafkaException:
+                continue
+            if high is None or high < 0:
+                continue
+            if ends is not None:
+                high = min(high, ends[split])
+            total += max(0, int(high) - self.positions[split])
+            known = True
+        return total if known else None
+
+    def backlog(self) -> int | None:
+        """The consumer lag of this task's partitions, as of its last measure
+        (about once a second, in ``poll``)."""
+        return self._lag
 
     def _unended(self) -> list[Split]:
         return [s for s in self.positions if s not in self.ended]

@@ -156,6 +156,9 @@ class _SplitFetcher:
         self.room = asyncio.Event()
         self.lock = threading.Lock()
         self.consumer = f"lockgate-{uuid.uuid4().hex[:16]}"
+        self.pending: int | None = None
+        """Messages of the split in the stream after the last one fetched (as
+        JetStream's last answer said; None before its first)."""
         self.future: Future[Any] = conn.spawn(self._run)
 
     async def _run(self) -> None:
@@ -174,6 +177,7 @@ class _SplitFetcher:
                         "purge) before this source read them; it resumes at %d",
                         self.source.stream, self.start, first - 1, first)
         info = await jsm.add_consumer(self.source.stream, config=config)
+        self.pending = self._until_end(int(info.num_pending or 0), self.start - 1)
         if self.end is not None and not info.num_pending:
             self.buffer.append(_END)  # nothing of this split up to the end
             return
@@ -189,6 +193,7 @@ class _SplitFetcher:
             except (TimeoutError, NatsTimeout):
                 if self.end is not None:
                     ci = await sub.consumer_info()
+                    self.pending = int(ci.num_pending or 0)
                     if ci.num_pending == 0:
                         self.buffer.append(_END)
                         return
@@ -206,9 +211,21 @@ class _SplitFetcher:
                     self.buffer.append(_END)
                     return
                 self.buffer.append((seq, self._record(msg, seq)))
+                self.pending = self._until_end(int(md.num_pending or 0), seq)
                 if self.end is not None and (md.num_pending == 0 or seq == self.end):
                     self.buffer.append(_END)
                     return
+
+    def _until_end(self, pending: int, seq: int) -> int:
+        """``pending`` messages after stream sequence ``seq``, no further than
+        a bounded read's end."""
+        return pending if self.end is None else max(0, min(pending, self.end - seq))
+
+    def backlog(self) -> int | None:
+        """The split's messages not returned yet: those fetched and buffered,
+        and those pending in the stream (None before JetStream's first answer)."""
+        pending = self.pending
+        return None if pending is None else pending + len(self.buffer)
 
     def _record(self, msg: Msg, seq: int) -> Any:
         value = self.source.deserializer(msg.data) if self.source.deserializer else msg.data
@@ -295,6 +312,20 @@ class JetStreamReader(SourceReader[Any]):
 
     def unfinished_splits(self) -> list[Any]:
         return [s["subject"] for s in self.splits if unfinished(s) and s["subject"] is not None]
+
+    def backlog(self) -> int | None:
+        """The messages of this task's splits not read yet: JetStream's
+        ``num_pending`` of each split's consumer after its last fetch, plus the
+        split's buffer (None while a split has had no answer)."""
+        total = 0
+        for fetcher in list(self._fetchers):
+            if fetcher is None:
+                continue
+            left = fetcher.backlog()
+            if left is None:
+                return None
+            total += left
+        return total
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         owner, of = self.info.task_index, self.info.parallelism
