@@ -192,8 +192,8 @@ class AutoscalerConfig:
             job's start, a restart, a rescale) before its metrics count.
         window: seconds of metrics each decision averages; a decision waits
             until the window is full.
-        cooldown: seconds after a vertex was scaled before it can be scaled
-            the other way.
+        cooldown: seconds after a vertex's rescale is done (its tasks run at
+            the new parallelism) before it can be scaled the other way.
         catch_up: seconds in which a source's known backlog (records it could
             read but has not) should be worked off on top of its input rate;
             None counts only the backlog's growth.

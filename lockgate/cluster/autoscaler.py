@@ -47,6 +47,8 @@ true rate cannot be told, and it needs no more tasks)."""
 SETTLED = 0.2
 """A vertex's input rate has settled when the rates of the two halves of the
 window are within this share of each other."""
+STALE = 5.0
+"""Seconds after which a task's last report is too old to decide on."""
 
 
 def _middle(kept: deque[Sample]) -> Sample:
@@ -67,6 +69,9 @@ class Sample:
     """Seconds busy since the task started."""
     backlog: int | None = None
     """Records its source could read now and has not (None: unknown, or no source)."""
+    elapsed: float | None = None
+    """Seconds since the task started, by its own clock (busy + backpressured +
+    idle): rates are over it, not over when the reports arrived (None: ``at``)."""
 
 
 @dataclass(frozen=True)
@@ -239,19 +244,23 @@ class Autoscaler:
         stable = since + self.config.stabilization
         if now < stable:
             return f"stabilizing ({stable - now:.0f} s left)"
-        span = self._span()
+        span, newest = self._span()
         if span < self.config.window:
             return f"collecting metrics ({span:.0f} of {self.config.window:g} s)"
+        if now - newest > STALE:
+            return f"a task has not reported for {now - newest:.0f} s"
         return "ready"
 
-    def _span(self) -> float:
-        """The seconds of metrics every task of the graph has in its window."""
-        spans = []
+    def _span(self) -> tuple[float, float]:
+        """The seconds of metrics every task of the graph has in its window,
+        and when the task that reported least recently did."""
+        spans, last = [], []
         for v in self.vertices:
             for t in range(v.first_task, v.first_task + v.parallelism):
                 kept = self._samples.get(t)
                 spans.append(kept[-1].at - kept[0].at if kept and len(kept) > 1 else 0.0)
-        return min(spans, default=0.0)
+                last.append(kept[-1].at if kept else float("-inf"))
+        return min(spans, default=0.0), min(last, default=float("-inf"))
 
     # ---------------------------------------------------------- deciding
     def evaluate(self, now: float, slots: int | None = None
@@ -273,7 +282,8 @@ class Autoscaler:
         return evaluations, Decision({e.uid: e.proposed for e in changes}, changes)
 
     def applied(self, decision: Decision, now: float) -> None:
-        """``decision`` was asked for at ``now``: its vertices' cool-down starts."""
+        """``decision``'s rescale is done (its tasks run) at ``now``: its
+        vertices' cool-down starts."""
         for e in decision.changes:
             self._changes[e.uid] = _Change(now, e.proposed > e.parallelism)
 
@@ -317,7 +327,9 @@ class Autoscaler:
         w = _Window()
         for t in range(v.first_task, v.first_task + v.parallelism):
             first, last = pick(self._samples[t])
-            dt = last.at - first.at
+            dt = (last.elapsed - first.elapsed
+                  if last.elapsed is not None and first.elapsed is not None
+                  else last.at - first.at)
             if dt <= 0:
                 w.backlog, w.growth = None, None
                 continue

@@ -64,7 +64,10 @@ class AutoscaleDriver:
 
     # ------------------------------------------------ job master's loop
     def use_graph(self, graph: JobGraph) -> None:
+        """The job was rescaled: its vertices' evaluations are the old graph's."""
         self.autoscaler.use_graph(shapes(graph, self.config.exclude))
+        with self._lock:
+            self._evaluations = []
 
     def start_attempt(self) -> None:
         self.autoscaler.start_attempt()
@@ -79,9 +82,10 @@ class AutoscaleDriver:
         self._input_ended = True
 
     def on_metrics(self, task: int, figures: TaskMetrics) -> None:
+        elapsed = figures.busy + figures.backpressured + figures.idle  # the task's clock
         self.autoscaler.on_sample(task, Sample(self.clock(), figures.records_in,
                                                figures.records_out, figures.busy,
-                                               figures.backlog))
+                                               figures.backlog, elapsed))
 
     def tick(self, busy: str | None) -> None:
         """Evaluate (at most every :data:`EVERY` s) and ask for the rescale
@@ -121,6 +125,7 @@ class AutoscaleDriver:
         return None
 
     def _apply(self, decision: Decision, now: float) -> None:
+        """Ask for ``decision``'s rescale; log and keep it."""
         wall = time.time()
         with self._lock:
             rows = [self._row(e, wall) for e in decision.changes]
@@ -130,10 +135,9 @@ class AutoscaleDriver:
         for e in decision.changes:
             log.info("autoscaler: %s from %d to %d: %s (inputs %s)", e.vertex, e.parallelism,
                      e.proposed, e.reason, e.inputs())
-        self.autoscaler.applied(decision, now)
         future = self._submit("rescale", vertices=dict(decision.vertices))
         self._in_flight = future
-        future.add_done_callback(lambda f: self._done(f, rows))
+        future.add_done_callback(lambda f: self._done(f, decision, rows))
 
     @staticmethod
     def _row(e: Evaluation, wall: float) -> dict[str, Any]:
@@ -141,8 +145,13 @@ class AutoscaleDriver:
                 "to": e.proposed, "why": e.reason, "inputs": e.inputs(),
                 "status": "requested", "seconds": None}
 
-    def _done(self, future: Future[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    def _done(self, future: Future[dict[str, Any]], decision: Decision,
+              rows: list[dict[str, Any]]) -> None:
+        """The rescale's outcome: done (the cool-down starts now, with the new
+        parallelism running) or failed (nothing is decided for a window)."""
         error = future.exception()
+        if error is None:
+            self.autoscaler.applied(decision, self.clock())
         with self._lock:
             for row in rows:
                 if error is None:

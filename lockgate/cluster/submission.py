@@ -83,6 +83,7 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
     mark(steps, "run")
     graph = build_job_graph(pipeline)
     check_parallelism(graph)
+    check_autoscale(graph, pipeline)
     if options.launcher == "local":  # its imports overlap the checks below
         from lockgate.cluster.forks import prestart
 
@@ -174,6 +175,20 @@ def check_parallelism(graph: JobGraph) -> None:
                 f"({graph.max_parallelism}): lower the parallelism (--parallelism), or raise "
                 "Pipeline(max_parallelism=...) for a new job (it fixes the key groups of "
                 "its state for good)")
+
+
+def check_autoscale(graph: JobGraph, pipeline: Pipeline) -> None:
+    """The autoscaler's ``exclude`` names operators of the job (a typo would
+    exclude nothing)."""
+    config = pipeline.autoscale
+    if config is None:
+        return
+    uids = {op.uid for op in graph.operators()}
+    unknown = sorted(set(config.exclude) - uids)
+    if unknown:
+        raise PipelineDefinitionError(
+            f"AutoscalerConfig(exclude=...) names no operator of the job: {unknown}; "
+            f"its uids: {sorted(uids)}")
 
 
 def check_non_replayable(not_replayable: list[str], source_uids: list[str],

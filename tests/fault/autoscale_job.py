@@ -92,17 +92,22 @@ def main() -> None:
     client = p.start(launcher=args.launcher, progress=False,
                      **({"master": args.master} if args.master else {}))
     seen: dict = {}
+    timeline = []  # what it said, about every half second (a failing test shows it)
     while True:
         try:
             done = client.result(timeout=0.5)
             break
         except TimeoutError:
             seen = rest_autoscaler(client) or seen  # served while the job runs
+            timeline.append([round(time.time() - (source.t0 or 0), 1), seen.get("state"),
+                             [e["reason"] for e in seen.get("vertices", [])
+                              if e["uid"] == "slow"]])
     result = dataclasses.asdict(done)
     result["autoscaler"] = client.master.autoscaler()
     result["autoscaler_seen"] = seen
     result["n"] = source.end
     result["steps"] = source.boundaries()
+    result["timeline"] = timeline
     print(json.dumps(result), flush=True)
 
 

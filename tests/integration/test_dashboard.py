@@ -171,6 +171,10 @@ def test_metrics_scraped_and_parsed_as_prometheus_text(job: tuple[JobClient, str
                          capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert cli.stdout.strip() == f"{url}/ui#token={TOKEN}&job={client.job_id}", cli.stderr
+    # a job without an autoscaler says so
+    status, text = _get(f"{url}/jobs/{client.job_id}/autoscaler")
+    assert status == 200 and json.loads(text) == {"enabled": False}
+    assert "lockgate_job_numAutoscalerDecisions_total{" not in _get(f"{url}/metrics")[1]
     # the page is public (no data in it), the data is not
     assert _get(f"{url}/ui", token=None)[0] == 200
     assert _get(f"{url}/jobs/{client.job_id}/metrics", token=None)[0] == 401

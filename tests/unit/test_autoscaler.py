@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from lockgate import AutoscalerConfig, Pipeline
-from lockgate.cluster.autoscaler import Autoscaler, Sample, VertexShape, shapes
+from lockgate.cluster.autoscaler import Autoscaler, Decision, Sample, VertexShape, shapes
 from lockgate.connectors import CollectSink, SequenceSource
 from lockgate.errors import PipelineDefinitionError
 from lockgate.graph.jobgraph import build_job_graph
@@ -126,6 +126,17 @@ def test_nothing_from_the_stabilization_period_or_a_short_window() -> None:
     # a new attempt (the rescale's): nothing is known again
     run = Run(scaler, run.now + 2.0)
     assert run.decide() is None and scaler.status(run.now).startswith("stabilizing")
+
+
+def test_nothing_while_a_task_has_not_reported_for_long() -> None:
+    scaler = Autoscaler(CONFIG, 128, job())
+    run = Run(scaler, 0.0)
+    hot = steady(Load(250, 0.05, backlog=0, growth=500), [Load(250, 1.0)], Load(250, 0.1))
+    run.report(16, hot)
+    assert scaler.status(run.now) == "ready"
+    run.report(6, lambda now: {t: load for t, load in hot(now).items() if t != 2})
+    assert scaler.status(run.now) == "a task has not reported for 6 s"
+    assert run.decide() is None
 
 
 def test_within_the_utilization_band_nothing_changes() -> None:
@@ -365,7 +376,8 @@ def test_the_driver_applies_decisions_and_keeps_them() -> None:
                                             1: (250, 1.0, None)}.items():
             totals[task] += rate
             driver.on_metrics(task, TaskMetrics(int(totals[task]), int(totals[task]),
-                                                busy * now[0], 0.0, 0.0, 0.0, None, 0,
+                                                busy * now[0], 0.0, (1 - busy) * now[0], 0.0,
+                                                None, 0,
                                                 None if backlog is None else int(backlog)))
         driver.tick(None)
     assert asked == [{"kind": "rescale", "vertices": {"slow": 3}}]
@@ -392,8 +404,19 @@ def test_the_driver_applies_decisions_and_keeps_them() -> None:
     driver.running()
     future: Future[dict[str, object]] = Future()
     future.set_exception(RuntimeError("no slots"))
-    driver._done(future, driver._decisions)
+    driver._done(future, Decision({"slow": 3}, []), driver._decisions)
     assert driver.snapshot()["decisions"][0]["status"] == "failed: no slots"
     now[0] += 1.0
     driver.tick(None)
     assert driver.snapshot()["state"].startswith("a rescale failed: next evaluation in")
+
+
+def test_exclude_must_name_operators_of_the_job() -> None:
+    from lockgate.cluster.submission import check_autoscale
+
+    p = Pipeline("g", autoscale=AutoscalerConfig(exclude=("srcc",)))
+    p.source(SequenceSource(1, 10), uid="src").sink(CollectSink(), uid="out")
+    with pytest.raises(PipelineDefinitionError, match=r"names no operator of the job: \['srcc'\]"):
+        check_autoscale(build_job_graph(p), p)
+    p.autoscale = AutoscalerConfig(exclude=("src",))
+    check_autoscale(build_job_graph(p), p)
