@@ -13,7 +13,10 @@ processes (local launcher) run the running-sums job, one task is killed once
   parser: Flink's metric names, counts as counters (``_total``), one series
   per task, the checkpoint count as the REST API says; without the token it
   is refused, while the dashboard's static page is served (it holds no data);
-* without the token in its URL, the page names ``lockgate dashboard JOB``.
+* without the token in its URL, the page names ``lockgate dashboard JOB``;
+* an autoscaled job's decisions are served by ``/jobs/<id>/autoscaler`` and
+  shown on its page, a row per vertex rescaled (time, vertex, from, to,
+  why, outcome), with each vertex's latest evaluation.
 
 The Spark launcher's job and stage carry the job's name and a link to its
 dashboard (run first, before the module's local job starts).
