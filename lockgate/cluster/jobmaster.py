@@ -451,9 +451,10 @@ class JobMaster(RestartHandler):
             if local:
                 log.info("task %s, operator %s: restored from local copy of checkpoint %d",
                          self._task_name(task), uid, checkpoint_id)
-            else:
-                log.info("task %s, operator %s: local copy of checkpoint %d unusable (%s): "
-                         "downloading", self._task_name(task), uid, checkpoint_id, reason)
+            else:  # a copy that failed a check is worth a look at the disk
+                log.log(logging.INFO if reason == "none on this host" else logging.WARNING,
+                        "task %s, operator %s: local copy of checkpoint %d unusable (%s): "
+                        "downloading", self._task_name(task), uid, checkpoint_id, reason)
 
     def _rescale_to(self, cmd: Command, next_attempt: bool = True) -> None:
         """The rescale's checkpoint completed and its tasks committed and

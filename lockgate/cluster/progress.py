@@ -103,6 +103,10 @@ def summary_lines(result: JobResult) -> list[str]:
              f"guarantee {result.guarantee}"]
     if result.savepoint:
         lines.append(f"savepoint: {result.savepoint}")
+    if result.local_restores:
+        local = sum(r.local for r in result.local_restores)
+        lines.append(f"local recovery: {local} of {len(result.local_restores)} keyed state "
+                     "restores read their task's local copy, the others the checkpoint storage")
     return lines
 
 

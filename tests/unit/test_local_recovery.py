@@ -381,3 +381,17 @@ def test_a_filesystem_without_hard_links_turns_local_recovery_off_once(tmp_path,
     assert "no local copy of checkpoint" not in caplog.text
     assert not copies(tmp_path)
     b.close()
+
+
+def test_the_jobs_summary_counts_the_restores_from_local_copies():
+    from lockgate.api.result import Guarantee, JobResult, JobStatus, LocalRestoreRecord
+    from lockgate.cluster.progress import summary_lines
+
+    result = JobResult("j", JobStatus.FINISHED, Guarantee.EXACTLY_ONCE, 1, ["x"],
+                       local_restores=[LocalRestoreRecord(1, 2, "sums", 7, True),
+                                       LocalRestoreRecord(1, 3, "sums", 7, False, "none")])
+    assert summary_lines(result)[-1] == (
+        "local recovery: 1 of 2 keyed state restores read their task's local copy, the "
+        "others the checkpoint storage")
+    result.local_restores = []
+    assert not any("local recovery" in line for line in summary_lines(result))
