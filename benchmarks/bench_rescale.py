@@ -1,10 +1,23 @@
 """The pause of a rescale: from the request to the first record processed at
 the new parallelism, for W1 (the pipeline of ``bench_sums.py``: numbers ->
-key_by(x % keys) -> reduce(sum) -> JSONL FileSink, exactly-once).
+key_by(x % keys) -> reduce(sum) -> JSONL FileSink, exactly-once) and W2 (the
+pipeline of ``bench_state.py``: a running count per key in a value state on
+RocksDB, over uniformly random keys, every key of the key space in the state).
 
-    python benchmarks/bench_rescale.py [--launcher local|spark|both] [--rounds 3]
-                                       [--rate 200000] [--keys 1000] [--record]
-                                       [--master 'local[6]']
+    python benchmarks/bench_rescale.py [--workload w1|w2] [--launcher local|spark|both]
+                                       [--rounds 3] [--rate 200000] [--keys 1000]
+                                       [--record] [--master 'local[6]']
+                                       [--savepoint-cache DIR]
+
+W2 (``--workload w2 --keys 1000000``): the job starts from a savepoint that
+holds a count for every one of ``--keys`` keys, written offline as
+``bench_state.py`` writes it (``--savepoint-cache DIR`` keeps it for later
+runs), with ``RocksDBStateBackend(memory_mb=256)``, unaligned checkpoints
+every 2 s, and its source rate-limited (``--rate``, default 30,000 records/s:
+below what W2 processes on 2 tasks, so the rescale's aligned checkpoint does
+not wait for a backlog). The keyed count notes, in every task, when its first
+record passed: the pause ends at the first record counted at the new
+parallelism, with the key groups that moved to it restored.
 
 The job runs with a rate-limited unbounded source and a checkpoint every
 second; each round rescales it up (2 -> 3) and down (3 -> 2) with
@@ -31,8 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lockgate import CheckpointConfig, Pipeline
+from lockgate import CheckpointConfig, KeyedProcessFunction, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
+from lockgate.state.backend import ValueStateDescriptor
+from lockgate.state.backends import RocksDBStateBackend
 
 RESULTS = Path(__file__).parent / "results" / "rescale.jsonl"
 
@@ -47,10 +62,64 @@ class FirstRecord:
     def __call__(self, x: Any) -> Any:
         if not self.done:
             self.done = True
-            path = os.path.join(self.folder, f"{os.getpid()}-{time.time_ns()}")
-            with open(path, "w") as f:
-                f.write(repr(time.time()))
+            mark(self.folder)
         return x
+
+
+def mark(folder: str) -> None:
+    path = os.path.join(folder, f"{os.getpid()}-{time.time_ns()}")
+    with open(path, "w") as f:
+        f.write(repr(time.time()))
+
+
+MIX = 0x9E3779B97F4A7C15  # as bench_state.py: the same keys
+
+
+class MarkedCount(KeyedProcessFunction):
+    """W2's running count per key; notes when its task counted its first record."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+        self.done = False
+
+    def process_element(self, value: int, ctx: Any) -> None:
+        if not self.done:
+            self.done = True
+            mark(self.folder)
+        self.count.update(self.count.value() + 1)
+
+
+def w1(tmp: Path, marks: Path, rate: float, keys: int) -> Pipeline:
+    p = Pipeline("bench-rescale", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=1.0, storage=str(tmp / "chk")))
+    (p.source(SequenceSource(1, None, rate=rate), uid="numbers")
+       .key_by(lambda x: x % keys)
+       .reduce(lambda a, b: a + b, uid="sums")
+       .map(FirstRecord(str(marks)), uid="first")
+       .sink(FileSink(str(tmp / "out"), format="jsonl"), uid="out"))
+    return p
+
+
+def w2(tmp: Path, marks: Path, rate: float, keys: int) -> Pipeline:
+    """W2 as ``bench_state.py`` builds it from its prefilled savepoint (the
+    uids and the state's name match that savepoint's)."""
+    p = Pipeline("bench-rescale-w2", parallelism=2,
+                 state_backend=RocksDBStateBackend(memory_mb=256),
+                 checkpoint=CheckpointConfig(interval=2.0, storage=str(tmp / "chk"),
+                                             timeout=600.0, unaligned=True))
+
+    def key_of(x: int) -> int:
+        return (((x * MIX) & 0xFFFFFFFFFFFFFFFF) >> 20) % keys
+
+    (p.source(SequenceSource(0, None, rate=rate), uid="numbers")
+       .map(key_of, uid="keys")
+       .key_by(lambda k: k)
+       .process(MarkedCount(str(marks)), uid="counts")
+       .sink(FileSink(str(tmp / "out")), uid="out"))
+    return p
 
 
 def first_after(folder: Path, t: float, deadline: float = 60.0) -> float:
@@ -66,18 +135,20 @@ def first_after(folder: Path, t: float, deadline: float = 60.0) -> float:
 
 
 def run(launcher: str, rounds: int, rate: float, keys: int,
-        master: str = "local[6]") -> list[dict[str, Any]]:
+        master: str = "local[6]", workload: str = "w1",
+        cache: Path | None = None) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-bench-rescale-"))
     marks = tmp / "marks"
     marks.mkdir()
     try:
-        p = Pipeline("bench-rescale", parallelism=2,
-                     checkpoint=CheckpointConfig(interval=1.0, storage=str(tmp / "chk")))
-        (p.source(SequenceSource(1, None, rate=rate), uid="numbers")
-           .key_by(lambda x: x % keys)
-           .reduce(lambda a, b: a + b, uid="sums")
-           .map(FirstRecord(str(marks)), uid="first")
-           .sink(FileSink(str(tmp / "out"), format="jsonl"), uid="out"))
+        savepoint = None
+        if workload == "w2":
+            from bench_state import cached_prefill
+
+            savepoint, took = cached_prefill(cache, tmp, keys)
+            if took is not None:
+                print(f"wrote the savepoint of {keys} keys in {took:.1f} s", flush=True)
+        p = (w2 if workload == "w2" else w1)(tmp, marks, rate, keys)
         done = threading.Event()
         checkpoints = [0]
 
@@ -86,9 +157,16 @@ def run(launcher: str, rounds: int, rate: float, keys: int,
             done.set()
 
         extra = {"master": master} if launcher == "spark" else {}
-        client = p.start(launcher=launcher, on_progress=progress, progress=False, **extra)
-        rows = []
+        started = time.monotonic()
+        client = p.start(launcher=launcher, on_progress=progress, progress=False,
+                         from_savepoint=savepoint, **extra)
+        rows: list[dict[str, Any]] = []
         try:
+            while checkpoints[0] < 1:  # W2: the whole restored state uploaded once
+                done.wait(30)
+                done.clear()
+            print(f"{launcher:6s} {workload}: running, first checkpoint after "
+                  f"{time.monotonic() - started:.1f} s", flush=True)
             for _ in range(rounds):
                 for target in (3, 2):
                     seen = checkpoints[0]
@@ -96,11 +174,13 @@ def run(launcher: str, rounds: int, rate: float, keys: int,
                         done.wait(30)
                         done.clear()
                     asked = time.time()
+                    load = os.getloadavg()[0]
                     answer = client.rescale(target)
-                    first = first_after(marks, asked)
+                    first = first_after(marks, asked, 600.0)
                     rows.append({"launcher": launcher, **extra, "from": 5 - target, "to": target,
                                  "pause_s": round(first - asked, 3),
-                                 "tasks_running_s": round(answer["seconds"], 3)})
+                                 "tasks_running_s": round(answer["seconds"], 3),
+                                 "load": round(load, 2)})
                     print(f"{launcher:6s} {5 - target} -> {target}: pause "
                           f"{first - asked:.3f} s (tasks running after "
                           f"{answer['seconds']:.3f} s)", flush=True)
@@ -113,16 +193,27 @@ def run(launcher: str, rounds: int, rate: float, keys: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="w1", choices=["w1", "w2"])
     ap.add_argument("--launcher", default="both", choices=["local", "spark", "both"])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rate", type=float, default=200_000, help="records/s of the source")
-    ap.add_argument("--keys", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=None,
+                    help="records/s of the source (W1: 200,000; W2: 30,000)")
+    ap.add_argument("--keys", type=int, default=None,
+                    help="the key space (W1: 1,000; W2: 1,000,000, all in the state)")
     ap.add_argument("--master", default="local[6]", help="Spark's master (local[6])")
+    ap.add_argument("--savepoint-cache", type=Path, default=None,
+                    help="W2: keep the prefilled savepoint of each key space here")
     ap.add_argument("--record", action="store_true", help=f"append the runs to {RESULTS}")
     args = ap.parse_args()
+    w2 = args.workload == "w2"
+    if args.rate is None:
+        args.rate = 30_000 if w2 else 200_000
+    if args.keys is None:
+        args.keys = 1_000_000 if w2 else 1000
     launchers = ["local", "spark"] if args.launcher == "both" else [args.launcher]
     for launcher in launchers:
-        rows = run(launcher, args.rounds, args.rate, args.keys, args.master)
+        rows = run(launcher, args.rounds, args.rate, args.keys, args.master, args.workload,
+                   args.savepoint_cache)
         for direction in ("up", "down"):
             pauses = [r["pause_s"] for r in rows if (r["to"] > r["from"]) == (direction == "up")]
             print(f"{launcher:6s} {direction:4s}: median pause {statistics.median(pauses):.3f} s, "
@@ -136,7 +227,8 @@ def main() -> None:
                     f.write(json.dumps({
                         "date": time.strftime("%Y-%m-%d"), "commit": commit,
                         "machine": f"{os.cpu_count()}-core ({platform.node()})",
-                        "load": round(load, 2), "workload": "W1 rescale",
+                        "load": round(load, 2),
+                        "workload": "W2 rescale (RocksDB)" if w2 else "W1 rescale",
                         "rate": args.rate, "keys": args.keys, **r}) + "\n")
 
 
