@@ -177,13 +177,19 @@ def run(launcher: str, rounds: int, rate: float, keys: int,
                     load = os.getloadavg()[0]
                     answer = client.rescale(target)
                     first = first_after(marks, asked, 600.0)
+                    chk = next((h for h in client.checkpoints()
+                                if h["id"] == answer.get("checkpoint_id")), {})
                     rows.append({"launcher": launcher, **extra, "from": 5 - target, "to": target,
                                  "pause_s": round(first - asked, 3),
                                  "tasks_running_s": round(answer["seconds"], 3),
+                                 "checkpoint_s": round(chk.get("duration") or 0.0, 3),
+                                 "checkpoint_bytes": chk.get("size"),
                                  "load": round(load, 2)})
                     print(f"{launcher:6s} {5 - target} -> {target}: pause "
                           f"{first - asked:.3f} s (tasks running after "
-                          f"{answer['seconds']:.3f} s)", flush=True)
+                          f"{answer['seconds']:.3f} s; the rescale's checkpoint "
+                          f"{rows[-1]['checkpoint_s']:.3f} s, {chk.get('size')} bytes; "
+                          f"load {load:.1f})", flush=True)
         finally:
             client.cancel()
         return rows
