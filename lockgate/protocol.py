@@ -327,7 +327,7 @@ class Hello(ControlMessage):
     host: str = ""
 
 
-# a Spark task's lease (cluster.spark_launcher)
+# a Spark task's lease (cluster.spark.launcher)
 @dataclass(frozen=True, slots=True)
 class LeaseGranted(ControlMessage):
     tag: ClassVar[str] = "lease_granted"
@@ -359,7 +359,7 @@ class Exited(ControlMessage):
     code: int
 
 
-# the Spark launcher's task hosts (lockgate.cluster.spark_hosts, spark_host)
+# the Spark launcher's task hosts (lockgate.cluster.spark.stage, spark.host)
 @dataclass(frozen=True, slots=True)
 class RunTask(ControlMessage):
     """To a host: fork a child that runs the task in ``payload`` (the

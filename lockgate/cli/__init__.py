@@ -185,7 +185,7 @@ def _positive(text: str) -> int:
 
 
 def _spark(args: argparse.Namespace) -> int:
-    from lockgate.cluster.spark_cds import build
+    from lockgate.cluster.spark.cds import build
 
     return 0 if build() is not None else 1
 

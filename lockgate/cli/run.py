@@ -99,7 +99,7 @@ class ScriptRun:
     def prepare(self, pipeline: Pipeline, script_args: dict[str, Any]) -> Any:
         """The job master, checked (pipeline, checkpoint or savepoint, Spark
         slots) before it says it starts."""
-        from lockgate.cluster import spark_session
+        from lockgate.cluster.spark import session as spark_session
         from lockgate.cluster.submission import interrupted_before_start, prepare_job
 
         options = self.options(pipeline, script_args)

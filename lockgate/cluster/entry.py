@@ -26,7 +26,7 @@ def submit(pipeline: Pipeline, args: dict[str, Any], wait: bool) -> JobResult | 
     try:
         if args.get("launcher", "spark") != "spark":
             return _submit_now(pipeline, args, wait)
-        from lockgate.cluster import spark_session
+        from lockgate.cluster.spark import session as spark_session
 
         spark_session.prestart_job(pipeline, args.get("spark"), args.get("master"))
         try:

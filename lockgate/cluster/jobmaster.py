@@ -52,12 +52,12 @@ from lockgate.cluster.failures import (
 )
 from lockgate.cluster.launcher import Launcher, end_job, make_launcher
 from lockgate.cluster.metrics import JobMetrics, history_entry, overview
-from lockgate.cluster.naming import dashboard_of
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.rescale import available_slots, rescale_plan
 from lockgate.cluster.restarts import RestartHandler
 from lockgate.cluster.server import ControlServer
+from lockgate.cluster.spark.naming import dashboard_of
 from lockgate.cluster.specs import task_specs
 from lockgate.cluster.startup import StartupLog
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy

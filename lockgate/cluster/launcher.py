@@ -37,7 +37,7 @@ def make_launcher(name: str, events: queue.Queue[TaskEvent]) -> Launcher:
         from lockgate.cluster.local import LocalLauncher
 
         return LocalLauncher(events)
-    from lockgate.cluster.spark_launcher import SparkLauncher
+    from lockgate.cluster.spark.launcher import SparkLauncher
 
     return SparkLauncher(events)
 
@@ -46,6 +46,6 @@ def end_job(name: str, job_id: str) -> None:
     """The job is over (every attempt stopped): free what its launcher kept
     across attempts (the ``spark`` launcher's barrier stage of task hosts)."""
     if name == "spark":
-        from lockgate.cluster.spark_stage import release
+        from lockgate.cluster.spark.stage import release
 
         release(job_id)

@@ -40,12 +40,12 @@ def rescale_plan(master: JobMaster, parallelism: Any, vertices: Any) -> JobGraph
 def slots_problem(launcher: str, num_tasks: int) -> str | None:
     """Why the launcher cannot run ``num_tasks`` tasks at once, or None. The
     local launcher always can; the Spark launcher needs that many task slots
-    for its barrier stage (:func:`~lockgate.cluster.spark_session.check_slots`)."""
+    for its barrier stage (:func:`~lockgate.cluster.spark.session.check_slots`)."""
     if launcher != "spark":
         return None
     from pyspark import SparkContext
 
-    from lockgate.cluster.spark_session import check_slots
+    from lockgate.cluster.spark.session import check_slots
 
     sc = SparkContext._active_spark_context
     if sc is None:
@@ -64,7 +64,7 @@ def available_slots(launcher: str) -> int | None:
         return None
     from pyspark import SparkContext
 
-    from lockgate.cluster.spark_session import task_slots
+    from lockgate.cluster.spark.session import task_slots
 
     sc = SparkContext._active_spark_context
     return None if sc is None else task_slots(sc)

@@ -7,7 +7,7 @@ or savepoint the job starts from (read, verified, matched to the job by uid
 and sink location). Then the end-to-end guarantee the job's parts allow is
 known, and the Spark context (for the ``spark`` launcher) is ready. A local
 session Lockgate starts begins during those checks (its JVM and warm Spark
-daemon start while they run: :func:`~lockgate.cluster.spark_session.prestart`)
+daemon start while they run: :func:`~lockgate.cluster.spark.session.prestart`)
 and is ended if the job is refused.
 """
 
@@ -89,8 +89,8 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
 
         prestart()
     elif options.launcher == "spark":  # a new local session's JVM starts during the checks
-        from lockgate.cluster import spark_session
-        from lockgate.cluster.naming import app_name
+        from lockgate.cluster.spark import session as spark_session
+        from lockgate.cluster.spark.naming import app_name
 
         cancel_prestart = spark_session.cancel_prestart
         try:
@@ -148,8 +148,8 @@ def _prepare(pipeline: Pipeline, options: RunOptions, graph: JobGraph,
                                if earlier.metadata else 0)
         resume.announce(earlier)
     if options.launcher == "spark":  # a SparkContext that runs every task at once, first
-        from lockgate.cluster.naming import app_name
-        from lockgate.cluster.spark_session import prepare_spark
+        from lockgate.cluster.spark.naming import app_name
+        from lockgate.cluster.spark.session import prepare_spark
 
         options.bind_host = prepare_spark(options.spark, options.master, graph.num_tasks,
                                           name=app_name(pipeline.name),

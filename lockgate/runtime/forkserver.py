@@ -4,7 +4,7 @@ A fresh interpreter that imports the task code once and then forks one child
 per task it is asked for, so a task starts in milliseconds instead of paying
 for an interpreter and its imports (on two cores, four tasks starting at
 once spent half a second importing). Spark's Python daemon does the same for
-its workers; :mod:`lockgate.cluster.spark_daemon` preloads Lockgate there.
+its workers; :mod:`lockgate.cluster.spark.daemon` preloads Lockgate there.
 
 The driver (:mod:`lockgate.cluster.forks`) writes requests to stdin, each
 ``u32 length | pickle``: ``("spawn", request, payload, environ, sys_path)``

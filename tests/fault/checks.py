@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from lockgate.cluster.spark_host import HOST_PROCESS_PREFIX
+from lockgate.cluster.spark.host import HOST_PROCESS_PREFIX
 from lockgate.runtime.spec import TASK_PROCESS_PREFIX
 
 HERE = Path(__file__).parent

@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any
 
-from lockgate.cluster.java import ensure_java
+from lockgate.cluster.spark.java import ensure_java
 
 
 def fresh_spark_session(slots: int, app: str, log_level: str = "ERROR",

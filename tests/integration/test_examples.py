@@ -34,7 +34,7 @@ def run_example(way: str, script: str, args: list[str], cwd: Path):
     else:
         import pyspark
 
-        from lockgate.cluster.java import ensure_java
+        from lockgate.cluster.spark.java import ensure_java
 
         ensure_java()
         env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,

@@ -1,4 +1,4 @@
-"""The driver JVM without Spark's launcher JVM (lockgate/cluster/spark_gateway.py):
+"""The driver JVM without Spark's launcher JVM (lockgate/cluster/spark/gateway.py):
 the first local session learns the command spark-submit runs, the next ones
 run it directly; a learned command that does not start is forgotten and
 spark-submit starts the session."""
@@ -15,7 +15,7 @@ from typing import Any
 SESSION = """
 import json, os, sys
 from pyspark import SparkContext
-from lockgate.cluster import spark_session
+from lockgate.cluster.spark import session as spark_session
 
 sc = spark_session.spark_context(None, "local[2]", 2, "gateway-test")
 total = sc.parallelize(range(10), 2).map(lambda x: x * 2).sum()
@@ -63,7 +63,7 @@ from lockgate import Pipeline
 from lockgate.errors import PipelineDefinitionError
 from lockgate.connectors import CollectSink, SequenceSource
 
-from lockgate.cluster import spark_gateway
+from lockgate.cluster.spark import gateway as spark_gateway
 
 spawned = []  # the JVMs started from the learned command (watched, not replaced)
 spawn = spark_gateway.spawn
@@ -79,7 +79,7 @@ except PipelineDefinitionError as e:
     print("refused:", str(e)[:80], file=sys.stderr)
 else:
     sys.exit("not refused")
-from lockgate.cluster import spark_warm
+from lockgate.cluster.spark import warm as spark_warm
 from pyspark import SparkContext
 assert SparkContext._active_spark_context is None
 for p in list(spark_warm._started):
@@ -107,7 +107,7 @@ EARLY = """
 import json, sys
 from lockgate import Pipeline
 from lockgate.connectors import CollectSink, SequenceSource
-from lockgate.cluster import spark_gateway
+from lockgate.cluster.spark import gateway as spark_gateway
 
 seen = []  # what the driver had imported when the JVM was started
 spawn = spark_gateway.spawn

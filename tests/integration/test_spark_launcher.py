@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lockgate.cluster.spark_launcher import SparkLauncher
-from lockgate.cluster.spark_session import SESSION_CONF
+from lockgate.cluster.spark.launcher import SparkLauncher
+from lockgate.cluster.spark.session import SESSION_CONF
 from lockgate.errors import ConfigurationError
 from tests.fault.sums_job import build
 from tests.fixtures import check_exact_sums
@@ -98,7 +98,7 @@ def test_sigkill_restarts_from_the_checkpoint(spark, launchers, tmp_path: Path,
     assert "at" in killed, "the job ended before the kill"
     # a task is forked by its host, a Spark Python worker forked by Spark's
     # daemon (Lockgate's, which preloads the task code): both show its command line
-    assert "lockgate.cluster.spark_daemon" in str(killed["parent"])
+    assert "lockgate.cluster.spark.daemon" in str(killed["parent"])
     assert result.restarts >= 1
     assert len(launchers) == result.restarts + 1
     if victim == "task":  # the next attempt ran on the same hosts: no new Spark job

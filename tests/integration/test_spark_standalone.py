@@ -65,7 +65,7 @@ def _env() -> dict[str, str]:
     env.update(SPARK_HOME=os.path.dirname(pyspark.__file__), SPARK_LOCAL_IP="127.0.0.1",
                SPARK_NO_DAEMONIZE="1")
     if "JAVA_HOME" not in env:
-        from lockgate.cluster.java import ensure_java
+        from lockgate.cluster.spark.java import ensure_java
 
         ensure_java()
         env["JAVA_HOME"] = os.environ.get("JAVA_HOME", "")

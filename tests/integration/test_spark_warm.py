@@ -1,4 +1,4 @@
-"""The warm Spark daemon (lockgate/cluster/spark_warm.py): the driver's
+"""The warm Spark daemon (lockgate/cluster/spark/warm.py): the driver's
 pre-imported process takes over the streams of the daemon Spark starts (the
 shim), forks the workers, and ends with its stdin; without it (refused, or
 gone) the shim is the daemon itself."""
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from lockgate.cluster import spark_warm
+from lockgate.cluster.spark import warm as spark_warm
 
 
 def _ppid(pid: int) -> int:
@@ -24,7 +24,7 @@ def _ppid(pid: int) -> int:
 def _start_warm(path: Path, seed: str = "0") -> subprocess.Popen[bytes]:
     path.parent.mkdir(exist_ok=True)  # private to it, as the driver's: removed with it
     env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONUNBUFFERED": "YES"}
-    warm = subprocess.Popen([sys.executable, "-m", "lockgate.cluster.spark_warm", str(path)],
+    warm = subprocess.Popen([sys.executable, "-m", "lockgate.cluster.spark.warm", str(path)],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 60
     while not path.exists():
@@ -104,7 +104,8 @@ def test_a_warm_process_ends_with_its_driver(tmp_path: Path) -> None:
 
 SESSION = """
 import json, os, sys, time
-from lockgate.cluster import spark_session, spark_warm
+from lockgate.cluster.spark import warm as spark_warm
+from lockgate.cluster.spark import session as spark_session
 
 sc = spark_session.spark_context(None, "local[2]", 2, "warm-test")
 warm = [p.pid for p in spark_warm._started]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lockgate.cluster.java import java_version
+from lockgate.cluster.spark.java import java_version
 
 FAKE = """#!/bin/sh
 echo run >> "{runs}"
@@ -57,7 +57,7 @@ def test_spark_java_home_runs_java_without_the_incubator_module(
     that drops ``--add-modules=jdk.incubator.vector`` (no warning)."""
     import subprocess
 
-    from lockgate.cluster.java import ensure_java, spark_java_home, wrapped_java
+    from lockgate.cluster.spark.java import ensure_java, spark_java_home, wrapped_java
 
     real = ensure_java()  # (the machine's runtime, behind its mirror)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -180,7 +180,7 @@ def test_dashboard_files_are_packaged_and_load_nothing_from_elsewhere() -> None:
 
 
 def test_spark_names_the_job_and_links_its_dashboard_without_the_token() -> None:
-    from lockgate.cluster.naming import app_name, dashboard_of, spark_description
+    from lockgate.cluster.spark.naming import app_name, dashboard_of, spark_description
 
     class Server:
         url = "http://127.0.0.1:4321"

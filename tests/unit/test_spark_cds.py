@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lockgate.cluster import spark_cds
-from lockgate.cluster.java import ensure_java
+from lockgate.cluster.spark import cds as spark_cds
+from lockgate.cluster.spark.java import ensure_java
 
 OPTIONS = "-XX:TieredStopAtLevel=1"
 

@@ -5,7 +5,7 @@ A Spark barrier stage cannot be relaunched after one of its tasks died
 (Spark aborts the job), and a new stage costs Spark's scheduling (most of a
 second on a small machine). So a Spark task of Lockgate's stage does not run
 a Lockgate task itself: it *hosts* them. :func:`host_partition` connects to
-the driver's :class:`~lockgate.cluster.spark_stage.BarrierStage` and, for
+the driver's :class:`~lockgate.cluster.spark.stage.BarrierStage` and, for
 every attempt, forks a child (:class:`~lockgate.protocol.RunTask`) that runs
 the task exactly as before (:func:`run_leased`: its own lease, then
 :func:`~lockgate.runtime.task.run_task`). A SIGKILLed task ends its child

@@ -3,7 +3,7 @@ running one, or one Lockgate starts), whether it has the task slots a barrier
 stage needs, and how quiet Spark's own log lines are.
 
 :func:`prepare_spark` is what the driver calls before a job on the ``spark``
-launcher starts (:mod:`lockgate.cluster.spark_launcher` runs its tasks);
+launcher starts (:mod:`lockgate.cluster.spark.launcher` runs its tasks);
 :func:`check_slots` is called again for every attempt.
 """
 
@@ -16,8 +16,10 @@ import sys
 import time
 from typing import Any
 
-from lockgate.cluster import interrupt, spark_gateway, spark_warm
-from lockgate.cluster.java import ensure_java
+from lockgate.cluster import interrupt
+from lockgate.cluster.spark import gateway as spark_gateway
+from lockgate.cluster.spark import warm as spark_warm
+from lockgate.cluster.spark.java import ensure_java
 from lockgate.errors import ConfigurationError
 
 log = logging.getLogger("lockgate.driver")
@@ -33,7 +35,7 @@ SESSION_CONF = {
     "spark.ui.enabled": "false",
     # Spark's Python daemon with Lockgate's task code imported before it forks
     # a worker: a task (and a restarted one) starts without a second of imports
-    "spark.python.daemon.module": "lockgate.cluster.spark_daemon",
+    "spark.python.daemon.module": "lockgate.cluster.spark.daemon",
     # a worker whose task returned serves the next task (Spark's default, said)
     "spark.python.worker.reuse": "true",
 }
@@ -225,7 +227,7 @@ def prestart_job(pipeline: Any, spark: Any, master: str | None) -> None:
         return
     try:
         from lockgate.cluster.autoscaler import tasks_at_most
-        from lockgate.cluster.naming import app_name
+        from lockgate.cluster.spark.naming import app_name
         from lockgate.graph.jobgraph import build_job_graph
 
         prestart(spark, master, tasks_at_most(build_job_graph(pipeline), pipeline.autoscale),
@@ -288,7 +290,7 @@ def quiet_spark_logs(java: str | None = None) -> None:
     :func:`spark_log_level` from the first one on (its banner too), through
     a log4j2 file of the package, :func:`session_java_options`, and the
     class-data archive of ``java`` when there is one
-    (:mod:`lockgate.cluster.spark_cds`). A user's own
+    (:mod:`lockgate.cluster.spark.cds`). A user's own
     ``PYSPARK_SUBMIT_ARGS`` or ``spark-submit`` (which started the JVM
     already) are left alone."""
     if "PYSPARK_SUBMIT_ARGS" in os.environ or "PYSPARK_GATEWAY_PORT" in os.environ:
@@ -296,7 +298,7 @@ def quiet_spark_logs(java: str | None = None) -> None:
     config = os.path.join(os.path.dirname(__file__), "log4j2-quiet.properties")
     options = session_java_options()
     if java is not None:
-        from lockgate.cluster.spark_cds import java_options
+        from lockgate.cluster.spark.cds import java_options
 
         archive = java_options(java, options)
         options = f"{options} {archive}" if archive else options

@@ -12,7 +12,7 @@ threads is unsafe; PySpark's own daemon defers its imports for that reason),
 which :func:`main` checks.
 
 A session you start yourself can use it too:
-``--conf spark.python.daemon.module=lockgate.cluster.spark_daemon``.
+``--conf spark.python.daemon.module=lockgate.cluster.spark.daemon``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import threading
 def preload() -> None:
     import pyspark.worker  # noqa: F401
 
-    import lockgate.cluster.spark_host  # noqa: F401
+    import lockgate.cluster.spark.host  # noqa: F401
     from lockgate.runtime.forkserver import preload as task_code
 
     task_code()

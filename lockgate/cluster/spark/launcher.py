@@ -1,7 +1,7 @@
 """The ``spark`` launcher: every task of an attempt runs in a task slot of
 the job's Spark barrier stage.
 
-The stage (:mod:`lockgate.cluster.spark_stage`) is long-lived: Spark
+The stage (:mod:`lockgate.cluster.spark.stage`) is long-lived: Spark
 gang-schedules one *host* per task (all start together or none), and each
 host forks a child per attempt that runs the Lockgate task with the same
 entry point as the local launcher (``TaskSpec``, coordinator address,
@@ -19,7 +19,7 @@ after it returns. Once ``stop`` began, leases are refused, so a task that
 starts late returns without running.
 
 The session itself (which SparkContext, its task slots, Spark's log level) is
-:mod:`lockgate.cluster.spark_session`'s.
+:mod:`lockgate.cluster.spark.session`'s.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any
 import cloudpickle
 
 from lockgate.cluster.events import TaskEvent, TaskExited
-from lockgate.cluster.spark_session import check_slots, is_local
-from lockgate.cluster.spark_stage import BarrierStage, stage_of
+from lockgate.cluster.spark.session import check_slots, is_local
+from lockgate.cluster.spark.stage import BarrierStage, stage_of
 from lockgate.errors import ConfigurationError
 from lockgate.protocol import (
     Exited,

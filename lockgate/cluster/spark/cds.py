@@ -41,8 +41,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from lockgate.cluster.java import cache_dir as lockgate_cache_dir
-from lockgate.cluster.java import file_stamp, pyspark_install
+from lockgate.cluster.spark.java import cache_dir as lockgate_cache_dir
+from lockgate.cluster.spark.java import file_stamp, pyspark_install
 
 log = logging.getLogger("lockgate.driver")
 
@@ -172,7 +172,7 @@ def start_builder(key: str, options: str) -> bool:
         env.pop(name, None)
     with logfile:
         _builder = subprocess.Popen(
-            [sys.executable, "-m", "lockgate.cluster.spark_cds", "--build", key, options],
+            [sys.executable, "-m", "lockgate.cluster.spark.cds", "--build", key, options],
             stdin=subprocess.DEVNULL, stdout=logfile, stderr=logfile, env=env,
             start_new_session=True, close_fds=True)
     threading.Thread(target=_builder.wait, daemon=True, name="spark-cds-builder").start()
@@ -202,8 +202,8 @@ def build(java: str | None = None, options: str | None = None,
     """Make the archive for this machine's Java and Spark now (in the
     foreground) unless it exists; return it, or None when it could not be
     made (the reason is logged). What ``lockgate spark warm`` runs."""
-    from lockgate.cluster.java import ensure_java
-    from lockgate.cluster.spark_session import session_java_options
+    from lockgate.cluster.spark.java import ensure_java
+    from lockgate.cluster.spark.session import session_java_options
 
     java = java or ensure_java()
     options = session_java_options() if options is None else options
@@ -259,7 +259,7 @@ def _make(tmp: Path, options: str) -> str | None:
     env.pop("PYSPARK_SUBMIT_ARGS", None)
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "lockgate.cluster.spark_cds", "--warmup", str(tmp), options],
+            [sys.executable, "-m", "lockgate.cluster.spark.cds", "--warmup", str(tmp), options],
             env=env, capture_output=True, text=True, timeout=WARMUP_TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"the warm-up did not end within {WARMUP_TIMEOUT:.0f} s"
@@ -330,7 +330,7 @@ def _warmup(tmp: str, options: str) -> int:
     on ``local[2]``, one barrier job through Lockgate's Spark daemon, then a
     clean stop, waiting for the JVM to exit (it writes the archive as it
     exits). Returns the JVM's exit code."""
-    from lockgate.cluster import spark_session
+    from lockgate.cluster.spark import session as spark_session
 
     os.environ[SWITCH] = "0"
     os.environ["LOCKGATE_SPARK_LAUNCHER"] = "1"  # a one-off command: not worth learning

@@ -4,15 +4,15 @@ the driver's JVM starts.
 Spark starts its Python daemon (``python -m <spark.python.daemon.module>``)
 when the first job's first task runs, and the daemon imports
 ``pyspark.worker`` and Lockgate's task code
-(:mod:`lockgate.cluster.spark_daemon`) before it can fork a worker: about a
+(:mod:`lockgate.cluster.spark.daemon`) before it can fork a worker: about a
 second of a cold start, after the JVM and SparkContext started. In a local
 session Lockgate starts, the driver starts that process itself, before the
 JVM (:func:`start`), so its imports run while the JVM starts:
 
-Step 1. :func:`start` runs ``python -m lockgate.cluster.spark_warm``: it
+Step 1. :func:`start` runs ``python -m lockgate.cluster.spark.warm``: it
         listens on a Unix socket in a private folder, imports the task code,
         and waits. The session's daemon module is the shim
-        ``lockgate_daemon_shim`` (``lockgate/cluster/shim``), the socket's
+        ``lockgate_daemon_shim`` (``lockgate/cluster/spark/shim``), the socket's
         path in the executors' environment.
 Step 2. When Spark starts its daemon, the shim connects and sends its
         stdin, stdout and stderr (SCM_RIGHTS), its environment, folder,
@@ -27,7 +27,7 @@ Step 4. The shim stays until the warm daemon ends (Spark watches the process
         it started) and forwards SIGTERM, which Spark stops a daemon with.
 
 Without a warm process (it ended, a refusal, a restarted daemon) the shim
-runs :mod:`lockgate.cluster.spark_daemon` itself, as before. A warm process
+runs :mod:`lockgate.cluster.spark.daemon` itself, as before. A warm process
 whose driver ends before Spark asked for it ends too (its stdin is a pipe
 from the driver).
 """
@@ -74,7 +74,7 @@ def start() -> dict[str, str]:
            # fixed at start-up: the seed Spark gives its daemon
            "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "lockgate.cluster.spark_warm", path],
+        proc = subprocess.Popen([sys.executable, "-m", "lockgate.cluster.spark.warm", path],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env,
                                 close_fds=True,
                                 # the terminal's Ctrl-C is the driver's, from the start
@@ -144,7 +144,7 @@ def _wait_for_shim(listener: socket.socket) -> bool:
     """Preload, then wait for the shim; whether its streams were taken (not
     when the driver ended first, the preload failed, or the shim was
     refused: it then runs the daemon itself)."""
-    from lockgate.cluster.spark_daemon import preload
+    from lockgate.cluster.spark.daemon import preload
 
     try:
         preload()

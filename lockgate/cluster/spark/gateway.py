@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lockgate.cluster.java import INCUBATOR, file_stamp, pyspark_install
-from lockgate.cluster.java import cache_dir as lockgate_cache_dir
+from lockgate.cluster.spark.java import INCUBATOR, file_stamp, pyspark_install
+from lockgate.cluster.spark.java import cache_dir as lockgate_cache_dir
 
 log = logging.getLogger("lockgate.driver")
 

@@ -1,5 +1,5 @@
 """The driver's side of a job's long-lived Spark barrier stage: one *host*
-per task slot (:mod:`lockgate.cluster.spark_host`), kept across attempts.
+per task slot (:mod:`lockgate.cluster.spark.host`), kept across attempts.
 
 :meth:`BarrierStage.run` starts an attempt's tasks: on the hosts of the
 running stage when every one of them is connected (one
@@ -11,7 +11,7 @@ executor or Python worker killed) costs a new stage; a lost task costs a
 fork. :func:`release` ends the stage when the job is over.
 
 One stage per job (:func:`stage_of`), shared by the job's per-attempt
-:class:`~lockgate.cluster.spark_launcher.SparkLauncher` objects; the attempt
+:class:`~lockgate.cluster.spark.launcher.SparkLauncher` objects; the attempt
 whose tasks run hears of each host's news through :class:`Watcher`.
 """
 
@@ -26,7 +26,7 @@ import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lockgate.cluster.naming import spark_description
+from lockgate.cluster.spark.naming import spark_description
 from lockgate.protocol import Hello, KillTask, Release, RunTask, TaskEnded
 from lockgate.runtime import handshake, wire
 
@@ -208,7 +208,7 @@ class BarrierStage:
                         "(its tasks are fenced)", ABORT_TIMEOUT)
 
     def _run_stage(self, sc: Any, jobs: list[bytes], generation: int, attempt: int) -> None:
-        from lockgate.cluster.spark_host import host_partition
+        from lockgate.cluster.spark.host import host_partition
 
         error: BaseException | None = None
         try:

@@ -1,7 +1,7 @@
 """Spark's Python daemon in a session Lockgate started in local mode: hands
 its standard streams to the warm daemon the driver started
-(:mod:`lockgate.cluster.spark_warm`), whose imports are done, and waits for
-it to end; without one it runs :mod:`lockgate.cluster.spark_daemon`.
+(:mod:`lockgate.cluster.spark.warm`), whose imports are done, and waits for
+it to end; without one it runs :mod:`lockgate.cluster.spark.daemon`.
 
 A top-level module (its folder is on the daemon's ``PYTHONPATH``) that
 imports only the standard library: ``python -m lockgate.cluster...`` would
@@ -81,7 +81,7 @@ def main() -> None:
         code = hand_off(path)
         if code is not None:
             sys.exit(code)
-    from lockgate.cluster.spark_daemon import main as daemon_main
+    from lockgate.cluster.spark.daemon import main as daemon_main
 
     daemon_main()
 
