@@ -25,7 +25,6 @@ driver counts a dead server as a failure of every task it ran.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import select
@@ -34,36 +33,12 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any, NoReturn
+from typing import Any
+
+from lockgate.runtime.task_main import die_with_parent, end_child, preload, run_payload
 
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 1 << 30
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent: int) -> None:
-    """In a forked child: be SIGKILLed when ``parent`` (the process that forked
-    this one, single-threaded) ends; end now if it already has."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-    if os.getppid() != parent:  # it ended before the line above
-        os._exit(1)
-
-
-def preload() -> None:
-    """What every task imports, once, before any fork (none starts a thread):
-    the task code, and what it imports on first use (the frames' AES-GCM, the
-    IDNA codec of the first connection)."""
-    import encodings.idna  # noqa: F401
-
-    import cloudpickle  # noqa: F401
-    import cryptography.exceptions
-    import cryptography.hazmat.primitives.ciphers.aead  # noqa: F401
-
-    import lockgate.runtime.task
-    import lockgate.runtime.task_main  # noqa: F401
 
 
 def _child(request: tuple[Any, ...], closing: list[int], server: int) -> None:
@@ -84,23 +59,11 @@ def _child(request: tuple[Any, ...], closing: list[int], server: int) -> None:
         os.environ.clear()
         os.environ.update(environ)
         sys.path[:] = path
-        from lockgate.runtime.task_main import run_payload
-
         code = run_payload(payload, {"entry": entry})
     except BaseException:
         traceback.print_exc()
     finally:
         end_child(code)
-
-
-def end_child(code: int) -> NoReturn:
-    """End a forked child with ``code``: its output flushed, and none of the
-    parent's cleanup run (``atexit``, finalizers: they are the parent's)."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
 
 
 def serve(replies: int) -> None:

@@ -25,7 +25,7 @@ def preload() -> None:
     import pyspark.worker  # noqa: F401
 
     import lockgate.cluster.spark.host  # noqa: F401
-    from lockgate.runtime.forkserver import preload as task_code
+    from lockgate.runtime.task_main import preload as task_code
 
     task_code()
 

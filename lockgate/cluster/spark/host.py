@@ -48,9 +48,9 @@ from lockgate.protocol import (
     TaskEnded,
 )
 from lockgate.runtime import handshake, wire
-from lockgate.runtime.forkserver import die_with_parent, end_child
 from lockgate.runtime.spec import TaskSpec, process_name
 from lockgate.runtime.steps import Steps, mark
+from lockgate.runtime.task_main import die_with_parent, end_child
 
 log = logging.getLogger("lockgate.task")
 
