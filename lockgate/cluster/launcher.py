@@ -34,7 +34,7 @@ class Launcher(Protocol):
 
 def make_launcher(name: str, events: queue.Queue[TaskEvent]) -> Launcher:
     if name == "local":
-        from lockgate.cluster.local import LocalLauncher
+        from lockgate.cluster.local.launcher import LocalLauncher
 
         return LocalLauncher(events)
     from lockgate.cluster.spark.launcher import SparkLauncher

@@ -85,7 +85,7 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
     check_parallelism(graph)
     check_autoscale(graph, pipeline)
     if options.launcher == "local":  # its imports overlap the checks below
-        from lockgate.cluster.forks import prestart
+        from lockgate.cluster.local.forks import prestart
 
         prestart()
     elif options.launcher == "spark":  # a new local session's JVM starts during the checks

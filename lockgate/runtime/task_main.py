@@ -1,6 +1,6 @@
 """Entry point of a local task: ``python -m lockgate.runtime.task_main``, or a
 child of a task host (the local launcher's fork server,
-:mod:`lockgate.runtime.forkserver`; a Spark host), with what a forked task
+:mod:`lockgate.cluster.local.forkserver`; a Spark host), with what a forked task
 needs: the task code preloaded, its end tied to the host's.
 
 Reads ``(TaskSpec, coordinator address, secret)`` pickled with cloudpickle

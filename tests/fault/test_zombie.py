@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from lockgate.cluster import jobmaster
-from lockgate.cluster.local import LocalLauncher
+from lockgate.cluster.local.launcher import LocalLauncher
 from lockgate.connectors.filesink_plan import parse_part_name
 from tests.fault.checks import process_state
 from tests.fault.sums_job import build

@@ -350,7 +350,7 @@ def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     tasks = set(task_processes(driver.pid))
     assert len(tasks) == 4
     servers = [pid for pid in descendants(driver.pid) - tasks  # (its forks share its cmdline)
-               if b"lockgate.runtime.forkserver" in _cmdline(pid)]
+               if b"lockgate.cluster.local.forkserver" in _cmdline(pid)]
     assert len(servers) == 1, servers
     server = servers[0]
     os.kill(server, signal.SIGSTOP)

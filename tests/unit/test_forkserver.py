@@ -1,5 +1,5 @@
-"""The local launcher's fork server (lockgate/runtime/forkserver.py, the
-driver's side in lockgate/cluster/forks.py), with real processes: tasks are
+"""The local launcher's fork server (lockgate/cluster/local/forkserver.py, the
+driver's side in lockgate/cluster/local/forks.py), with real processes: tasks are
 forked children that report their exit codes, a kill reaches only a task
 that has not ended, the driver's environment and import path reach each
 task, and a server that dies leaves its tasks watched until they are gone."""
@@ -14,7 +14,7 @@ import time
 import cloudpickle
 import pytest
 
-from lockgate.cluster import forks
+from lockgate.cluster.local import forks
 
 
 class Payload:

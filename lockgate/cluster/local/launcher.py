@@ -1,6 +1,6 @@
 """The ``local`` launcher: every task is a process of its own on this machine.
 
-Tasks are forked by the driver's fork server (:mod:`lockgate.cluster.forks`),
+Tasks are forked by the driver's fork server (:mod:`lockgate.cluster.local.forks`),
 which imported the task code once: a restart after a failure costs a fork,
 not an interpreter and its imports. Without a fork server (it cannot start,
 or ``fork_server = False``) each task is ``python -m lockgate.runtime.task_main``.
@@ -24,8 +24,8 @@ import time
 
 import cloudpickle
 
-from lockgate.cluster import forks
 from lockgate.cluster.events import TaskEvent, TaskExited
+from lockgate.cluster.local import forks
 from lockgate.runtime.spec import TaskSpec
 
 log = logging.getLogger("lockgate.driver")
@@ -99,7 +99,7 @@ class LocalLauncher:
 
     def stalled(self) -> None:
         """Nothing to drop: a fork server that stops answering is replaced
-        when a spawn times out (:mod:`lockgate.cluster.forks`)."""
+        when a spawn times out (:mod:`lockgate.cluster.local.forks`)."""
 
     def stop(self) -> None:
         """Kill every task of the attempt and wait until all are gone: no zombie

@@ -1,5 +1,5 @@
 """The driver's side of the local launcher's fork server
-(:mod:`lockgate.runtime.forkserver`): one server per driver process, started
+(:mod:`lockgate.cluster.local.forkserver`): one server per driver process, started
 early (:func:`prestart`, while the job is being prepared) and shared by every
 attempt and job of the process, so that restarting a task is a fork.
 
@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from lockgate.runtime.forkserver import HEADER
+from lockgate.cluster.local.forkserver import HEADER
 
 log = logging.getLogger("lockgate.driver")
 
@@ -42,7 +42,7 @@ class ForkServer:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lockgate.runtime.forkserver", str(write)],
+            [sys.executable, "-m", "lockgate.cluster.local.forkserver", str(write)],
             stdin=subprocess.PIPE, pass_fds=(write,), env=env, start_new_session=True)
         os.close(write)
         self._replies = os.fdopen(read, "r")

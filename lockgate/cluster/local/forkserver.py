@@ -1,4 +1,4 @@
-"""The local launcher's fork server: ``python -m lockgate.runtime.forkserver FD``.
+"""The local launcher's fork server: ``python -m lockgate.cluster.local.forkserver FD``.
 
 A fresh interpreter that imports the task code once and then forks one child
 per task it is asked for, so a task starts in milliseconds instead of paying
@@ -6,7 +6,7 @@ for an interpreter and its imports (on two cores, four tasks starting at
 once spent half a second importing). Spark's Python daemon does the same for
 its workers; :mod:`lockgate.cluster.spark.daemon` preloads Lockgate there.
 
-The driver (:mod:`lockgate.cluster.forks`) writes requests to stdin, each
+The driver (:mod:`lockgate.cluster.local.forks`) writes requests to stdin, each
 ``u32 length | pickle``: ``("spawn", request, payload, environ, sys_path)``
 or ``("kill", pid)``. Replies go to file descriptor ``FD`` as text lines:
 ``ready``, ``spawned <request> <pid>``, ``exited <pid> <exit code>`` (a
