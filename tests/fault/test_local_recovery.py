@@ -3,8 +3,9 @@ the default): after SIGKILLs at protocol points, every keyed task restores
 from its local copy and says so; with the copies damaged while the job is
 frozen (a truncated SST file, a deleted one, one swapped for a symbolic link
 to the same bytes), every keyed task refuses its copy with the reason and
-reads the checkpoint storage; the output is exact either way, and the job's
-copies are gone once it ended.
+reads the checkpoint storage; a job run again after its driver was
+SIGKILLed resumes from the copies its killed run left; the output is exact
+every time, and the job's copies are gone once it ended.
 
 The job is the suite's sums job (``sums_job.py``) on RocksDB
 (``LOCKGATE_STATE_BACKEND``), its local folders under the test's ``TMPDIR``.
@@ -154,4 +155,39 @@ def test_damaged_copies_are_refused_and_the_output_stays_exact(tmp_path, launche
         assert not r["local"], r
         assert any(reason in r["reason"] for reason in expected[r["task"]].split("|")), (
             r, expected)
+    assert not copy_folders(tmp_path)
+
+
+def test_a_run_again_after_the_driver_was_killed_restores_from_local_copies(tmp_path, rocksdb):
+    """The driver SIGKILLed once 3 checkpoints completed (nothing deletes its
+    job's copies); the job run again resumes its latest checkpoint under the
+    same job id, and every keyed task restores from its local copy."""
+    from tests.fault.test_rescale import wait_for_exit
+
+    p, n = 2, 8 * N
+    cmd = [sys.executable, str(HERE / "sums_job.py"), "--n", str(n), "--parallelism", str(p),
+           "--keys", str(KEYS), "--out", str(tmp_path / "out"), "--storage",
+           str(tmp_path / "chk"), "--interval", "0.1", "--rate", "30000"]
+    first = subprocess.Popen([*cmd, "--progress"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert first.stdout is not None
+    for line in first.stdout:
+        msg = json.loads(line)
+        if "progress" in msg and msg["progress"]["checkpoints_completed"] >= 3:
+            break
+    else:
+        raise AssertionError(first.stderr.read() if first.stderr else "no 3 checkpoints")
+    tasks = set(task_processes(first.pid))
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    wait_for_exit(tasks)  # orphaned tasks notice the lost driver and exit
+    assert copy_folders(tmp_path)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-4000:]
+    result = json.loads(again.stdout.strip().splitlines()[-1])
+    assert result["status"] == "finished", result
+    first_attempt = [r for r in result["local_restores"] if r["attempt"] == 0]
+    assert sorted(r["task"] for r in first_attempt) == [p, p + 1], result["local_restores"]
+    assert all(r["local"] for r in first_attempt), first_attempt
+    check_exact_sums(tmp_path / "out", n, KEYS)
     assert not copy_folders(tmp_path)
