@@ -31,3 +31,37 @@ def test_the_repository_is_self_contained():
                  *(root / "lockgate").rglob("*.py"), *(root / "tests").rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
         assert "../shared" not in text or path.name == "test_docs_facts.py", path
+
+
+def _package_rows() -> list[tuple[str, str]]:
+    """(path, imports) of each row of docs/architecture.md's *Packages* table."""
+    return re.findall(r"^\| `(lockgate/[^`]*)` \| .* \| ([^|]*) \|$", _section("Packages"), re.M)
+
+
+def test_the_package_map_names_every_package_in_the_layers_order():
+    from tests.unit.test_import_graph import LAYERS, ROOT, allowed_imports
+
+    rows = _package_rows()
+    tops = [path.removeprefix("lockgate/").removesuffix(".py") for path, _ in rows
+            if path.count("/") == 1]
+    assert tops == [name for name, _ in LAYERS], (
+        "docs/architecture.md, *Packages*: one row per layer, in the order of "
+        "tests/unit/test_import_graph.py's LAYERS")
+    folders = sorted(path for path, _ in rows if path.count("/") > 1)
+    assert folders == sorted(str(p.parent.relative_to(ROOT.parent))
+                             for p in ROOT.glob("*/*/__init__.py")), \
+        "docs/architecture.md, *Packages*: a row for every sub-package"
+    allowed = allowed_imports()
+    for path, imports in rows:
+        name = path.removeprefix("lockgate/").removesuffix(".py")
+        if "/" in name:
+            assert imports.strip() == f"as `{name.split('/')[0]}`", path
+            continue
+        named = {n.split("/")[0].removesuffix(".py")
+                 for n in re.findall(r"`([^`]+)`", imports)}
+        if imports.startswith("everything above"):
+            above = [n for n, _ in LAYERS][:[n for n, _ in LAYERS].index(name)]
+            named = set(above) - named
+        assert named == allowed[name], (
+            f"docs/architecture.md, *Packages*: {path} imports {imports.strip()!r}; "
+            f"LAYERS says {sorted(allowed[name])}")

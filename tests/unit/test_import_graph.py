@@ -8,7 +8,8 @@ on it.
   component is one file).
 - No circle between packages: the top-level packages and the modules at the
   package's root form a DAG too, so each folder is a layer.
-- The layer rules hold (docs/architecture.md, *Packages*).
+- Each package imports only the layers below it that ``LAYERS`` names
+  (docs/architecture.md, *Packages*, is the same table).
 """
 
 from __future__ import annotations
@@ -207,25 +208,71 @@ def test_the_circle_finder_finds_them() -> None:
         "lockgate.x": {"lockgate.y"}, "lockgate.y": set(), "lockgate.z": {"lockgate.x"}}
 
 
-ALLOWED = {
-    # the types a checkpoint is made of are pure leaves: the protocol carries them
-    "lockgate.protocol": ("lockgate.checkpoint.metadata", "lockgate.checkpoint.kinds"),
-}
-RULES = [
-    ("lockgate.api", ("lockgate.graph", "lockgate.runtime", "lockgate.cluster")),
-    ("lockgate.graph", ("lockgate.runtime", "lockgate.cluster", "lockgate.connectors")),
-    ("lockgate.checkpoint", ("lockgate.connectors", "lockgate.cluster", "lockgate.web")),
-    ("lockgate.web", ("lockgate.cluster", "lockgate.runtime")),
-    ("lockgate.protocol", ("lockgate.runtime", "lockgate.cluster", "lockgate.checkpoint.",
-                           "lockgate.connectors", "lockgate.api", "lockgate.web")),
-    ("lockgate.runtime", ("lockgate.cluster", "lockgate.web")),
+class Above:
+    """Every layer below this one in :data:`LAYERS` (but those named)."""
+
+    def __init__(self, *but: str) -> None:
+        self.but = but
+
+
+# The layers, from the bottom up: each package (a top-level folder, or a
+# module at the package's root; ``__init__`` is lockgate/__init__.py) and
+# the packages it may import, all below it. docs/architecture.md,
+# *Packages*, lists them in this order with the same imports
+# (tests/unit/test_docs_facts.py).
+LAYERS: list[tuple[str, tuple[str, ...] | Above]] = [
+    ("errors", ()),
+    ("config", ()),
+    ("redact", ()),
+    ("untrusted", ("errors",)),
+    ("fs", ("errors",)),
+    ("web", ("errors", "config")),
+    ("state", ("errors", "untrusted", "fs")),
+    ("checkpoint", ("errors", "untrusted", "fs", "state")),
+    ("protocol", ("errors", "checkpoint")),
+    ("connectors", ("errors", "redact", "untrusted", "fs", "state", "checkpoint")),
+    ("api", ("errors", "config", "state", "checkpoint", "connectors")),
+    ("graph", ("errors", "api")),
+    ("runtime", Above("web")),
+    ("cluster", Above()),
+    ("spark", ("errors", "fs", "state", "checkpoint", "connectors")),
+    ("cli", Above("runtime", "spark")),
+    ("__init__", ("api", "cluster", "config", "errors", "state")),
 ]
 
 
-def test_layers_import_only_what_they_may() -> None:
-    every = graph()
-    broken = [f"{n} imports {m}" for n, deps in every.items() for layer, banned in RULES
-              if n == layer or n.startswith(layer + ".")
-              for m in deps if any(m == b or m.startswith(b if b.endswith(".") else b + ".")
-                                   for b in banned) and m not in ALLOWED.get(layer, ())]
-    assert not broken, "\n".join(broken)
+def allowed_imports() -> dict[str, set[str]]:
+    """Each layer's name -> the names of the layers it may import."""
+    allowed: dict[str, set[str]] = {}
+    below: list[str] = []
+    for name, may in LAYERS:
+        if isinstance(may, Above):
+            allowed[name] = set(below) - set(may.but)
+        else:
+            assert set(may) <= set(below), f"{name} may import only layers below it"
+            allowed[name] = set(may)
+        below.append(name)
+    return allowed
+
+
+def _layer(package: str) -> str:
+    return "__init__" if package == "lockgate" else package.removeprefix("lockgate.")
+
+
+def test_packages_import_only_the_layers_below() -> None:
+    allowed = allowed_imports()
+    packages = package_graph(graph())
+    assert sorted(allowed) == sorted(_layer(p) for p in packages), \
+        "every package (and module at the package's root) is one layer of LAYERS"
+    broken = [f"{_layer(p)} imports {_layer(m)}" for p, deps in sorted(packages.items())
+              for m in sorted(deps) if _layer(m) not in allowed[_layer(p)]]
+    assert not broken, "imports against the layers (LAYERS, docs/architecture.md):\n" + \
+        "\n".join(broken)
+
+
+def test_the_protocol_imports_only_the_pure_types_it_carries() -> None:
+    """Narrower than its layer: of ``checkpoint``, only the pure types a
+    message carries (no storage, no I/O)."""
+    pure = {"lockgate.checkpoint.metadata", "lockgate.checkpoint.kinds"}
+    imported = {m for m in graph()["lockgate.protocol"] if m.startswith("lockgate.checkpoint")}
+    assert imported <= pure, sorted(imported - pure)
