@@ -122,6 +122,12 @@ def w2(tmp: Path, marks: Path, rate: float, keys: int) -> Pipeline:
     return p
 
 
+def steps(client: Any) -> str | None:
+    """Where the new attempt's start went (the job master's startup log)."""
+    startup = getattr(getattr(client, "master", None), "startup", None)
+    return startup.current.describe() if startup and startup.current else None
+
+
 def first_after(folder: Path, t: float, deadline: float = 60.0) -> float:
     """The first time noted in ``folder`` after ``t`` (waits for it)."""
     end = time.monotonic() + deadline
@@ -184,12 +190,12 @@ def run(launcher: str, rounds: int, rate: float, keys: int,
                                  "tasks_running_s": round(answer["seconds"], 3),
                                  "checkpoint_s": round(chk.get("duration") or 0.0, 3),
                                  "checkpoint_bytes": chk.get("size"),
-                                 "load": round(load, 2)})
+                                 "load": round(load, 2), "steps": steps(client)})
                     print(f"{launcher:6s} {5 - target} -> {target}: pause "
                           f"{first - asked:.3f} s (tasks running after "
                           f"{answer['seconds']:.3f} s; the rescale's checkpoint "
                           f"{rows[-1]['checkpoint_s']:.3f} s, {chk.get('size')} bytes; "
-                          f"load {load:.1f})", flush=True)
+                          f"load {load:.1f})\n    {rows[-1]['steps']}", flush=True)
         finally:
             client.cancel()
         return rows
