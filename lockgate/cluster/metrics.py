@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from lockgate.api.plan import OperatorKind
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.protocol import TaskMetrics
+from lockgate.state.backends import RocksDBStateBackend
 
 if TYPE_CHECKING:
     from lockgate.checkpoint.history import CheckpointRecord
@@ -228,7 +229,21 @@ def overview(master: JobMaster) -> dict[str, Any]:
         },
         "restarts": live["restarts"], "savepoints": savepoints,
         "autoscaler": master.autoscaler(),
+        "local_recovery": local_recovery(master),
     }
+
+
+def local_recovery(master: JobMaster) -> dict[str, int] | None:
+    """Keyed state restores that read their task's local copy and those that
+    read the checkpoint storage instead; None when the job keeps no copies
+    (not RocksDB, or ``local_recovery=False``)."""
+    backend = master.pipeline.state_backend
+    if not (isinstance(backend, RocksDBStateBackend) and backend.local_recovery
+            and backend.incremental):
+        return None
+    records = list(master.local_restores)
+    local = sum(1 for r in records if r.local)
+    return {"local": local, "storage": len(records) - local}
 
 
 def size_hint(graph: JobGraph) -> int | None:

@@ -105,8 +105,8 @@ def summary_lines(result: JobResult) -> list[str]:
         lines.append(f"savepoint: {result.savepoint}")
     if result.local_restores:
         local = sum(r.local for r in result.local_restores)
-        lines.append(f"local recovery: {local} of {len(result.local_restores)} keyed state "
-                     "restores read their task's local copy, the others the checkpoint storage")
+        lines.append(f"local recovery: {local} keyed state restores from the tasks' local "
+                     f"copies, {len(result.local_restores) - local} from the checkpoint storage")
     return lines
 
 

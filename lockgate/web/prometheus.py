@@ -45,6 +45,11 @@ JOB_METRICS: list[tuple[str, str, str]] = [
     ("lastCompletedCheckpointId", "Id of the latest completed checkpoint.", "last_id"),
     ("numAutoscalerDecisions", "Parallelism changes the autoscaler decided (one per vertex "
      "rescaled; only with an autoscaler).", "autoscaler_decisions"),
+    ("numLocalRecoveryRestores", "Keyed state restores after a failure that read the "
+     "task's local copy (local recovery; only with it on).", "local_restores"),
+    ("numLocalRecoveryFallbacks", "Keyed state restores after a failure that looked for a "
+     "local copy and read the checkpoint storage instead (missing, or failed a check).",
+     "local_fallbacks"),
 ]
 
 TASK_METRICS: list[tuple[str, str, str]] = [
@@ -74,7 +79,8 @@ TASK_METRICS: list[tuple[str, str, str]] = [
 
 COUNTERS = frozenset({"numRestarts", "numRecordsIn", "numRecordsOut",
                       "numberOfCompletedCheckpoints", "numberOfFailedCheckpoints",
-                      "numAutoscalerDecisions"})
+                      "numAutoscalerDecisions", "numLocalRecoveryRestores",
+                      "numLocalRecoveryFallbacks"})
 """Metrics (of jobs and tasks) that only grow: Prometheus counters. A task's
 counts start again at zero with each attempt (a restart), which Prometheus'
 ``rate()`` and ``increase()`` take as a counter reset."""
@@ -111,6 +117,7 @@ def _job_values(o: dict[str, Any]) -> dict[str, Any]:
     job, chk = o["job"], o["checkpoints"]
     last = chk.get("last") or {}
     autoscaler = o.get("autoscaler") or {}
+    local = o.get("local_recovery") or {}
 
     def ms(v: Any) -> Any:
         return None if v is None else v * 1000.0
@@ -126,6 +133,7 @@ def _job_values(o: dict[str, Any]) -> dict[str, Any]:
         "last_id": last.get("id"),
         "autoscaler_decisions": autoscaler.get("decision_count")
         if autoscaler.get("enabled") else None,
+        "local_restores": local.get("local"), "local_fallbacks": local.get("storage"),
     }
 
 

@@ -391,7 +391,7 @@ def test_the_jobs_summary_counts_the_restores_from_local_copies():
                        local_restores=[LocalRestoreRecord(1, 2, "sums", 7, True),
                                        LocalRestoreRecord(1, 3, "sums", 7, False, "none")])
     assert summary_lines(result)[-1] == (
-        "local recovery: 1 of 2 keyed state restores read their task's local copy, the "
-        "others the checkpoint storage")
+        "local recovery: 1 keyed state restores from the tasks' local copies, 1 from the "
+        "checkpoint storage")
     result.local_restores = []
     assert not any("local recovery" in line for line in summary_lines(result))

@@ -121,7 +121,8 @@ def _overview(jm: JobMetrics) -> dict[str, object]:
             "vertices": jm.snapshot()["vertices"],
             "checkpoints": {"completed": 4, "failed": 1, "in_progress": 0, "last": last,
                             "last_age": 0.5},
-            "autoscaler": {"enabled": True, "decision_count": 3}}
+            "autoscaler": {"enabled": True, "decision_count": 3},
+            "local_recovery": {"local": 4, "storage": 1}}
 
 
 def test_prometheus_exposition_parses_and_carries_flink_names() -> None:
@@ -148,11 +149,15 @@ def test_prometheus_exposition_parses_and_carries_flink_names() -> None:
     # the source's backlog (Flink's pendingRecords), the autoscaler's decisions
     assert [s.value for s in families["lockgate_task_pendingRecords"].samples] == [42]
     assert families["lockgate_job_numAutoscalerDecisions"].samples[0].value == 3
+    # local recovery: restores from local copies, and those that read the storage
+    assert families["lockgate_job_numLocalRecoveryRestores"].samples[0].value == 4
+    assert families["lockgate_job_numLocalRecoveryFallbacks"].samples[0].value == 1
     # counts that only grow are counters, exposed with the _total suffix
     # (the parser names the family without it)
     counters = {f"lockgate_job_{n}" for n in (
         "numRestarts", "numRecordsIn", "numRecordsOut", "numberOfCompletedCheckpoints",
-        "numberOfFailedCheckpoints", "numAutoscalerDecisions")} | {"lockgate_task_numRecordsIn",
+        "numberOfFailedCheckpoints", "numAutoscalerDecisions", "numLocalRecoveryRestores",
+        "numLocalRecoveryFallbacks")} | {"lockgate_task_numRecordsIn",
                                          "lockgate_task_numRecordsOut"}
     for f in families.values():
         assert f.documentation
