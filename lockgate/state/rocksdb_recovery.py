@@ -237,6 +237,9 @@ class LocalCopies:
             os.mkdir(os.path.join(new, "db"), private.DIR_MODE)
             os.mkdir(os.path.join(new, "log"), private.DIR_MODE)
             self._writing = checkpoint_id
+        except private.UnsafeFolderError as e:
+            self._off = True  # a link or another user's folder in its place: never used
+            log.warning("operator %s: local recovery is off for this task: %s", self.uid, e)
         except OSError as e:
             self._skip(checkpoint_id, e)
 
@@ -327,7 +330,7 @@ class LocalCopies:
             return
         try:
             self._ensure()
-        except OSError as e:
+        except (OSError, private.UnsafeFolderError) as e:
             log.warning("operator %s: cannot prepare its local copies' folder: %s", self.uid, e)
             return
         self._prune(lambda n: n != checkpoint_id, unfinished=True)

@@ -395,3 +395,24 @@ def test_the_jobs_summary_counts_the_restores_from_local_copies():
         "checkpoint storage")
     result.local_restores = []
     assert not any("local recovery" in line for line in summary_lines(result))
+
+
+def test_a_link_planted_as_the_base_folder_is_never_followed(tmp_path, caplog):
+    """Another folder linked in place of the copies' base: the checkpoints go
+    on without copies (a warning), a restore reads the storage, and nothing
+    is written through the link."""
+    job = tmp_path / "job"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "local").mkdir()
+    Path(base_folder(str(tmp_path / "local"))).symlink_to(elsewhere)
+    b, model, handle = two_checkpoints(tmp_path, job)
+    assert "local recovery is off for this task" in caplog.text
+    b.close()
+    r = rocks(tmp_path, attempt=1, job=job)
+    note = restore(r, handle, job, 2)
+    assert note is not None and not note.local and "symbolic link" in note.reason, note
+    r.get_state(V)
+    assert contents(r) == model
+    r.close()
+    assert not list(elsewhere.iterdir())
