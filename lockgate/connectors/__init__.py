@@ -1,6 +1,7 @@
 """Sources and sinks."""
 
 from lockgate.connectors.base import Sink, SinkWriter, Source, SourceReader, TaskInfo
+from lockgate.connectors.cdc import ChangeEvent
 from lockgate.connectors.collect import CollectSink
 from lockgate.connectors.dataframe import DataFrameSource
 from lockgate.connectors.delta import DeltaSink
@@ -8,9 +9,10 @@ from lockgate.connectors.filesink import FileSink
 from lockgate.connectors.filesource import FileSource
 from lockgate.connectors.iceberg import IcebergSink
 from lockgate.connectors.kafka import KafkaRecord, KafkaSink, KafkaSource
+from lockgate.connectors.mysql_cdc import MySqlCdcSource
 from lockgate.connectors.nats import JetStreamSink, JetStreamSource, NatsSink
 from lockgate.connectors.postgres import PostgresSink
-from lockgate.connectors.postgres_cdc import ChangeEvent, PostgresCdcSource
+from lockgate.connectors.postgres_cdc import PostgresCdcSource
 from lockgate.connectors.postgres_upsert import PostgresUpsertSink
 from lockgate.connectors.push import HttpPushSource, SocketSource
 from lockgate.connectors.redis_streams import RedisStreamSource, StreamEntry
@@ -33,6 +35,7 @@ __all__ = [
     "IcebergSink",
     "JetStreamSink",
     "JetStreamSource",
+    "MySqlCdcSource",
     "NatsSink",
     "PostgresCdcSource",
     "PostgresSink",

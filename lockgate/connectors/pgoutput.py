@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockgate.connectors.cdc import Change
 from lockgate.errors import LockgateError
 
 __all__ = ["Relation", "Change", "Transaction", "decode_transactions", "decode_message",
@@ -66,19 +67,6 @@ class Relation:
     @property
     def table(self) -> str:
         return f"{self.schema}.{self.name}"
-
-
-@dataclass
-class Change:
-    """One row change: ``op`` is ``insert``, ``update``, ``delete`` or
-    ``truncate``; or ``message`` (a logical decoding message: ``after`` is
-    ``{"prefix", "content"}``, ``table`` empty)."""
-
-    op: str
-    table: str
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
-    key_columns: list[str]
 
 
 @dataclass

@@ -23,10 +23,11 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
+from lockgate.connectors.cdc import ChangeEvent, take_buffered
 from lockgate.connectors.cdc_splits import (
     ANNOUNCE_PREFIX,
     Share,
@@ -73,27 +74,6 @@ _WATCH_S = 0.5
 _SLOT_BUSY_S = 300.0
 """How long a read of the log waits for the slot another backend holds."""
 _WHAT = "PostgreSQL CDC source"
-
-
-class ChangeEvent(NamedTuple):
-    """One change: ``op`` is ``read`` (a snapshot row), ``insert``, ``update``,
-    ``delete`` or ``truncate``; ``table`` is ``schema.name``; ``before`` /
-    ``after`` the row (``before`` of an update only with ``REPLICA IDENTITY
-    FULL`` or a changed key); ``lsn`` the commit LSN (a read: its chunk's high
-    watermark); ``commit_ms`` the commit time in ms since the Unix epoch (a
-    read: when its chunk was read), usable as event time."""
-
-    op: str
-    table: str
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
-    lsn: int
-    commit_ms: int
-
-    @property
-    def row(self) -> dict[str, Any] | None:
-        """The row as it is after the change (``before`` for a delete)."""
-        return self.after if self.after is not None else self.before
 
 
 def _qualified(table: str) -> tuple[str, str]:
@@ -383,15 +363,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
             if stream.get("ended"):
                 return None
             self._fetch()
-        out: list[ChangeEvent] = []
-        while self.buffer and len(out) < max_records:
-            event, pos = self.buffer.popleft()
-            stream["pos"] = pos
-            if event is not None:
-                out.append(event)
-        if self._stopped and not self.buffer:
-            stream["ended"] = True  # kept in the checkpoint: a restore ends too
-        return out
+        return take_buffered(self.buffer, stream, max_records, self._stopped)
 
     def _take_rows(self, chunk: dict[str, Any], n: int) -> list[ChangeEvent]:
         rows = chunk["rows"]

@@ -18,12 +18,12 @@
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lockgate.connectors.pgoutput import Change, Transaction
+from lockgate.connectors.cdc import Key, chunk_high, emit_change, in_range, key_of
+from lockgate.connectors.pgoutput import Transaction
 from lockgate.errors import CheckpointCorruptError
 
 __all__ = ["Snapshot", "key_of", "merge_chunk", "chunk_high", "emit_change", "after_position",
@@ -56,21 +56,6 @@ class Snapshot:
         return xid < self.xmin or (xid < self.xmax and xid not in self.xip)
 
 
-Key = tuple[Any, ...]
-"""A row's primary key values, in the key's column order."""
-
-
-def key_of(row: dict[str, Any] | None, key: Sequence[str]) -> Key | None:
-    if row is None or any(k not in row for k in key):
-        return None
-    return tuple(row[k] for k in key)
-
-
-def _in_range(k: Key | None, lower: Key | None, upper: Key | None) -> bool:
-    return (k is not None and (lower is None or k > lower)
-            and (upper is None or k <= upper))
-
-
 def merge_chunk(rows: dict[Key, dict[str, Any]], txns: Sequence[Transaction],
                 snapshot: Snapshot, high: int, table: str, key: Sequence[str],
                 lower: Key | None, upper: Key | None) -> dict[Key, dict[str, Any]]:
@@ -90,46 +75,11 @@ def merge_chunk(rows: dict[Key, dict[str, Any]], txns: Sequence[Transaction],
                 continue
             old, new = key_of(c.before, key), key_of(c.after, key)
             if c.op == "delete" or (old is not None and old != new):
-                if _in_range(old, lower, upper):
+                if in_range(old, lower, upper):
                     out.pop(old, None)
-            if c.after is not None and _in_range(new, lower, upper):
+            if c.after is not None and in_range(new, lower, upper):
                 out[new] = dict(c.after)
     return out
-
-
-def chunk_high(chunks: list[list[Any]], k: Key | None) -> int:
-    """The high watermark of the chunk holding ``k``: ``chunks`` are a
-    table's ``[upper, high]`` in key order, the last one's upper ``None``."""
-    uppers = [tuple(c[0]) for c in chunks[:-1]]
-    if k is None:
-        return int(max(c[1] for c in chunks))
-    return int(chunks[bisect.bisect_left(uppers, k)][1])
-
-
-def emit_change(change: Change, final_lsn: int, chunks: dict[str, list[list[Any]]]
-                ) -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
-    """What of ``change`` the stream emits: ``[(op, before, after)]`` (empty:
-    a snapshot chunk holds it already). An update that moves a row from one
-    chunk to another may come out as its delete or insert half alone."""
-    table = chunks.get(change.table)
-    if not table:
-        return []
-    if change.op == "truncate":
-        return [("truncate", None, None)] if final_lsn >= chunk_high(table, None) else []
-    old = key_of(change.before, change.key_columns)
-    new = key_of(change.after, change.key_columns)
-    if change.op == "update" and old is not None and old != new:
-        old_ok = final_lsn >= chunk_high(table, old)
-        new_ok = final_lsn >= chunk_high(table, new)
-        if old_ok and new_ok:
-            return [("update", change.before, change.after)]
-        if old_ok:
-            return [("delete", change.before, None)]
-        return [("insert", None, change.after)] if new_ok else []
-    k = new if change.after is not None else old
-    if final_lsn >= chunk_high(table, k):
-        return [(change.op, change.before, change.after)]
-    return []
 
 
 def skip(position: Sequence[int], txn: Transaction) -> int:

@@ -1,8 +1,9 @@
-"""The fault-injection job of the PostgreSQL CDC tests: ``PostgresCdcSource``
-over one table ``(id bigint primary key, v int, name text)`` -> the change
-events as ``(op, id, v, name, task)`` (``task``: the number of the task that
-read it) -> ``CollectSink`` (exactly once), until the writer commits the stop
-message.
+"""The fault-injection job of the CDC tests: ``PostgresCdcSource`` (a
+``postgresql://`` DSN) or ``MySqlCdcSource`` (``mysql://``) over one table
+``(id bigint primary key, v int, name text)`` -> the change events as
+``(op, id, v, name, task)`` (``task``: the number of the task that read it)
+-> ``CollectSink`` (exactly once), until the writer commits the stop message
+(PostgreSQL) or inserts into the stop table (MySQL).
 
 ``--kill-marker PATH``: the task that reads the first row of the second
 snapshot chunk SIGKILLs itself once (when PATH does not exist yet; it
@@ -23,7 +24,7 @@ import time
 from typing import Any
 
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
-from lockgate.connectors import CollectSink, PostgresCdcSource
+from lockgate.connectors import CollectSink, MySqlCdcSource, PostgresCdcSource
 
 STOP = "lockgate-test-stop"
 
@@ -67,7 +68,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dsn", required=True)
     ap.add_argument("--table", required=True)
-    ap.add_argument("--slot", required=True)
+    ap.add_argument("--slot", default="")
+    ap.add_argument("--server-id", type=int, default=0)
+    ap.add_argument("--stop-table", default="")
     ap.add_argument("--out", required=True)
     ap.add_argument("--storage", required=True)
     ap.add_argument("--parallelism", type=int, default=2)
@@ -83,8 +86,14 @@ def main() -> None:
                  checkpoint=CheckpointConfig(interval=args.interval, storage=args.storage,
                                              timeout=30.0),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
-    (p.source(PostgresCdcSource(args.dsn, [args.table], slot=args.slot, chunk_rows=args.chunk,
-                                stop_message=STOP), uid="cdc")
+    source: MySqlCdcSource | PostgresCdcSource
+    if args.dsn.startswith("mysql://"):
+        source = MySqlCdcSource(args.dsn, [args.table], server_id=args.server_id,
+                                chunk_rows=args.chunk, stop_table=args.stop_table)
+    else:
+        source = PostgresCdcSource(args.dsn, [args.table], slot=args.slot, chunk_rows=args.chunk,
+                                   stop_message=STOP)
+    (p.source(source, uid="cdc")
        .map_batch(killer(args.kill_marker, args.chunk), uid="kill")
        .map_batch(throttle(args.rate), uid="throttle")
        .map(as_tuple, uid="tuples")

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,9 +25,10 @@ from typing import Any
 import pytest
 
 from lockgate.connectors import CollectSink
-from lockgate.connectors.base import TaskInfo
 from lockgate.connectors.postgres_cdc import PostgresCdcSource
 from lockgate.errors import ConfigurationError, LockgateError
+from tests.connectors import cdc_checks
+from tests.connectors.cdc_checks import Stopper, info, read, stream_entry
 from tests.connectors.postgres_server import execute, query
 from tests.fault.checks import drive
 
@@ -57,158 +56,30 @@ def fill(dsn: str, table: str, n: int) -> None:
     execute(dsn, f"INSERT INTO {table} SELECT i, 0, 'row ' || i FROM generate_series(1, {n}) i")
 
 
-class Writer(threading.Thread):
-    """Inserts new ids, updates (``v = v + 1``) and deletes random rows in
-    small transactions until stopped; then commits the stop message."""
+class Writer(cdc_checks.Writer):
+    """The writer on PostgreSQL; it ends with the stop message."""
 
     def __init__(self, dsn: str, table: str, next_id: int, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.table, self.next_id = dsn, table, next_id
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.ops = 0
-        self.error: BaseException | None = None
+        super().__init__(table, next_id, seed)
+        self.dsn = dsn
 
-    def step(self, conn: Any) -> None:
-        t, rng = self.table, self.rng
-        with conn.transaction():
-            for _ in range(rng.randint(1, 4)):
-                r = rng.random()
-                pick = rng.randint(1, self.next_id)
-                if r < 0.3:
-                    conn.execute(f"INSERT INTO {t} VALUES (%s, 0, %s)",
-                                 (self.next_id, f"new {self.next_id}"))
-                    self.next_id += 1
-                elif r < 0.85:
-                    conn.execute(f"UPDATE {t} SET v = v + 1, name = %s WHERE id = %s",
-                                 (f"upd {rng.random():.6f}", pick))
-                else:
-                    conn.execute(f"DELETE FROM {t} WHERE id = %s", (pick,))
-        self.ops += 1
-
-    def run(self) -> None:
+    def connect(self) -> Any:
         import psycopg
 
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    self.step(conn)
-                conn.execute(f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
-        except BaseException as e:
-            self.error = e
+        return psycopg.connect(self.dsn, autocommit=True)
 
+    def transaction(self, conn: Any) -> Any:
+        return conn.transaction()
 
-class Stopper(threading.Thread):
-    """Stops ``writer`` once at least ``after`` seconds passed and the job's
-    committed output (a ``CollectSink`` folder) holds ``changes`` events of
-    the stream (the writer runs past the snapshot, whatever the restarts
-    cost), or after ``limit`` seconds."""
+    def execute(self, conn: Any, sql: str, params: tuple = ()) -> None:
+        conn.execute(sql, params)
 
-    def __init__(self, writer: Writer, out: Path, after: float, changes: int = 20,
-                 limit: float = 180.0) -> None:
-        super().__init__(daemon=True)
-        self.writer, self.out, self.after, self.changes, self.limit = (
-            writer, out, after, changes, limit)
-
-    def run(self) -> None:
-        start = time.monotonic()
-        while not self.writer.stop.is_set():
-            took = time.monotonic() - start
-            if took > self.limit or (took > self.after and sum(
-                    1 for e in CollectSink(str(self.out)).results() if e[0] != "read")
-                    >= self.changes):
-                break
-            time.sleep(0.5)
-        self.writer.stop.set()
+    def finish(self, conn: Any) -> None:
+        conn.execute(f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
 
 
 def check(events: list[tuple], dsn: str, table: str) -> None:
-    """Every row's versions came exactly once, and applying the events gives
-    the table row for row."""
-    versions: dict[int, list[int]] = {}
-    state: dict[int, tuple] = {}
-    deletes: dict[int, int] = {}
-    for op, rid, v, name, *_ in events:
-        if op == "delete":
-            deletes[rid] = deletes.get(rid, 0) + 1
-        else:
-            versions.setdefault(rid, []).append(v)
-            if v == max(versions[rid]):
-                state[rid] = (v, name)
-    for rid, vs in versions.items():
-        assert sorted(vs) == list(range(min(vs), max(vs) + 1)), \
-            f"id {rid}: versions {sorted(vs)} (a change applied twice or lost)"
-    assert all(n == 1 for n in deletes.values()), {k: n for k, n in deletes.items() if n != 1}
-    for rid in deletes:
-        state.pop(rid, None)
-    table_rows = {rid: (v, name) for rid, v, name in query(dsn, f"SELECT id, v, name FROM {table}")}
-    assert state == table_rows, (
-        f"{len(set(state) ^ set(table_rows))} ids differ, "
-        f"{sum(1 for k in state if k in table_rows and state[k] != table_rows[k])} rows differ")
-
-
-def info(task: int, p: int, attempt: int = 0) -> TaskInfo:
-    return TaskInfo("job", "cdc", task, p, 128, attempt)
-
-
-def read(source: PostgresCdcSource, state: list | None, p: int = 1, rounds: int | None = None,
-         attempt: int = 0, final_checkpoint: bool = True, to_stream: bool = False
-         ) -> tuple[list[tuple], list, bool]:
-    """The runtime in small: ``p`` readers restored from ``state`` (the union
-    of every task's entries), polled in turn for at most ``rounds`` rounds
-    (``to_stream``: first until the stream started), with a checkpoint
-    (every task's snapshot, then the completion notices) every third round,
-    and after the last one if ``final_checkpoint`` (else what came after the
-    last checkpoint is lost, as in a failure). Returns the committed events
-    ``(op, id, v, name, task)``, the state of the last checkpoint and whether
-    every task ended."""
-    readers = [source.create_reader(info(i, p, attempt)) for i in range(p)]
-    for reader in readers:
-        reader.restore(None if state is None else list(state))
-    committed: list[tuple] = []
-    pending: list[tuple] = []
-    ended = [False] * p
-    checkpoint = 0
-
-    def take_checkpoint() -> None:
-        nonlocal state, pending, checkpoint
-        checkpoint += 1
-        state = [e for reader in readers for e in reader.snapshot_state(checkpoint)]
-        committed.extend(pending)
-        pending = []
-        for reader in readers:
-            reader.notify_checkpoint_complete(checkpoint)
-
-    n = 0
-    deadline = time.monotonic() + 120
-    try:
-        while not all(ended) and (rounds is None or n < rounds):
-            if to_stream and readers[0].stream["hw"] is None:
-                assert time.monotonic() < deadline, "the stream did not start"
-                time.sleep(0.01)
-            else:
-                n += 1
-            for i, reader in enumerate(readers):
-                if not ended[i]:
-                    batch = reader.poll(100)
-                    if batch is None:
-                        ended[i] = True
-                        continue
-                    pending += [(e.op, (e.row or {}).get("id"), (e.row or {}).get("v"),
-                                 (e.row or {}).get("name"), i) for e in batch]
-            if n % 3 == 0:
-                take_checkpoint()
-        if final_checkpoint or all(ended):
-            take_checkpoint()
-    finally:
-        for reader in readers:
-            reader.close()
-    return committed, list(state or []), all(ended)
-
-
-def stream_entry(state: list) -> dict:
-    [stream] = [e for e in state if e.get("role") == "stream"]
-    return stream
+    cdc_checks.check(events, query(dsn, f"SELECT id, v, name FROM {table}"))
 
 
 def test_snapshot_and_stream_under_a_writer_spread_restored_and_rescaled(postgres_logical,

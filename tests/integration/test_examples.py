@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.connectors.mysql_server import mysql_binlog  # noqa: F401
 from tests.connectors.postgres_server import postgres_logical  # noqa: F401
 from tests.fixtures import committed_lines
 
@@ -258,6 +259,27 @@ def test_iceberg_orders(tmp_path, way):
         assert got[u][0] == count and got[u][1] == pytest.approx(total), u
 
 
+def _mirrored(changes: Path) -> dict[int, dict]:
+    """The rows by id after applying the committed change events, each
+    version of a row (the writer's update counts them) and each delete once."""
+    rows: dict[int, dict] = {}
+    versions: dict[int, list[int]] = {}
+    deleted: list[int] = []
+    for e in committed_lines(changes):
+        if e["op"] == "delete":
+            deleted.append(e["before"]["id"])
+            continue
+        row = e["after"]
+        versions.setdefault(row["id"], []).append(row["version"])
+        if row["version"] == max(versions[row["id"]]):
+            rows[row["id"]] = row
+    assert all(sorted(v) == list(range(min(v), max(v) + 1)) for v in versions.values())
+    assert len(deleted) == len(set(deleted))
+    for i in deleted:
+        rows.pop(i, None)
+    return rows
+
+
 @pytest.mark.parametrize("way", ["python", "lockgate run"])
 def test_postgres_cdc(tmp_path, way, postgres_logical, monkeypatch):  # noqa: F811
     """The snapshot and the writer's changes, once each: applying the events
@@ -267,25 +289,25 @@ def test_postgres_cdc(tmp_path, way, postgres_logical, monkeypatch):  # noqa: F8
     monkeypatch.setenv("POSTGRES_CDC_DSN", postgres_logical)
     out = run_example(way, "postgres_cdc.py", ["3000"], tmp_path)
     assert "change events written" in out.stdout or "finished" in out.stdout, out.stdout
-    rows: dict[int, dict] = {}
-    versions: dict[int, list[int]] = {}
-    deleted: list[int] = []
-    for e in committed_lines(tmp_path / "out" / "changes"):
-        if e["op"] == "delete":
-            deleted.append(e["before"]["id"])
-            continue
-        row = e["after"]
-        versions.setdefault(row["id"], []).append(row["version"])
-        if row["version"] == max(versions[row["id"]]):
-            rows[row["id"]] = row
-    # each version of a row once (the writer's update counts them), each delete once
-    assert all(sorted(v) == list(range(min(v), max(v) + 1)) for v in versions.values())
-    assert len(deleted) == len(set(deleted))
-    for i in deleted:
-        rows.pop(i, None)
+    rows = _mirrored(tmp_path / "out" / "changes")
     with psycopg.connect(postgres_logical) as conn:
         table = {r[0]: {"id": r[0], "status": r[1], "version": r[2]}
                  for r in conn.execute("SELECT id, status, version FROM cdc_orders")}
+    assert rows == table
+
+
+@pytest.mark.parametrize("way", ["python", "lockgate run"])
+def test_mysql_cdc(tmp_path, way, mysql_binlog, monkeypatch):  # noqa: F811
+    """The snapshot and the writer's changes, once each: applying the events
+    by id gives the table."""
+    from tests.connectors.mysql_server import query
+
+    monkeypatch.setenv("MYSQL_CDC_DSN", mysql_binlog)
+    out = run_example(way, "mysql_cdc.py", ["3000"], tmp_path)
+    assert "change events written" in out.stdout or "finished" in out.stdout, out.stdout
+    rows = _mirrored(tmp_path / "out" / "changes")
+    table = {r[0]: {"id": r[0], "status": r[1], "version": r[2]}
+             for r in query(mysql_binlog, "SELECT id, status, version FROM cdc_example.orders")}
     assert rows == table
 
 
