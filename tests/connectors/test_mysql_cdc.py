@@ -295,9 +295,12 @@ def test_cdc_job_under_kills(tmp_path, mysql_binlog, names, launcher):
            "--kill-marker", str(tmp_path / "killed-after-chunk"), "--launcher", launcher]
     writer = Writer(dsn, table, stop, n + 1, seed=7)
     writer.start()
-    Stopper(writer, out, 25 if SOAK else 12).start()
+    # the writer goes on until the job has committed a few hundred changes
+    # of the stream: the attempt after the named points' restarts lives long
+    # enough for the random kill, however long restarts take
+    Stopper(writer, out, 25 if SOAK else 12, changes=300).start()
     try:
-        result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.5, 2.0),
+        result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.3, 1.5),
                              timeout=400)
     finally:
         writer.stop.set()
