@@ -2,9 +2,13 @@
 
 A task with several input channels calls the handler for every barrier,
 cancel-barrier and end-of-partition it reads; the handler decides and tells
-its ``Controller`` what to do (block a channel, take the snapshot, abort a
-checkpoint). Two states: *waiting for the first barrier* and *collecting
-barriers* of one checkpoint.
+its ``Controller`` what to do with the checkpoint (snapshot, abort, the
+unaligned steps) and its ``InputGate`` what to do with the input queues
+(block a channel, unblock them all, let barriers overtake, look at what a
+barrier overtook). Two states: *waiting for the first barrier* and
+*collecting barriers* of one checkpoint. The handler owns the barrier of the
+checkpoint it collects (``barrier``: its kind and trigger time, forwarded
+unchanged) and hands it to the controller.
 
 Exactly-once (aligned): a channel that delivered ``Barrier(n)`` is blocked
 until all live channels delivered it. At-least-once: nothing is blocked; the
@@ -12,20 +16,24 @@ snapshot is taken when the last barrier arrives.
 
 Unaligned (exactly-once, FLIP-76; ``unaligned=True``): at the first barrier of
 ``n`` the task snapshots at once (``start_unaligned``: operator state, the
-output's unsent records, the barrier forwarded ahead of them); nothing is
-blocked. A barrier that overtook batches queued in the mailbox (``priority``)
-has the controller record them as that channel's in-flight data
-(``record_overtaken``), and every channel still waiting for its barrier is in
-``recording``: what the task takes from it until its barrier arrives is
-in-flight data too. When every live channel delivered ``n``,
+output's unsent records, the barrier forwarded ahead of them), and the gate
+lets barriers of ``n`` already queued overtake; nothing is blocked. A barrier
+that overtook elements queued in the mailbox (``overtaken``) has the
+controller record them as that channel's in-flight data (``record_input``
+with what ``InputGate.peek`` shows), and every channel still waiting for its
+barrier is in ``recording``: what the task takes from it until its barrier
+arrives is in-flight data too. When every live channel delivered ``n``,
 ``finish_unaligned`` writes it all and acknowledges. With ``aligned_timeout``
 a checkpoint starts aligned and turns unaligned once it is older than that
-(``check_timeout``, or a barrier the mailbox already let overtake). Barriers
-of savepoints and final checkpoints (``may_overtake=False``) stay aligned.
+(``tick``, or a barrier the mailbox already let overtake). Which barriers
+overtake is :meth:`BarrierHandler.overtakes`: a checkpoint's, not a
+savepoint's or a final one's (``BarrierKind.may_be_unaligned``), and with
+``aligned_timeout`` once older than that.
 
 The handler also measures alignment: the seconds from a checkpoint's first
 barrier to its last (0 with one input channel, and in at-least-once mode,
-where nothing is blocked; unaligned, nothing is blocked meanwhile).
+where nothing is blocked; unaligned, nothing is blocked meanwhile); it hands
+it to the controller with the snapshot.
 """
 
 from __future__ import annotations
@@ -33,7 +41,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Protocol, cast
+from typing import Protocol
+
+from lockgate.protocol import Barrier, StreamElement
+
+TICK = 0.01
+"""Seconds between two checks of the aligned timeout (:meth:`BarrierHandler.tick`)."""
 
 
 class AbortReason(StrEnum):
@@ -42,52 +55,71 @@ class AbortReason(StrEnum):
 
 
 class Controller(Protocol):
-    def block(self, channel: int) -> None: ...
+    """What the barriers make the task do with a checkpoint (the task's
+    :class:`~lockgate.runtime.snapshotter.Snapshotter`)."""
+
+    def trigger_snapshot(self, barrier: Barrier, alignment: float) -> None:
+        """Every live channel delivered ``barrier`` (aligned, or at least
+        once): snapshot and forward it; ``alignment``: seconds the channels
+        were blocked."""
+
+    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
+        """Give ``checkpoint_id`` up here (decline it, tell downstream)."""
+
+    def start_unaligned(self, barrier: Barrier) -> None:
+        """Snapshot operator state and the output's unsent records now, send
+        ``barrier`` ahead of them."""
+
+    def record_input(self, channel: int, elements: list[StreamElement]) -> None:
+        """``elements`` of ``channel`` precede its barrier of the unaligned
+        checkpoint being taken: in-flight data."""
+
+    def finish_unaligned(self, checkpoint_id: int, alignment: float) -> None:
+        """Every barrier arrived: write the snapshot and its in-flight data, ack."""
+
+
+class InputGate(Protocol):
+    """The task's input queues, as alignment sees them (the task's
+    :class:`~lockgate.runtime.mailbox.Mailbox`)."""
+
+    def block(self, channel: int) -> None:
+        """Take nothing more from ``channel`` until :meth:`unblock_all`."""
 
     def unblock_all(self) -> None: ...
 
-    def trigger_snapshot(self, checkpoint_id: int) -> None: ...
+    def promote(self, overtakes: Callable[[Barrier], bool]) -> None:
+        """Barriers already queued that ``overtakes`` accepts go ahead of
+        what is queued before them."""
 
-    def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None: ...
-
-
-class UnalignedController(Controller, Protocol):
-    def start_unaligned(self, checkpoint_id: int) -> None:
-        """Snapshot operator state and the output's unsent records now, send
-        the barrier ahead of them, let queued barriers of ``checkpoint_id``
-        overtake."""
-
-    def record_overtaken(self, channel: int) -> None:
-        """The batches the barrier just taken from ``channel`` overtook are
-        in-flight data of the checkpoint being taken."""
-
-    def finish_unaligned(self, checkpoint_id: int) -> None:
-        """Every barrier arrived: write the snapshot and its in-flight data, ack."""
+    def peek(self, channel: int, count: int) -> list[StreamElement]:
+        """The first ``count`` elements queued on ``channel``, left in place."""
 
 
 class BarrierHandler:
     """Tracks the barriers of one task's input channels."""
 
-    def __init__(self, num_channels: int, controller: Controller, aligned: bool = True,
-                 clock: Callable[[], float] = time.monotonic, *, unaligned: bool = False,
-                 aligned_timeout: float | None = None,
+    def __init__(self, num_channels: int, controller: Controller, gate: InputGate,
+                 aligned: bool = True, clock: Callable[[], float] = time.monotonic, *,
+                 unaligned: bool = False, aligned_timeout: float | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.live: set[int] = set(range(num_channels))
         self.controller = controller
+        self.gate = gate
         self.aligned = aligned
         self.unaligned = aligned and unaligned
         """Checkpoints may be taken unaligned (only in exactly-once mode)."""
         self.aligned_timeout = aligned_timeout if self.unaligned else None
         self.pending: int | None = None
         """The checkpoint being collected, or None while waiting for a first barrier."""
+        self.barrier: Barrier | None = None
+        """The barrier of ``pending`` (the last one accepted), forwarded as is:
+        its kind and trigger time."""
         self.received: set[int] = set()
         self.last_done = 0
         """Highest checkpoint id that was snapshotted or aborted here."""
         self.clock = clock
         self.wall_clock = wall_clock
         self._first_barrier: float | None = None
-        self.alignment = 0.0
-        """Seconds the last snapshotted checkpoint kept channels blocked."""
         self.pending_unaligned = False
         """The pending checkpoint is being taken unaligned (its snapshot is taken)."""
         self.recording: set[int] = set()
@@ -96,13 +128,15 @@ class BarrierHandler:
         self._started_at = 0.0
         self._may_overtake = True
         self._blocked = False
+        self._next_tick = 0.0
 
     # -- events -----------------------------------------------------------
-    def barrier_received(self, channel: int, checkpoint_id: int, *, priority: bool = False,
-                         may_overtake: bool = True, timestamp: float | None = None) -> None:
-        """``priority``: the barrier overtook queued input (the mailbox let it);
-        ``may_overtake``: a checkpoint's barrier, not a savepoint's or a final
-        one; ``timestamp``: when the checkpoint was triggered (wall clock)."""
+    def barrier_received(self, channel: int, barrier: Barrier,
+                         overtaken: int | None = None) -> None:
+        """``barrier`` came on ``channel``; ``overtaken``: it went ahead of
+        that many elements queued on the channel (the mailbox let it
+        overtake), None: it came in order."""
+        checkpoint_id = barrier.checkpoint_id
         if checkpoint_id <= self.last_done:
             return  # late barrier of a checkpoint already aborted or taken
         if self.pending is not None and checkpoint_id > self.pending:
@@ -112,27 +146,47 @@ class BarrierHandler:
             self.received = set()
             # one live input never waits: its alignment is 0
             self._first_barrier = self.clock() if self.aligned and len(self.live) > 1 else None
-            self._started_at = self.wall_clock() if timestamp is None else timestamp
-            self._may_overtake = may_overtake
+            self._started_at = barrier.timestamp
+            self._may_overtake = barrier.kind.may_be_unaligned
         if checkpoint_id < self.pending:
             return  # an older checkpoint that we already gave up
+        self.barrier = barrier
         self.received.add(channel)
         if self.pending_unaligned:
             self.recording.discard(channel)
-            if priority:
-                self.controller_unaligned.record_overtaken(channel)
-        elif priority or (self.unaligned and self._may_overtake and self._timed_out()):
+        elif overtaken is not None or (self.unaligned and self._may_overtake
+                                       and self._timed_out()):
             self._go_unaligned()
-            if priority:
-                self.controller_unaligned.record_overtaken(channel)
         elif self.aligned:
-            self.controller.block(channel)
+            self.gate.block(channel)
             self._blocked = True
+        if overtaken is not None:
+            self.controller.record_input(channel, self.gate.peek(channel, overtaken))
         self._maybe_complete()
 
+    def overtakes(self, barrier: Barrier) -> bool:
+        """Does ``barrier`` go ahead of the input queued before it? (Called by
+        the reader threads through the mailbox: reads the settings only.)"""
+        if not barrier.kind.may_be_unaligned:
+            return False  # savepoints and final checkpoints stay aligned
+        timeout = self.aligned_timeout
+        return not timeout or self.wall_clock() - barrier.timestamp > timeout
+
+    def tick(self, wait: float) -> float:
+        """Aligned timeout, called by the task's loop: every :data:`TICK`
+        seconds queued barriers older than the timeout overtake, and a
+        pending aligned checkpoint older than it turns unaligned. Returns
+        how long the loop may wait for input (``wait``, shorter while a
+        checkpoint is pending)."""
+        now = self.clock()
+        if now >= self._next_tick:
+            self._next_tick = now + TICK
+            self.gate.promote(self.overtakes)
+            self.check_timeout()
+        return min(wait, TICK) if self.pending is not None else wait
+
     def check_timeout(self) -> None:
-        """Called now and then by the task: an aligned checkpoint older than
-        ``aligned_timeout`` turns unaligned."""
+        """An aligned checkpoint older than ``aligned_timeout`` turns unaligned."""
         if (self.pending is not None and not self.pending_unaligned and self.unaligned
                 and self._may_overtake and self.aligned_timeout is not None
                 and self._timed_out()):
@@ -159,57 +213,52 @@ class BarrierHandler:
         if self.pending is not None:
             self._maybe_complete()
 
-    def take_alignment(self) -> float:
-        """The alignment time of the checkpoint being snapshotted (0 for a
-        snapshot a barrier did not trigger: a source's), then reset."""
-        value, self.alignment = self.alignment, 0.0
-        return value
-
     # -- internals --------------------------------------------------------
-    @property
-    def controller_unaligned(self) -> UnalignedController:
-        return cast(UnalignedController, self.controller)
-
     def _timed_out(self) -> bool:
         timeout = self.aligned_timeout
         return timeout is None or self.wall_clock() - self._started_at > timeout
 
     def _go_unaligned(self) -> None:
-        assert self.pending is not None
+        barrier = self.barrier
+        assert barrier is not None
         self.pending_unaligned = True
         self.recording = self.live - self.received
-        self.controller_unaligned.start_unaligned(self.pending)
+        self.controller.start_unaligned(barrier)
+        n = barrier.checkpoint_id
+        self.gate.promote(lambda b: b.checkpoint_id == n)  # its queued barriers overtake
         if self._blocked:
             self._blocked = False
-            self.controller.unblock_all()  # channels blocked while it was aligned
+            self.gate.unblock_all()  # channels blocked while it was aligned
 
     def _maybe_complete(self) -> None:
-        assert self.pending is not None
+        barrier = self.barrier
+        assert barrier is not None
         if self.received >= self.live:
-            n = self.pending
             unaligned = self.pending_unaligned
-            self.pending = None
-            self.received = set()
-            self.pending_unaligned = False
-            self.recording = set()
-            self.last_done = n
+            self._reset()
+            self.last_done = barrier.checkpoint_id
             start = self._first_barrier
-            self.alignment = 0.0 if start is None else self.clock() - start
+            alignment = 0.0 if start is None else self.clock() - start
             if unaligned:
-                self.controller_unaligned.finish_unaligned(n)
+                self.controller.finish_unaligned(barrier.checkpoint_id, alignment)
                 return
-            self.controller.trigger_snapshot(n)
+            self.controller.trigger_snapshot(barrier, alignment)
             if self.aligned:
                 self._blocked = False
-                self.controller.unblock_all()
+                self.gate.unblock_all()
 
     def _abort(self, checkpoint_id: int, reason: AbortReason) -> None:
-        self.pending = None
-        self.received = set()
-        self.pending_unaligned = False
-        self.recording = set()
+        self._reset()
         self.last_done = max(self.last_done, checkpoint_id)
         if self.aligned:
             self._blocked = False
-            self.controller.unblock_all()
+            self.gate.unblock_all()
         self.controller.abort_checkpoint(checkpoint_id, reason)
+
+    def _reset(self) -> None:
+        """Back to waiting for a first barrier."""
+        self.pending = None
+        self.barrier = None
+        self.received = set()
+        self.pending_unaligned = False
+        self.recording = set()

@@ -49,17 +49,23 @@ class Mailbox:
         self._next = 0
         self._closed = False
         self._woken = False
-        self.blocked: set[int] = set()
+        self._blocked: set[int] = set()
         self._priority: deque[tuple[int, Overtaking]] = deque()
-        self.overtaking: Callable[[Barrier], bool] | None = None
+        self._overtaking: Callable[[Barrier], bool] | None = None
         """Unaligned checkpoints: which barriers overtake (None: none)."""
+
+    def let_overtake(self, overtakes: Callable[[Barrier], bool]) -> None:
+        """Unaligned checkpoints: from now on a barrier ``overtakes`` accepts
+        goes ahead of the batches queued on its channel when it is put."""
+        with self._lock:
+            self._overtaking = overtakes
 
     def put(self, channel: int, element: StreamElement) -> None:
         """Called by a reader thread; blocks while the channel's queue is full."""
         with self._lock:
             q = self._queues[channel]
-            if (type(element) is Barrier and self.overtaking is not None
-                    and self.overtaking(element)
+            if (type(element) is Barrier and self._overtaking is not None
+                    and self._overtaking(element)
                     and all(type(e) in OVERTAKABLE for e in q)):
                 self._priority.append((channel, Overtaking(element, len(q))))
                 self._not_empty.notify()
@@ -89,7 +95,7 @@ class Mailbox:
                 for i in range(n):
                     ch = (self._next + i) % n
                     q = self._queues[ch]
-                    if q and ch not in self.blocked:
+                    if q and ch not in self._blocked:
                         element = q.popleft()
                         self._next = ch + 1
                         if len(q) == self._capacity - 1:
@@ -158,9 +164,14 @@ class Mailbox:
                 self._not_empty.wait(timeout)
             return self._control.popleft() if self._control else None
 
+    def block(self, channel: int) -> None:
+        """Barrier alignment: take nothing from ``channel`` until :meth:`unblock_all`."""
+        with self._lock:
+            self._blocked.add(channel)
+
     def unblock_all(self) -> None:
         with self._lock:
-            self.blocked.clear()
+            self._blocked.clear()
 
     def close(self) -> None:
         with self._lock:

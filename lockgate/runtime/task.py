@@ -32,7 +32,6 @@ from typing import Any
 
 from lockgate import fs
 from lockgate.api.watermarks import MAX_WATERMARK
-from lockgate.checkpoint.kinds import BarrierKind
 from lockgate.connectors.base import TaskInfo
 from lockgate.errors import LockgateError, UserFunctionError
 from lockgate.protocol import (
@@ -129,10 +128,6 @@ class Task(TaskControl):
         """Unaligned checkpoints: the pending one's in-flight data."""
         self.replaying: dict[int, int] = {}
         """Recovered in-flight elements still queued, per input channel."""
-        self._barrier = (BarrierKind.CHECKPOINT, 0.0)
-        """Kind and trigger time of the barrier being handled (forwarded as is)."""
-        self._overtaken = 0
-        self._next_tick = 0.0
         self.meter = TaskMeter()
         """Busy, idle and backpressured time; reports the task's figures."""
         self.local_restores: list[list[Any]] = []
@@ -169,11 +164,12 @@ class Task(TaskControl):
                 self._await_inputs()
             mark(self.steps, "inputs")
             # Step 4. Process until finished.
-            self.barriers = BarrierHandler(len(self.channels), self, aligned=self.spec.aligned,
+            self.barriers = BarrierHandler(len(self.channels), self, self.mailbox,
+                                           aligned=self.spec.aligned,
                                            unaligned=self.spec.unaligned,
                                            aligned_timeout=self.spec.aligned_timeout)
             if self.spec.unaligned:
-                self.mailbox.overtaking = self._overtakes
+                self.mailbox.let_overtake(self.barriers.overtakes)
             mark(self.steps, "running")
             self._send(Running(self.steps, self.local_restores))
             self.meter.start(self, self._send)
@@ -271,7 +267,7 @@ class Task(TaskControl):
             if prepare:  # between records: a RocksDB backend's early flush
                 wait = min(wait, self.chain.prepare_snapshots())
             if self.spec.aligned_timeout:
-                wait = self._alignment_tick(wait)
+                wait = self.barriers.tick(wait)
             if self.source is not None and not self.reached_end:
                 msg = mailbox.take_control()
                 if msg is not None:
@@ -326,18 +322,12 @@ class Task(TaskControl):
                     self.chain.process(records)
                 else:
                     self.chain.process_input(self.input_of[ch], records)
-            case Barrier(checkpoint_id, kind, timestamp):
+            case Barrier():
                 if self.spec.aligned and len(self.barriers.live) > 1:
                     self.faults.hit("alignment")
-                self._note_barrier(item)
-                self.barriers.barrier_received(ch, checkpoint_id,
-                                               may_overtake=kind.may_be_unaligned,
-                                               timestamp=timestamp)
+                self.barriers.barrier_received(ch, item)
             case Overtaking(barrier, overtaken):  # unaligned: ahead of queued batches
-                self._note_barrier(barrier)
-                self._overtaken = overtaken
-                self.barriers.barrier_received(ch, barrier.checkpoint_id, priority=True,
-                                               timestamp=barrier.timestamp)
+                self.barriers.barrier_received(ch, barrier, overtaken)
             case CancelBarrier(checkpoint_id):
                 self.barriers.cancel_received(ch, checkpoint_id)
             case EndOfData(drained):

@@ -1,8 +1,8 @@
 """The task's control plane, as a mixin of :class:`~lockgate.runtime.task.Task`:
 the coordinator's control messages (one ``match``), what the task sends back,
 and its role as the barrier handler's
-:class:`~lockgate.runtime.barriers.Controller` (blocking channels, aborting a
-checkpoint, the synchronous part of a snapshot)."""
+:class:`~lockgate.runtime.barriers.Controller` (aborting a checkpoint, the
+synchronous part of a snapshot; the mailbox is the handler's input gate)."""
 
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ from lockgate.runtime import wire
 from lockgate.runtime.barriers import AbortReason
 from lockgate.runtime.chain import OperatorChain
 from lockgate.runtime.operators import SourceOperator
+from lockgate.runtime.spec import TaskSpec
 from lockgate.runtime.unaligned import UnalignedCheckpoints
 
 
 class TaskControl(UnalignedCheckpoints):
+    spec: TaskSpec
     chain: OperatorChain
     source: SourceOperator | None
     control: wire.ControlChannel | None
@@ -45,12 +47,12 @@ class TaskControl(UnalignedCheckpoints):
     def _on_control(self, msg: ControlMessage) -> None:
         match msg:
             case TriggerCheckpoint(checkpoint_id, kind):
-                self._barrier = (kind, time.time())
+                barrier = Barrier(checkpoint_id, kind, time.time())
                 if self.spec.unaligned and kind.may_be_unaligned and not self.spec.aligned_timeout:
-                    self.start_unaligned(checkpoint_id)  # a source: no input to wait for
-                    self.finish_unaligned(checkpoint_id)
+                    self.start_unaligned(barrier)  # a source: no input to wait for
+                    self.finish_unaligned(checkpoint_id, 0.0)
                 else:
-                    self.trigger_snapshot(checkpoint_id)
+                    self.trigger_snapshot(barrier, 0.0)
             case NotifyComplete(checkpoint_id):
                 self.faults.hit("commit")
                 for op in self.ops:
@@ -89,12 +91,6 @@ class TaskControl(UnalignedCheckpoints):
                 self.chain.written())
 
     # ------------------------------------ barrier handler's controller role
-    def block(self, channel: int) -> None:
-        self.mailbox.blocked.add(channel)
-
-    def unblock_all(self) -> None:
-        self.mailbox.unblock_all()
-
     def abort_checkpoint(self, checkpoint_id: int, reason: AbortReason) -> None:
         dropped = self.in_flight.take()  # an unaligned one's in-flight data: dropped
         if dropped is not None:  # its state too: handed back to the backends
@@ -103,25 +99,25 @@ class TaskControl(UnalignedCheckpoints):
         for out in self.outputs:
             out.broadcast(CancelBarrier(checkpoint_id))
 
-    def trigger_snapshot(self, checkpoint_id: int) -> None:
+    def trigger_snapshot(self, barrier: Barrier, alignment: float) -> None:
         """Synchronous part: capture every operator's state (sinks pre-commit),
         forward the barrier; the asynchronous part writes the files and acks."""
         started = time.monotonic()
-        savepoint = self._barrier[0].is_savepoint  # keyed state canonical
+        checkpoint_id = barrier.checkpoint_id
+        savepoint = barrier.kind.is_savepoint  # keyed state canonical
         for op in self.ops:  # a RocksDB changelog keeps files for a canonical write
             if op.backend is not None:
                 op.backend.savepoint_next = savepoint
         snaps = [(op, op.snapshot(checkpoint_id)) for op in self.ops]
         self._flush_all()
-        barrier = Barrier(checkpoint_id, *self._barrier)
         for out in self.outputs:
             out.broadcast(barrier)
         read, written = self._counts()
         self.snapshots.submit(checkpoint_id, snaps, read=read, written=written,
                               finished=self.reached_end and not self.drained,
-                              alignment=self.barriers.take_alignment(), final=self.reached_end,
+                              alignment=alignment, final=self.reached_end,
                               sync_duration=time.monotonic() - started, savepoint=savepoint)
-        if self._barrier[0] is BarrierKind.STOP:
+        if barrier.kind is BarrierKind.STOP:
             # A stop's savepoint is synchronous (as Flink's): nothing more is
             # read, emitted or fired until it completes (then the sinks
             # commit and Finish ends the task) or is aborted.

@@ -30,7 +30,7 @@ from lockgate.state.serde import StateSerializer
 
 def overtaking_box(channels: int = 2, capacity: int = 4) -> Mailbox:
     box = Mailbox(channels, capacity)
-    box.overtaking = lambda b: b.kind == "checkpoint"
+    box.let_overtake(lambda b: b.kind == "checkpoint")
     return box
 
 

@@ -36,7 +36,7 @@ def test_a_blocked_channel_is_skipped_until_unblocked() -> None:
     box.put(0, Barrier(1))
     box.put(0, Batch([1]))
     box.put(1, Batch([2]))
-    box.blocked.add(0)
+    box.block(0)
     assert box.take(0) == (1, Batch([2]))
     assert box.take(0.01) is None  # channel 0 holds elements, but it is blocked
     box.unblock_all()
