@@ -143,7 +143,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("cluster.interrupt", "cluster.jobmaster"),
     ("cluster.metrics", "cluster.jobmaster"),
     ("cluster.rescale", "cluster.jobmaster"),
-    ("cluster.spark.cds", "cluster.spark.session"),
     ("runtime.output", "runtime.arrow_ops"),
     ("runtime.metrics", "runtime.task"),
     ("runtime.window_triggers", "runtime.windows"),

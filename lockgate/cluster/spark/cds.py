@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from lockgate.cluster.spark.java import cache_dir as lockgate_cache_dir
 from lockgate.cluster.spark.java import file_stamp, pyspark_install
@@ -202,8 +202,7 @@ def build(java: str | None = None, options: str | None = None,
     """Make the archive for this machine's Java and Spark now (in the
     foreground) unless it exists; return it, or None when it could not be
     made (the reason is logged). What ``lockgate spark warm`` runs."""
-    from lockgate.cluster.spark.java import ensure_java
-    from lockgate.cluster.spark.session import session_java_options
+    from lockgate.cluster.spark.java import ensure_java, session_java_options
 
     java = java or ensure_java()
     options = session_java_options() if options is None else options
@@ -259,7 +258,7 @@ def _make(tmp: Path, options: str) -> str | None:
     env.pop("PYSPARK_SUBMIT_ARGS", None)
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "lockgate.cluster.spark.cds", "--warmup", str(tmp), options],
+            [sys.executable, "-m", "lockgate.cluster.spark.cds_warmup", str(tmp), options],
             env=env, capture_output=True, text=True, timeout=WARMUP_TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"the warm-up did not end within {WARMUP_TIMEOUT:.0f} s"
@@ -325,36 +324,7 @@ def _say(out: IO[str] | None, text: str) -> None:
         log.info("%s", text)
 
 
-def _warmup(tmp: str, options: str) -> int:
-    """The process whose JVM writes the archive at its exit: a SparkContext
-    on ``local[2]``, one barrier job through Lockgate's Spark daemon, then a
-    clean stop, waiting for the JVM to exit (it writes the archive as it
-    exits). Returns the JVM's exit code."""
-    from lockgate.cluster.spark import session as spark_session
-
-    os.environ[SWITCH] = "0"
-    os.environ["LOCKGATE_SPARK_LAUNCHER"] = "1"  # a one-off command: not worth learning
-    os.environ["LOCKGATE_SPARK_JAVA_OPTIONS"] = f"{options} -XX:ArchiveClassesAtExit={tmp}"
-    sc = spark_session.spark_context(None, "local[2]", 2, "lockgate-cds-warmup")
-    sc.parallelize([0, 1], 2).barrier().mapPartitions(_probe).collect()
-    Path(f"{tmp}.cp").write_text(str(sc._jvm.System.getProperty("java.class.path")))
-    proc: Any = sc._gateway.proc
-    sc.stop()
-    sc._gateway.shutdown()
-    proc.stdin.close()  # the gateway JVM exits when its stdin closes, and dumps
-    return int(proc.wait(WARMUP_TIMEOUT))
-
-
-def _probe(it: Iterator[int]) -> Iterator[int]:
-    from pyspark import BarrierTaskContext
-
-    BarrierTaskContext.get().barrier()
-    yield sum(it)
-
-
 def _main(argv: list[str]) -> int:
-    if argv[:1] == ["--warmup"]:
-        return _warmup(argv[1], argv[2])
     if argv[:1] == ["--build"]:
         with contextlib.suppress(OSError):
             os.nice(10)

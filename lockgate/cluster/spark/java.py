@@ -253,3 +253,17 @@ def spark_java_home(java: str) -> str:
     except OSError:  # another driver made it first
         shutil.rmtree(tmp, ignore_errors=True)
     return str(mirror)
+
+
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""JVM options of a session Lockgate starts (``LOCKGATE_SPARK_JAVA_OPTIONS``
+replaces them). The JIT's first tier only: the driver's JVM of a Lockgate job
+schedules one stage per attempt and runs no hot loop, and without the
+optimizing compiler's threads its start costs about half the CPU time (on two
+cores, seconds of a cold start). Heavy Spark SQL work in the same session
+runs slower: give such work a session of your own (``spark=``)."""
+
+
+def session_java_options() -> str:
+    """:data:`JAVA_OPTIONS`, or ``LOCKGATE_SPARK_JAVA_OPTIONS``."""
+    return os.environ.get("LOCKGATE_SPARK_JAVA_OPTIONS", JAVA_OPTIONS)

@@ -19,7 +19,7 @@ from typing import Any
 from lockgate.cluster import interrupt
 from lockgate.cluster.spark import gateway as spark_gateway
 from lockgate.cluster.spark import warm as spark_warm
-from lockgate.cluster.spark.java import ensure_java
+from lockgate.cluster.spark.java import ensure_java, session_java_options
 from lockgate.errors import ConfigurationError
 
 log = logging.getLogger("lockgate.driver")
@@ -269,20 +269,6 @@ def spark_log_level() -> str:
     """The level of Spark's own log lines: ``LOCKGATE_SPARK_LOG_LEVEL``, else
     OFF (``lockgate -v`` sets WARN)."""
     return os.environ.get("LOCKGATE_SPARK_LOG_LEVEL", "OFF").upper()
-
-
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""JVM options of a session Lockgate starts (``LOCKGATE_SPARK_JAVA_OPTIONS``
-replaces them). The JIT's first tier only: the driver's JVM of a Lockgate job
-schedules one stage per attempt and runs no hot loop, and without the
-optimizing compiler's threads its start costs about half the CPU time (on two
-cores, seconds of a cold start). Heavy Spark SQL work in the same session
-runs slower: give such work a session of your own (``spark=``)."""
-
-
-def session_java_options() -> str:
-    """:data:`JAVA_OPTIONS`, or ``LOCKGATE_SPARK_JAVA_OPTIONS``."""
-    return os.environ.get("LOCKGATE_SPARK_JAVA_OPTIONS", JAVA_OPTIONS)
 
 
 def quiet_spark_logs(java: str | None = None) -> None:
