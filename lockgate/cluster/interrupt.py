@@ -20,12 +20,40 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate import fs
 
 if TYPE_CHECKING:
-    from lockgate.cluster.jobmaster import JobMaster
+    from concurrent.futures import Future
+
+    from lockgate.cluster.coordinator import CheckpointCoordinator
+    from lockgate.cluster.options import RunOptions
+
+
+class Processes(Protocol):
+    """A launcher, as a second Ctrl-C sees it: the processes to kill."""
+
+    def pids(self) -> dict[int, int]: ...
+
+
+class InterruptedJob(Protocol):
+    """What Ctrl-C uses of the job master: cancel the job, kill its tasks,
+    name the checkpoint that resumes it."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def launcher(self) -> Processes | None: ...
+
+    @property
+    def coordinator(self) -> CheckpointCoordinator: ...
+
+    @property
+    def options(self) -> RunOptions: ...
+
+    def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]: ...
 
 __all__ = ["CtrlC", "on_ctrl_c", "pressed", "python_command", "reassert", "resume_line"]
 
@@ -35,9 +63,9 @@ class CtrlC:
 
     def __init__(self) -> None:
         self.pressed = 0
-        self.master: JobMaster | None = None
+        self.master: InterruptedJob | None = None
 
-    def attach(self, master: JobMaster) -> None:
+    def attach(self, master: InterruptedJob) -> None:
         """The job now has its master: a Ctrl-C pressed before cancels it."""
         self.master = master
         if self.pressed:
@@ -128,7 +156,7 @@ def python_command(path: str | None) -> str:
     return " ".join(["python", *(shlex.quote(a) for a in sys.argv)])
 
 
-def resume_line(master: JobMaster) -> str:
+def resume_line(master: InterruptedJob) -> str:
     """The one line printed when Ctrl-C ended the job."""
     latest = master.coordinator.latest
     path = fs.redact(str(latest.path)) if latest is not None else None

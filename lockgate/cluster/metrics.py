@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.api.plan import OperatorKind
 from lockgate.graph.jobgraph import JobGraph
@@ -25,8 +25,10 @@ from lockgate.protocol import TaskMetrics
 from lockgate.state.backends import RocksDBStateBackend
 
 if TYPE_CHECKING:
+    from lockgate.api.pipeline import Pipeline
+    from lockgate.api.result import LocalRestoreRecord
     from lockgate.checkpoint.history import CheckpointRecord
-    from lockgate.cluster.jobmaster import JobMaster
+    from lockgate.cluster.coordinator import CheckpointCoordinator
 
 __all__ = ["JobMetrics", "describe_graph", "history_entry", "overview", "size_hint"]
 
@@ -197,7 +199,32 @@ def history_entry(r: CheckpointRecord) -> dict[str, Any]:
     }
 
 
-def overview(master: JobMaster) -> dict[str, Any]:
+class MonitoredJob(Protocol):
+    """What the metrics overview reads of the job master."""
+
+    @property
+    def graph(self) -> JobGraph: ...
+
+    @property
+    def monitor(self) -> JobMetrics: ...
+
+    @property
+    def coordinator(self) -> CheckpointCoordinator: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def checkpoint_history(self) -> list[dict[str, Any]]: ...
+
+    def autoscaler(self) -> dict[str, Any]: ...
+
+    @property
+    def pipeline(self) -> Pipeline: ...
+
+    @property
+    def local_restores(self) -> list[LocalRestoreRecord]: ...
+
+
+def overview(master: MonitoredJob) -> dict[str, Any]:
     """``GET /jobs/<id>/metrics``: the job, its vertices and tasks, its
     checkpoints in short, restarts, savepoints and the autoscaler's
     decisions — one read per poll."""
@@ -233,7 +260,7 @@ def overview(master: JobMaster) -> dict[str, Any]:
     }
 
 
-def local_recovery(master: JobMaster) -> dict[str, int] | None:
+def local_recovery(master: MonitoredJob) -> dict[str, int] | None:
     """Keyed state restores that read their task's local copy and those that
     read the checkpoint storage instead; None when the job keeps no copies
     (not RocksDB, or ``local_recovery=False``)."""

@@ -6,7 +6,7 @@ runs at the new parallelism from that checkpoint (docs/elasticity.md)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.api.result import JobStatus
 from lockgate.errors import ConfigurationError, LockgateError
@@ -14,10 +14,26 @@ from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.rescale import rescaled
 
 if TYPE_CHECKING:
-    from lockgate.cluster.jobmaster import JobMaster
+    from lockgate.cluster.options import RunOptions
 
 
-def rescale_plan(master: JobMaster, parallelism: Any, vertices: Any) -> JobGraph:
+class RescalableJob(Protocol):
+    """What a rescale plan reads of the job master."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def state(self) -> JobStatus: ...
+
+    @property
+    def graph(self) -> JobGraph: ...
+
+    @property
+    def options(self) -> RunOptions: ...
+
+
+def rescale_plan(master: RescalableJob, parallelism: Any, vertices: Any) -> JobGraph:
     """The job graph of ``master``'s job at ``parallelism`` (every vertex)
     and ``vertices`` (``{uid: N}``); raises a :class:`LockgateError` naming
     the problem (the job goes on as it is)."""
