@@ -100,6 +100,8 @@ def emit_change(change: Change, position: int, chunks: dict[str, list[list[Any]]
                 f"CDC source: table {change.table!r} was truncated while its snapshot was "
                 "read, after some of its chunks were: start the job fresh (a new snapshot)")
         return []
+    if len(table) == 1:  # one chunk (no snapshot, or the stream is past it): no key decides
+        return [(change.op, change.before, change.after)] if position >= table[0][1] else []
     old = key_of(change.before, change.key_columns)
     new = key_of(change.after, change.key_columns)
     if change.op == "update" and old is not None and old != new:

@@ -361,6 +361,11 @@ class TableInfo:
     columns: list[str]
     kinds: dict[str, str | None]
 
+    @property
+    def special(self) -> dict[str, str | None]:
+        """The columns whose values are brought to one form (most are not)."""
+        return {c: k for c, k in self.kinds.items() if k is not None}
+
     @classmethod
     def read(cls, conn: Any, table: str) -> TableInfo:
         db, name = table.split(".")
@@ -612,8 +617,9 @@ class MySqlCdcReader(SourceReader[ChangeEvent]):
                 now_ms = int(cur.fetchone()[0])
             finally:
                 cur.execute("COMMIT")
-        chunk["rows"] = [snapshot_values(dict(zip(info.columns, values, strict=True)),
-                                         info.kinds) for values in got]
+        special, columns = info.special, info.columns
+        chunk["rows"] = [snapshot_values(dict(zip(columns, values, strict=True)), special)
+                         for values in got]
         chunk["hw"], chunk["ms"] = high, now_ms
 
     def _begin_locked(self, cur: Any, table: str) -> int:
@@ -746,16 +752,17 @@ class MySqlCdcReader(SourceReader[ChangeEvent]):
         if info is None or any(name not in info.kinds
                                for name in first.get("values", first.get("after_values", {}))):
             info = self.infos[table] = TableInfo.read(self.conn, table)  # a column added
+        special = info.special
         for r in ev.rows:
             if isinstance(ev, kinds.write):
-                change = Change("insert", table, None, stream_values(r["values"], info.kinds),
+                change = Change("insert", table, None, stream_values(r["values"], special),
                                 info.key)
             elif isinstance(ev, kinds.delete):
-                change = Change("delete", table, stream_values(r["values"], info.kinds), None,
+                change = Change("delete", table, stream_values(r["values"], special), None,
                                 info.key)
             else:
-                change = Change("update", table, stream_values(r["before_values"], info.kinds),
-                                stream_values(r["after_values"], info.kinds), info.key)
+                change = Change("update", table, stream_values(r["before_values"], special),
+                                stream_values(r["after_values"], special), info.key)
             self.txn.changes.append(change)
 
     def _end(self, ev: Any) -> None:
