@@ -5,8 +5,9 @@ GTID and by file and offset, with both ways of a consistent snapshot;
 restores (also in the middle of a transaction) and rescales from the
 reader's state; column types alike in the snapshot and the stream; a
 column added; the errors that name a fix (a purged binlog, the server's
-settings); and the job under SIGKILLs (random moments, after a snapshot
-chunk, after a checkpoint completed) on both launchers.
+settings); the job under SIGKILLs (random moments, after a snapshot chunk,
+after a checkpoint completed) on both launchers, and rescaled through
+savepoints in the snapshot and in the stream.
 
 The table is ``(id bigint primary key, v int, name varchar)``: ``v`` counts
 the updates of a row, so the change events of a row must carry each of its
@@ -315,3 +316,67 @@ def test_cdc_job_under_kills(tmp_path, mysql_binlog, names, launcher):
     assert sum(1 for e in events if e[0] != "read") >= 20
     assert {e[4] for e in events} == {0}, "only task 0 reads"
     check([tuple(e) for e in events], dsn, table)
+
+
+def _rescale_job(dsn: str, table: str, stop: str, sid: int, p: int, tmp: Path,
+                 rate: float = 1500) -> Any:
+    from lockgate import CheckpointConfig, Pipeline
+    from tests.connectors.cdc_job import as_tuple, throttle
+
+    pipeline = Pipeline("mysql-cdc-rescale", parallelism=p,
+                        checkpoint=CheckpointConfig(interval=0.3, storage=str(tmp / "chk")))
+    (pipeline.source(MySqlCdcSource(dsn, [table], server_id=sid, chunk_rows=500,
+                                    stop_table=stop), uid="cdc")
+       .map_batch(throttle(rate), uid="throttle")
+       .map(lambda e, p=p: (*as_tuple(e), p), uid="tuples")
+       .sink(CollectSink(str(tmp / "out")), uid="out"))
+    return pipeline
+
+
+def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
+        tmp_path, mysql_binlog, names):
+    """Stopped with a savepoint in the middle of the snapshot at 2 tasks,
+    resumed at 3 and stopped again in the stream phase, resumed at 1 to the
+    end, while the writer runs: every version of every row once, equal to
+    the table."""
+    from tests.fixtures import operator_state, start_and_await
+
+    dsn = mysql_binlog
+    table, stop = names
+    n, sid = 6000, server_id()
+    fill(dsn, table, n)
+    writer = Writer(dsn, table, stop, n + 1, seed=9)
+    writer.start()
+
+    def stream_of(savepoint: str) -> dict:
+        return stream_entry([e for task in operator_state(savepoint, "cdc") for e in task
+                             if e.get("cdc")])
+
+    try:
+        client = start_and_await(_rescale_job(dsn, table, stop, sid, 2, tmp_path, rate=500),
+                                 launcher="local", until=lambda pr: pr.records_read >= 600,
+                                 timeout=240, what="the first hop read too little")
+        first = client.stop(str(tmp_path / "savepoints"))
+        assert first.status == "stopped", first
+        assert stream_of(first.savepoint)["hw"] is None, "not stopped in the snapshot"
+        client = start_and_await(_rescale_job(dsn, table, stop, sid, 3, tmp_path),
+                                 launcher="local", from_savepoint=first.savepoint)
+        deadline = time.monotonic() + 240
+        while sum(1 for e in CollectSink(str(tmp_path / "out")).results()
+                  if e[0] != "read" and e[5] == 3) < 100:  # committed: the stream runs
+            assert time.monotonic() < deadline, "the second hop did not reach the stream"
+            time.sleep(0.5)
+        second = client.stop(str(tmp_path / "savepoints"))
+        assert second.status == "stopped", second
+        assert stream_of(second.savepoint)["hw"] is not None, "not stopped in the stream"
+    finally:
+        writer.stop.set()
+        writer.join(60)
+    assert writer.error is None, writer.error
+    client = _rescale_job(dsn, table, stop, sid, 1, tmp_path).start(
+        launcher="local", from_savepoint=second.savepoint)
+    result = client.result(timeout=240)
+    assert result.status == "finished", result
+    events = [tuple(e) for e in CollectSink(str(tmp_path / "out")).results()]
+    assert {e[5] for e in events if e[0] == "read"} >= {2, 3}, "the snapshot spans two hops"
+    check(events, dsn, table)
