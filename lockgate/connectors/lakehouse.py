@@ -4,8 +4,10 @@ commit per checkpoint, made by one committer per sink.
 The protocol (Flink's ``IcebergFilesCommitter``, and Spark's idempotent
 ``foreachBatch`` writes to Delta)::
 
-    task k, between checkpoints   Arrow batches buffered; at the snapshot of
-                                  checkpoint c one Parquet file is written,
+    task k, between checkpoints   Arrow batches written to one in-progress
+                                  Parquet file as they come, a row group at a
+                                  time (:class:`StagedWriter`); at the snapshot
+                                  of checkpoint c the file is finished,
                                   fsynced and renamed to its staged name
                                   _lockgate/{uid}/{job}/c{c}-t{k}-a{attempt}.parquet
                                   (durable before the task acknowledges c)
@@ -23,8 +25,9 @@ The protocol (Flink's ``IcebergFilesCommitter``, and Spark's idempotent
                                   completed)
 
 Every task keeps its handles as (union) operator state until the table shows
-them committed, so a restored checkpoint always names every staged file that
-is not in the table yet. Which files a task has staged is told to task 0 by
+them committed (the tasks other than task 0 ask it every
+:data:`ASK_TABLE_EVERY_S` at most), so a restored checkpoint always names
+every staged file that is not in the table yet. Which files a task has staged is told to task 0 by
 the staging folder itself (names are the protocol); the checkpoint's
 completion guarantees that every file of a checkpoint ``<= n`` is staged.
 
@@ -35,6 +38,7 @@ implement :class:`LakeTable`.
 from __future__ import annotations
 
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +102,12 @@ class StagedFile:
         return (f"part-lockgate-{safe(self.uid)}-{safe(self.job)}-c{self.checkpoint_id}"
                 f"-t{self.task}-a{self.attempt}.parquet")
 
+
+ASK_TABLE_EVERY_S = 10.0
+"""How often a task other than the committer asks the table which of its
+pending handles it holds (at a snapshot): keeping a committed handle a little
+longer is harmless (a restore finds it in the table), loading the table at
+every checkpoint is not."""
 
 MAX_ID = 1024
 """The longest app id or job id a restored handle may hold."""
@@ -280,26 +290,113 @@ def read_parquet_schema(location: str) -> pa.Schema:
         return pq.read_schema(f)
 
 
-def write_parquet(path: str, batches: list[Any]) -> int:
-    """Write ``batches`` (record batches with one schema) to ``path`` durably;
-    the number of rows."""
-    table = pa.Table.from_batches(batches)
-    f = fs.open_write(path)
-    try:
-        pq.write_table(table, f)
-    except BaseException:
-        f.close()
-        raise
-    fs.finish_write(f)
-    return int(table.num_rows)
+ROW_GROUP_ROWS = 1 << 20
+"""Rows per row group of a staged file (pyarrow's default: smaller ones cost
+more to write, and readers prefer large ones)."""
+ROW_GROUP_BYTES = 128 << 20
+"""... or fewer, once the buffered batches take this much memory."""
+
+
+class StagedWriter:
+    """One transaction's staged Parquet file, written while the batches come:
+    every :data:`ROW_GROUP_ROWS` rows (or :data:`ROW_GROUP_BYTES`) the
+    buffered batches go to the file as one row group, written by a
+    background thread while the task goes on (pyarrow encodes and compresses
+    without the GIL); at most one row group is being written and one
+    buffered, so memory stays bounded. :meth:`close` writes the rest and the
+    footer and makes the file durable: a snapshot only waits for the last
+    row group. An error of the background write is raised by the next call."""
+
+    def __init__(self, path: str, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.batches: list[Any] = []
+        self.buffered_rows = 0
+        self.buffered_bytes = 0
+        self.rows = 0
+        self._out: Any = None
+        self._writer: pq.ParquetWriter | None = None
+        self._flushing: Any = None
+        self._pool: Any = None
+
+    def add(self, batch: Any) -> None:
+        """Buffer ``batch``; hand the buffer to the background thread once it
+        makes a row group."""
+        self.batches.append(batch)
+        self.buffered_rows += batch.num_rows
+        self.buffered_bytes += batch.nbytes
+        self.rows += batch.num_rows
+        if self.buffered_rows >= ROW_GROUP_ROWS or self.buffered_bytes >= ROW_GROUP_BYTES:
+            self._wait()
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="lake-staging")
+            self._flushing = self._pool.submit(self._write, self._take())
+
+    def _take(self) -> list[Any]:
+        batches, self.batches = self.batches, []
+        self.buffered_rows = self.buffered_bytes = 0
+        return batches
+
+    def _write(self, batches: list[Any]) -> None:
+        if self._writer is None:
+            self._out = fs.open_write(self.path)
+            self._writer = pq.ParquetWriter(self._out, self.schema)
+        table = pa.Table.from_batches(batches, self.schema)
+        self._writer.write_table(table, row_group_size=max(1, table.num_rows))  # one group
+
+    def _wait(self) -> None:
+        flushing, self._flushing = self._flushing, None
+        if flushing is not None:
+            flushing.result()
+
+    def close(self) -> int:
+        """Write the rest and the footer, durably; the number of rows."""
+        try:
+            self._wait()
+            if self.batches or self._writer is None:
+                self._write(self._take())
+            assert self._writer is not None
+            self._writer.close()
+        except BaseException:
+            self.discard()
+            raise
+        finally:
+            self._shutdown()
+        fs.finish_write(self._out)
+        return self.rows
+
+    def discard(self) -> None:
+        """Drop the file (an aborted transaction): its rows are replayed."""
+        try:
+            self._wait()
+        except Exception:  # the file goes anyway
+            pass
+        finally:
+            self._shutdown()
+        writer, out = self._writer, self._out
+        self._writer = self._out = None
+        self.batches = []
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # after a failed write: nothing to keep
+                writer.is_open = False
+        if out is not None:
+            out.close()
+            fs.remove(self.path)
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 @dataclass
 class LakeTxn:
-    """One task's open transaction: the batches since the last snapshot."""
+    """One task's open transaction: its staged file (opened with the first batch)."""
 
-    batches: list[Any] = field(default_factory=list)
-    rows: int = 0
+    staged: StagedWriter | None = None
 
 
 class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn, LakeFileHandle]):
@@ -321,6 +418,8 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn, LakeFileHandle]):
         self._seq = 0
         self._committed = -1
         """Task 0: the newest checkpoint id this attempt committed."""
+        self._asked = float("-inf")
+        """The other tasks: when they last asked the table what it holds."""
 
     @property
     def committer(self) -> bool:
@@ -350,32 +449,41 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn, LakeFileHandle]):
                 f"sink {self.info.uid!r}: a batch with the schema {rb.schema} follows batches "
                 f"with {self.schema}; give the sink a schema (schema=...) so that every batch "
                 "is cast to it, or make every record carry the same fields and types")
-        txn.batches.append(rb)
-        txn.rows += rb.num_rows
+        if txn.staged is None:
+            info = self.info
+            fs.makedirs(self.job_dir)
+            hidden = fs.join(self.job_dir, f".t{info.task_index}-a{info.attempt}-s{self._seq}"
+                                           ".parquet.inprogress")
+            self._seq += 1
+            txn.staged = StagedWriter(hidden, self.schema)
+        txn.staged.add(rb)
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         """Stage this checkpoint's file (see the base), then forget the handles
         the table already holds."""
         self._checkpoint = checkpoint_id
-        if self._pending and not self.committer:
+        if (self._pending and not self.committer
+                and time.monotonic() - self._asked >= ASK_TABLE_EVERY_S):
+            self._asked = time.monotonic()
             self._forget_committed()
         return super().snapshot_state(checkpoint_id)
 
     def pre_commit(self, txn: LakeTxn) -> LakeFileHandle:
-        """Write the staged file (in-progress name, then its staged name)."""
+        """Finish the staged file (its in-progress name), then give it its
+        staged name."""
         info = self.info
-        fs.makedirs(self.job_dir)
-        hidden = fs.join(self.job_dir, f".t{info.task_index}-a{info.attempt}-s{self._seq}"
-                                       ".parquet.inprogress")
-        self._seq += 1
-        rows = write_parquet(hidden, txn.batches)
+        staged = txn.staged
+        assert staged is not None  # a transaction that wrote a batch
+        rows = staged.close()
         name = staged_name(self._checkpoint, info.task_index, info.attempt)
-        fs.move(hidden, fs.join(self.job_dir, name))
+        fs.move(staged.path, fs.join(self.job_dir, name))
         fs.sync_dir(self.job_dir)
         return LakeFileHandle(self.app, info.job_id, name, rows, info.attempt)
 
     def abort(self, txn: LakeTxn) -> None:
-        """An open transaction is only memory."""
+        """Delete the open transaction's in-progress file."""
+        if txn.staged is not None:
+            txn.staged.discard()
 
     def commit(self, entry: Precommitted[LakeFileHandle]) -> None:  # pragma: no cover
         raise AssertionError("lakehouse sinks commit in notify_checkpoint_complete")

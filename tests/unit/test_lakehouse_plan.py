@@ -95,3 +95,47 @@ def test_table_locations_beside_the_staging_url():
     assert beside(staging, "file:///tmp/wh") == "/tmp/wh"
     with pytest.raises(ConfigurationError, match="bucket"):
         beside(staging, "s3://other/wh")
+
+
+def test_staged_writer_writes_row_groups_as_the_batches_come(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from lockgate.connectors import lakehouse
+
+    monkeypatch.setattr(lakehouse, "ROW_GROUP_ROWS", 10)
+    schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
+    path = str(tmp_path / ".t0-a0-s0.parquet.inprogress")
+    w = lakehouse.StagedWriter(path, schema)
+    rows = []
+    for start in range(0, 34, 4):
+        batch = pa.RecordBatch.from_pylist(
+            [{"k": k, "v": str(k)} for k in range(start, min(start + 4, 34))], schema=schema)
+        rows += batch.to_pylist()
+        w.add(batch)
+    assert w.close() == 34
+    f = pq.ParquetFile(path)
+    assert f.read().to_pylist() == rows  # in order, each row once
+    # a row group per 10 rows buffered or more, then the rest
+    assert [f.metadata.row_group(i).num_rows for i in range(f.metadata.num_row_groups)] \
+        == [12, 12, 10]
+
+
+def test_staged_writer_discard_deletes_the_file_and_errors_surface(tmp_path, monkeypatch):
+    from lockgate.connectors import lakehouse
+
+    monkeypatch.setattr(lakehouse, "ROW_GROUP_ROWS", 2)
+    schema = pa.schema([("k", pa.int64())])
+    path = tmp_path / ".t0-a0-s1.parquet.inprogress"
+    w = lakehouse.StagedWriter(str(path), schema)
+    w.add(pa.RecordBatch.from_pylist([{"k": 1}, {"k": 2}], schema=schema))
+    w.add(pa.RecordBatch.from_pylist([{"k": 3}, {"k": 4}], schema=schema))  # waits for the 1st
+    assert path.exists()
+    w.discard()
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+    other = pa.schema([("k", pa.string())])  # a batch the file's schema refuses
+    bad = lakehouse.StagedWriter(str(path), schema)
+    bad.add(pa.RecordBatch.from_pylist([{"k": "x"}, {"k": "y"}], schema=other))
+    with pytest.raises((ValueError, pa.ArrowException)):
+        bad.close()  # the background write's error, raised here
+    assert not path.exists()
