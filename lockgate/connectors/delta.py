@@ -122,7 +122,7 @@ class DeltaTarget(LakeTable):
         elif self.mode == "append":
             self._append_partitioned(files, props, fault)
         else:
-            self._merge(files, props, fault)
+            self._merge(files, versions, props, fault)
 
     def _append(self, files: list[StagedFile], props: Any,
                   fault: Callable[[str], None]) -> None:
@@ -171,10 +171,11 @@ class DeltaTarget(LakeTable):
         for f in files:
             fs.remove(f.path)
 
-    def _merge(self, files: list[StagedFile], props: Any,
-                 fault: Callable[[str], None]) -> None:
+    def _merge(self, files: list[StagedFile], versions: dict[str, int], props: Any,
+               fault: Callable[[str], None]) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
-        Step 2. One MERGE with the application transactions.
+        Step 2. One MERGE with the application transactions (an empty commit
+                carries them if the MERGE changed nothing).
         Step 3. Delete the staged files (a restore deletes any left)."""
         changes = last_per_key(concat_staged(files, self.uid), self.key)
         table = self._ensure_table(changes.schema)
@@ -193,9 +194,24 @@ class DeltaTarget(LakeTable):
             merger = merger.when_matched_update(updates=set_all) \
                 .when_not_matched_insert(updates=set_all)
         fault("table_commit")
-        merger.execute()
+        metrics = merger.execute()
+        if not metrics.get("num_target_files_added") and not metrics.get(
+                "num_target_files_removed"):
+            self._record(versions, props)
         for f in files:
             fs.remove(f.path)
+
+    def _record(self, versions: dict[str, int], props: Any) -> None:
+        """A commit that changes no rows (a MERGE of deletes of keys the table
+        does not hold) makes no Delta version: record the checkpoints in an
+        empty one, if the table does not show them, so that a restore never
+        looks for the staged files of a checkpoint it does not see."""
+        table = self._table()
+        assert table is not None
+        recorded = {a: table.transaction_version(a) for a in versions}
+        if any(recorded[a] is None or recorded[a] < v for a, v in versions.items()):
+            table.create_write_transaction([], mode="append", schema=table.schema(),
+                                           commit_properties=props)
 
 
 class DeltaSink(Sink[Any]):

@@ -10,8 +10,9 @@ protocol is :mod:`lockgate.connectors.lakehouse`'s.
 ``mode="append"``: the staged files are moved into the table's ``data/``
 folder and added as they are (``add_files``: no rewrite). ``mode="merge"``:
 the staged changes are read, the last change per key kept, and applied in
-one transaction: the keys whose ``delete_column`` is true are deleted, the
-others upserted (pyiceberg's ``upsert``: copy-on-write).
+one transaction: the rows of the changed keys that the table holds are
+deleted (copy-on-write of the files that hold them), then the changed rows
+that are not deletes (``delete_column`` false) appended.
 """
 
 from __future__ import annotations
@@ -202,37 +203,96 @@ class IcebergTarget(LakeTable):
     def _merge(self, files: list[StagedFile], props: dict[str, str],
                  fault: Callable[[str], None]) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
-        Step 2. One transaction: delete the deleted keys, upsert the rest.
-        Step 3. Delete the staged files (a restore deletes any left)."""
-        from pyiceberg import expressions
-
-        both: Any = expressions.And
-        either: Any = expressions.Or
-        equal: Any = expressions.EqualTo
-
+        Step 2. Find which of their keys the table holds (its key columns
+                read, only from the files whose statistics may hold them).
+        Step 3. One transaction: delete the rows of those keys (copy-on-write
+                of the files that hold them), append the changed rows that
+                are not deletes (an empty append if nothing else makes a
+                snapshot: one records the checkpoint).
+        Step 4. Delete the staged files (a restore deletes any left)."""
         changes = last_per_key(concat_staged(files, self.uid), self.key)
         table = self._ensure_table(changes.schema)
+        keys = changes.select(self.key)
+        held = held_keys(table, keys)
+        if self.delete_column:
+            gone = changes.column(self.delete_column).fill_null(False)
+            changes = changes.filter(pc.invert(gone)).drop_columns([self.delete_column])
         fault("table_commit")
         with table.transaction() as tx:
-            if self.delete_column:
-                gone_mask = changes.column(self.delete_column).fill_null(False)
-                gone = changes.filter(gone_mask)
-                changes = changes.filter(pc.invert(gone_mask)) \
-                    .drop_columns([self.delete_column])
-                if gone.num_rows:
-                    rows = gone.select(self.key).to_pylist()
-                    conds = [functools.reduce(both, [equal(k, r[k]) for k in self.key])
-                             if len(self.key) > 1 else equal(self.key[0], r[self.key[0]])
-                             for r in rows]
-                    with warnings.catch_warnings():  # a key deleted before it was written
-                        warnings.filterwarnings("ignore", "Delete operation did not match")
-                        tx.delete(functools.reduce(either, conds) if len(conds) > 1
-                                  else conds[0], snapshot_properties=props)
-            if changes.num_rows:
-                tx.upsert(changes.cast(table.schema().as_arrow()), join_cols=self.key,
-                          snapshot_properties=props)
+            if held.num_rows:
+                with warnings.catch_warnings():  # rows another writer deleted meanwhile
+                    warnings.filterwarnings("ignore", "Delete operation did not match")
+                    tx.delete(match_filter(held), snapshot_properties=props)
+            if changes.num_rows or not held.num_rows:  # a snapshot records the checkpoint
+                tx.append(changes.cast(table.schema().as_arrow()), snapshot_properties=props)
         for f in files:
             fs.remove(f.path)
+
+
+def key_bounds(keys: pa.Table) -> list[Any]:
+    """``column >= min AND column <= max`` for each key column of ``keys``
+    (pyiceberg skips the files whose statistics lie outside)."""
+    from pyiceberg import expressions as ex
+
+    out: list[Any] = []
+    for name in keys.column_names:
+        column = keys.column(name)
+        bounds = pc.min_max(column)
+        if column.null_count == 0 and bounds["min"].is_valid:
+            out += [ex.GreaterThanOrEqual(name, bounds["min"].as_py()),
+                    ex.LessThanOrEqual(name, bounds["max"].as_py())]
+    return out
+
+
+def held_keys(table: Any, keys: pa.Table) -> pa.Table:
+    """The distinct rows of ``keys`` that ``table`` holds: its key columns
+    read (only those), from the files whose statistics may hold them, and
+    matched in Arrow (a null never matches, as in SQL)."""
+    from pyiceberg import expressions as ex
+
+    if table.current_snapshot() is None or not keys.num_rows:
+        return keys.schema.empty_table()
+    bounds = key_bounds(keys)
+    scan = table.scan(row_filter=balanced(ex.And, bounds) if bounds else ex.AlwaysTrue(),
+                      selected_fields=tuple(keys.column_names))
+    existing = scan.to_arrow().cast(keys.schema)
+    if not existing.num_rows:
+        return keys.schema.empty_table()
+    names = keys.column_names
+    distinct = keys.group_by(names, use_threads=False).aggregate([])
+    return distinct.join(existing.group_by(names, use_threads=False).aggregate([]),
+                         keys=names, join_type="left semi", use_threads=False)
+
+
+def match_filter(keys: pa.Table) -> Any:
+    """A pyiceberg expression true for the rows whose key is a row of
+    ``keys`` (distinct, no nulls): ``In`` on the last key column for each
+    value of the others (one ``In`` for a one-column key), their ``Or`` as
+    a balanced tree, and each key column's range (files outside it are not
+    read)."""
+    from pyiceberg import expressions as ex
+
+    names = keys.column_names
+    last = names[-1]
+    if len(names) == 1:
+        branches = [ex.In(last, keys.column(last).to_pylist())]
+    else:
+        groups = keys.group_by(names[:-1], use_threads=False).aggregate([(last, "list")])
+        branches = [balanced(ex.And, [*(ex.EqualTo(c, v) for c, v in prefix.items()),
+                                      ex.In(last, values)])
+                    for prefix, values in zip(groups.select(names[:-1]).to_pylist(),
+                                              groups.column(f"{last}_list").to_pylist(),
+                                              strict=True)]
+    return balanced(ex.And, [*key_bounds(keys), balanced(ex.Or, branches)])
+
+
+def balanced(op: Any, parts: list[Any]) -> Any:
+    """``op`` (pyiceberg's ``And``, ``Or``) of ``parts`` as a balanced tree:
+    pyiceberg's visitors recurse, and a chain of thousands overflows the stack."""
+    if len(parts) == 1:
+        return parts[0]
+    mid = len(parts) // 2
+    return op(balanced(op, parts[:mid]), balanced(op, parts[mid:]))
 
 
 class IcebergSink(Sink[Any]):
