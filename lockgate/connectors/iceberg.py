@@ -232,8 +232,9 @@ class IcebergTarget(LakeTable):
 def key_bounds(keys: pa.Table) -> list[Any]:
     """``column >= min AND column <= max`` for each key column of ``keys``
     (pyiceberg skips the files whose statistics lie outside)."""
-    from pyiceberg import expressions as ex
+    from pyiceberg import expressions
 
+    ex: Any = expressions  # pydantic models: their positional signatures are not typed
     out: list[Any] = []
     for name in keys.column_names:
         column = keys.column(name)
@@ -248,8 +249,9 @@ def held_keys(table: Any, keys: pa.Table) -> pa.Table:
     """The distinct rows of ``keys`` that ``table`` holds: its key columns
     read (only those), from the files whose statistics may hold them, and
     matched in Arrow (a null never matches, as in SQL)."""
-    from pyiceberg import expressions as ex
+    from pyiceberg import expressions
 
+    ex: Any = expressions  # pydantic models: their positional signatures are not typed
     if table.current_snapshot() is None or not keys.num_rows:
         return keys.schema.empty_table()
     bounds = key_bounds(keys)
@@ -270,8 +272,9 @@ def match_filter(keys: pa.Table) -> Any:
     value of the others (one ``In`` for a one-column key), their ``Or`` as
     a balanced tree, and each key column's range (files outside it are not
     read)."""
-    from pyiceberg import expressions as ex
+    from pyiceberg import expressions
 
+    ex: Any = expressions  # pydantic models: their positional signatures are not typed
     names = keys.column_names
     last = names[-1]
     if len(names) == 1:
