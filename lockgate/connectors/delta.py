@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lockgate import fs
@@ -55,8 +56,8 @@ def last_per_key(table: pa.Table, key: list[str]) -> pa.Table:
     idx = pa.array(range(table.num_rows), pa.int64())
     grouped = table.select(key).append_column("__lockgate_i", idx) \
         .group_by(key, use_threads=False).aggregate([("__lockgate_i", "max")])
-    keep = grouped.column("__lockgate_i_max").to_pylist()
-    return table.take(pa.array(sorted(keep), pa.int64()))
+    keep = grouped.column("__lockgate_i_max")
+    return table.take(keep.take(pc.sort_indices(keep)))
 
 
 class DeltaTarget(LakeTable):
