@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from lockgate.state.backend import ValueStateDescriptor
-from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.keygroups import fmix32
 from lockgate.state.rocksdb_io import options, require
 from lockgate.state.rocksdb_tables import state_id

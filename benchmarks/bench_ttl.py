@@ -20,12 +20,8 @@ import time
 from typing import Any
 
 from lockgate.state.backend import ValueStateDescriptor
-from lockgate.state.backends import (
-    BackendScope,
-    RocksDBStateBackend,
-    close_backend,
-    create_keyed_backend,
-)
+from lockgate.state.backends import BackendScope, RocksDBStateBackend, close_backend
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.serde import StateSerializer
 from lockgate.state.ttl import TtlStates
 from lockgate.state.ttl_config import IncrementalCleanup, StateTtlConfig

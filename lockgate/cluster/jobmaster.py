@@ -78,7 +78,7 @@ from lockgate.protocol import (
     TaskMetrics,
     ToDriver,
 )
-from lockgate.state.backends import remove_local_copies
+from lockgate.state.factory import remove_local_copies
 from lockgate.state.script_classes import script_classes
 from lockgate.web.serving import attach as serve_rest
 from lockgate.web.serving import resolve_rest

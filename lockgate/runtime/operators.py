@@ -26,13 +26,8 @@ from lockgate.state.backend import (
     ValueState,
     ValueStateDescriptor,
 )
-from lockgate.state.backends import (
-    BackendScope,
-    KeyedSnapshot,
-    KeyedStateBackend,
-    StateBackend,
-    create_keyed_backend,
-)
+from lockgate.state.backends import BackendScope, KeyedSnapshot, KeyedStateBackend, StateBackend
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
 from lockgate.state.ttl import TtlStates

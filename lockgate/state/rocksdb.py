@@ -64,7 +64,7 @@ from lockgate.state.backend import (
     note_restored_kinds,
     registered_kind,
 )
-from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.choice import BackendScope, RocksDBStateBackend
 from lockgate.state.incremental import IncrementalState, SharedFile
 from lockgate.state.rocksdb_changelog import Chain, LoggedBatch, LoggedDB, log_limit
 from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys

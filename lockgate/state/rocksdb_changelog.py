@@ -57,7 +57,8 @@ from lockgate.state.incremental import IncrementalState, SharedFile, shared_file
 from lockgate.state.rocksdb_io import options, require, upload
 
 if TYPE_CHECKING:
-    from lockgate.state.backends import RocksDBStateBackend, StateFileWriter
+    from lockgate.state.backends import StateFileWriter
+    from lockgate.state.choice import RocksDBStateBackend
     from lockgate.state.rocksdb import RocksDBKeyedStateBackend
 
 __all__ = ["LoggedDB", "LoggedBatch", "log_limit", "Chain", "Materialized", "Step", "advance",

@@ -19,7 +19,7 @@ from lockgate.errors import CheckpointCorruptError, ConfigurationError
 from lockgate.fs import private
 from lockgate.fs import transfer as fs_transfer
 from lockgate.fs.checked import copy_checked
-from lockgate.state.backends import RocksDBStateBackend
+from lockgate.state.choice import RocksDBStateBackend
 from lockgate.state.incremental import SHARED_DIR, IncrementalState, SharedFile
 from lockgate.state.rocksdb_recovery import link_checked
 from lockgate.state.rocksdb_tables import (

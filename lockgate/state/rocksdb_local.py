@@ -42,7 +42,7 @@ import stat
 import time
 
 from lockgate.fs import private
-from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.choice import BackendScope, RocksDBStateBackend
 
 __all__ = ["task_folder", "remove_task_folder", "base_folder", "MARK", "ORPHAN_AGE"]
 

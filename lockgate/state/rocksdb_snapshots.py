@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from lockgate.errors import LockgateError
 from lockgate.state.backend import KeyedBlocks
-from lockgate.state.backends import IncrementalSnapshot, RocksDBStateBackend, StateFileWriter
+from lockgate.state.backends import IncrementalSnapshot, StateFileWriter
+from lockgate.state.choice import RocksDBStateBackend
 from lockgate.state.incremental import IncrementalState
 from lockgate.state.rocksdb_changelog import advance, handle, upload_folder, write_private
 from lockgate.state.rocksdb_io import export_blocks, open_db

@@ -20,7 +20,8 @@ import pytest
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.fs.private import UnsafeFolderError
-from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.serde import StateSerializer
 from tests.fixtures import check_exact_sums
 

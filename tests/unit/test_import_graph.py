@@ -143,8 +143,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("runtime.output", "runtime.arrow_ops"),
     ("runtime.metrics", "runtime.task"),
     ("runtime.window_triggers", "runtime.windows"),
-    ("state.backend", "state.rocksdb_io"),
-    ("state.backends", "state.rocksdb"),
     ("state.rocksdb_tables", "state.rocksdb"),
     ("state.rocksdb_changelog", "state.rocksdb"),
     ("state.rocksdb_snapshots", "state.rocksdb"),

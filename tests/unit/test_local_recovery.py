@@ -19,12 +19,8 @@ from pathlib import Path
 import pytest
 
 from lockgate.state import rocksdb_recovery
-from lockgate.state.backends import (
-    BackendScope,
-    RocksDBStateBackend,
-    create_keyed_backend,
-    remove_local_copies,
-)
+from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.factory import create_keyed_backend, remove_local_copies
 from lockgate.state.keygroups import key_group_for_key, key_group_range
 from lockgate.state.rocksdb_recovery import LocalRestore, base_folder
 from lockgate.state.serde import StateSerializer

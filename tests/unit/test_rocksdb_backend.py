@@ -23,12 +23,8 @@ from lockgate.state.backend import (
     StateTypeError,
     ValueStateDescriptor,
 )
-from lockgate.state.backends import (
-    BackendScope,
-    RocksDBStateBackend,
-    create_keyed_backend,
-    state_backend,
-)
+from lockgate.state.backends import BackendScope, RocksDBStateBackend, state_backend
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.incremental import (
     SHARED_DIR,
     IncrementalState,

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from lockgate.state.backend import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.keygroups import key_group_for_key, key_group_range
 from lockgate.state.serde import StateSerializer
 

@@ -15,7 +15,8 @@ from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.checkpoint.metadata import OperatorMetadata, StateHandle
 from lockgate.runtime.keyed_state import restore_keyed, write_keyed
 from lockgate.state.backend import ValueStateDescriptor
-from lockgate.state.backends import BackendScope, RocksDBStateBackend, create_keyed_backend
+from lockgate.state.backends import BackendScope, RocksDBStateBackend
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.rocksdb_flush import MIN_LEAD, POLL, EarlyFlush
 from lockgate.state.serde import StateSerializer
 

@@ -24,8 +24,8 @@ from lockgate.state.backends import (
     KeyedStateBackend,
     RocksDBStateBackend,
     close_backend,
-    create_keyed_backend,
 )
+from lockgate.state.factory import create_keyed_backend
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
 from lockgate.state.ttl import TtlStates

@@ -83,7 +83,7 @@ def serve(job: dict[str, Any]) -> int:
     with process_name(f"{HOST_PROCESS_PREFIX}{job['generation']}-{slot}"[:15]):
         released = _loop(channel, link)
     if released:  # the job ended: its local copies on this machine go (local recovery)
-        from lockgate.state.backends import remove_local_copies
+        from lockgate.state.factory import remove_local_copies
 
         try:
             remove_local_copies(job.get("state_backend"), job["job"])
