@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.errors import LockgateError
 from lockgate.state.incremental import IncrementalState, SharedFile, shared_file_name
@@ -58,11 +59,25 @@ from lockgate.state.rocksdb_io import options, require, upload
 
 if TYPE_CHECKING:
     from lockgate.state.backends import StateFileWriter
-    from lockgate.state.choice import RocksDBStateBackend
-    from lockgate.state.rocksdb import RocksDBKeyedStateBackend
+    from lockgate.state.choice import BackendScope, RocksDBStateBackend
+    from lockgate.state.rocksdb_recovery import LocalCopies
 
 __all__ = ["LoggedDB", "LoggedBatch", "log_limit", "Chain", "Materialized", "Step", "advance",
            "handle", "write_segment", "upload_folder", "upload_shared", "write_private"]
+
+
+class ChangelogHost(Protocol):
+    """What the changelog's steps use of their backend
+    (``state.rocksdb.RocksDBKeyedStateBackend``)."""
+
+    config: RocksDBStateBackend
+    scope: BackendScope
+    folder: str
+    key_group_range: range
+    copies: LocalCopies | None
+    uploaded: dict[str, SharedFile]
+    """The SST files of the database already in the job's shared folder."""
+    fault: Callable[[str], None]
 
 
 LOG_ENTRY_BYTES = 160
@@ -198,7 +213,7 @@ class Chain:
                                      or len(self.files) >= most)
 
 
-def write_segment(log: dict[bytes, bytes | None], path: str, backend: RocksDBKeyedStateBackend
+def write_segment(log: dict[bytes, bytes | None], path: str, backend: ChangelogHost
                   ) -> bool:
     """Write ``log`` sorted into the SST file ``path``; False if it is empty."""
     if not log:
@@ -223,7 +238,7 @@ def write_segment(log: dict[bytes, bytes | None], path: str, backend: RocksDBKey
     return True
 
 
-def upload_shared(backend: RocksDBKeyedStateBackend, local: str, checkpoint_id: int
+def upload_shared(backend: ChangelogHost, local: str, checkpoint_id: int
                   ) -> SharedFile:
     """Upload the SST file ``local`` into the job's shared folder, named for
     ``checkpoint_id`` and this backend's operator and task."""
@@ -241,7 +256,7 @@ def write_private(out: StateFileWriter, files: dict[str, bytes]) -> dict[str, tu
     return private
 
 
-def upload_folder(backend: RocksDBKeyedStateBackend, path: str, checkpoint_id: int
+def upload_folder(backend: ChangelogHost, path: str, checkpoint_id: int
                   ) -> tuple[dict[str, SharedFile], dict[str, bytes]]:
     """Upload the SST files of the RocksDB checkpoint folder ``path`` that no
     earlier checkpoint uploaded (the others are referenced); read the private
@@ -263,7 +278,7 @@ def upload_folder(backend: RocksDBKeyedStateBackend, path: str, checkpoint_id: i
     return shared, private
 
 
-def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
+def advance(backend: ChangelogHost, chain: Chain, step: Step,
             checkpoint_id: int) -> None:
     """Add one snapshot to ``chain`` (on the snapshot thread), with those
     savepoints carried since the last: the newest materialization among
@@ -313,7 +328,7 @@ def advance(backend: RocksDBKeyedStateBackend, chain: Chain, step: Step,
                 shutil.rmtree(cut, ignore_errors=True)
 
 
-def handle(backend: RocksDBKeyedStateBackend, chain: Chain,
+def handle(backend: ChangelogHost, chain: Chain,
            out: StateFileWriter) -> IncrementalState:
     """The state handle of the chain as it is now, its private files
     written into ``out`` (the state file)."""

@@ -8,21 +8,28 @@ its iterators read the live database, 0.3.29)."""
 from __future__ import annotations
 
 import shutil
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lockgate.errors import LockgateError
 from lockgate.state.backend import KeyedBlocks
 from lockgate.state.backends import IncrementalSnapshot, StateFileWriter
 from lockgate.state.choice import RocksDBStateBackend
 from lockgate.state.incremental import IncrementalState
-from lockgate.state.rocksdb_changelog import advance, handle, upload_folder, write_private
+from lockgate.state.rocksdb_changelog import (
+    Chain,
+    ChangelogHost,
+    advance,
+    handle,
+    upload_folder,
+    write_private,
+)
 from lockgate.state.rocksdb_io import export_blocks, open_db
 from lockgate.state.ttl_config import SnapshotFilter
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-    from lockgate.state.rocksdb import RocksDBKeyedStateBackend
+    from lockgate.state.serde import StateSerializer
 
 __all__ = ["RocksDBSnapshot", "RocksDBIncrementalSnapshot", "RocksDBChangelogSnapshot",
            "READER"]
@@ -32,10 +39,17 @@ READER = RocksDBStateBackend(memory_mb=16)
 written canonically, a rescale's source): a small cache."""
 
 
+class SnapshotHost(ChangelogHost, Protocol):
+    """What a snapshot uses of its backend (``state.rocksdb.RocksDBKeyedStateBackend``)."""
+
+    chain: Chain
+    serializer: StateSerializer
+
+
 class RocksDBSnapshot:
     """A RocksDB checkpoint folder, written canonically by the snapshot thread."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, path: str, kinds: dict[str, str],
+    def __init__(self, backend: SnapshotHost, path: str, kinds: dict[str, str],
                  filters: dict[str, SnapshotFilter]) -> None:
         self.backend = backend
         self.path = path
@@ -93,7 +107,7 @@ class RocksDBChangelogSnapshot(IncrementalSnapshot):
     since the last snapshot, if any), and for a savepoint a RocksDB
     checkpoint folder (``frozen``) for its canonical write."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, seq: int, cut: str | None,
+    def __init__(self, backend: SnapshotHost, seq: int, cut: str | None,
                  epoch: int, log: dict[bytes, bytes | None], frozen: str | None,
                  kinds: dict[str, str], filters: dict[str, SnapshotFilter]) -> None:
         self.backend = backend

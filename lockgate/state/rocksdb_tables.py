@@ -32,14 +32,11 @@ import hashlib
 import struct
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lockgate.state.keygroups import fmix32
-from lockgate.state.serde import key_bytes
+from lockgate.state.serde import StateSerializer, key_bytes
 from lockgate.state.values import ATOMIC, private_copy
-
-if TYPE_CHECKING:
-    from lockgate.state.rocksdb import RocksDBKeyedStateBackend
 
 _KG = struct.Struct(">H")
 _LEN = struct.Struct(">I")
@@ -99,10 +96,23 @@ def split_key(entry: bytes) -> tuple[bytes, int]:
     return entry[10:10 + n], 10 + n
 
 
+class TableHost(Protocol):
+    """What a table uses of its backend (``state.rocksdb.RocksDBKeyedStateBackend``)."""
+
+    db: Any
+    serializer: StateSerializer
+    codec: KeyCodec
+    key_group_range: range
+    current_key: Any
+    """The key the state handles over a table read and write."""
+
+    def batch(self) -> Any: ...
+
+
 class _Table:
     """The common part of a raw view: one state of one backend."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
+    def __init__(self, backend: TableHost, name: str) -> None:
         self.backend = backend
         self.name = name
         self.sid = state_id(name)
@@ -157,7 +167,7 @@ class ValueTable(_Table):
     encode them again). A flush (every snapshot) writes the dirty ones in one
     batch; a full cache is flushed and emptied."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
+    def __init__(self, backend: TableHost, name: str) -> None:
         super().__init__(backend, name)
         self.live: dict[Any, Any] = {}
         self.dirty: set[Any] = set()
@@ -269,7 +279,7 @@ class ValueTable(_Table):
 class MapTable(_Table):
     """A map state as a mapping key -> dict (entries stored one by one)."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend, name: str) -> None:
+    def __init__(self, backend: TableHost, name: str) -> None:
         super().__init__(backend, name)
         self.live: dict[Any, tuple[dict[Any, Any], set[bytes]]] = {}
         """Key -> (its dict, the RocksDB keys of its entries when it was read)."""

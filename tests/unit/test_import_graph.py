@@ -143,9 +143,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("runtime.output", "runtime.arrow_ops"),
     ("runtime.metrics", "runtime.task"),
     ("runtime.window_triggers", "runtime.windows"),
-    ("state.rocksdb_tables", "state.rocksdb"),
-    ("state.rocksdb_changelog", "state.rocksdb"),
-    ("state.rocksdb_snapshots", "state.rocksdb"),
 }
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
 }
