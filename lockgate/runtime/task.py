@@ -67,6 +67,7 @@ from lockgate.runtime.operators import SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.runtime.registry import OPERATORS
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
+from lockgate.runtime.snapshotter import Progress, Snapshotter
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
 from lockgate.runtime.steps import Steps, mark
 from lockgate.runtime.task_control import TaskControl
@@ -123,9 +124,6 @@ class Task(TaskControl):
         self.valve = WatermarkValve(len(self.channels), now=time.monotonic(),
                                     input_of=self.input_of)
         self.done = False
-        self.holding: int | None = None
-        self.in_flight = channel_state.InFlightCapture(self.serializer)
-        """Unaligned checkpoints: the pending one's in-flight data."""
         self.replaying: dict[int, int] = {}
         """Recovered in-flight elements still queued, per input channel."""
         self.meter = TaskMeter()
@@ -164,7 +162,11 @@ class Task(TaskControl):
                 self._await_inputs()
             mark(self.steps, "inputs")
             # Step 4. Process until finished.
-            self.barriers = BarrierHandler(len(self.channels), self, self.mailbox,
+            self.snapshotter = Snapshotter(
+                self.ops, self.outputs, self.snapshots, self.serializer, self.faults, self._send,
+                self._progress,
+                unaligned_at_source=self.spec.unaligned and not self.spec.aligned_timeout)
+            self.barriers = BarrierHandler(len(self.channels), self.snapshotter, self.mailbox,
                                            aligned=self.spec.aligned,
                                            unaligned=self.spec.unaligned,
                                            aligned_timeout=self.spec.aligned_timeout)
@@ -253,8 +255,9 @@ class Task(TaskControl):
         outputs = self.outputs
         timers = self.chain.has_processing_timers
         prepare = self.chain.prepares_snapshots
+        snapshotter = self.snapshotter
         while not self.done:
-            if self.holding is not None:  # a stop's savepoint: control messages only
+            if snapshotter.holding is not None:  # a stop's savepoint: control messages only
                 msg = mailbox.wait_control(1.0)
                 if msg is not None:
                     self._on_control(msg)
@@ -313,7 +316,7 @@ class Task(TaskControl):
             self._on_control(item)
             return
         if self.barriers.recording and ch in self.barriers.recording:
-            self.in_flight.add_input(ch, [item])  # type: ignore[list-item] # before its barrier
+            self.snapshotter.record_input(ch, [item])  # type: ignore[list-item] # before its barrier
         if self.replaying and ch in self.replaying and type(item) in OVERTAKABLE:
             self._replayed(ch)
         match item:
@@ -402,6 +405,20 @@ class Task(TaskControl):
     def _flush_all(self) -> None:
         for out in self.outputs:
             out.flush()
+
+    def _replayed(self, ch: int) -> None:
+        """A recovered in-flight element of ``ch`` is taken."""
+        self.faults.hit("replay")
+        left = self.replaying[ch] - 1
+        if left:
+            self.replaying[ch] = left
+        else:
+            del self.replaying[ch]
+
+    def _progress(self) -> Progress:
+        """The task's counts and end of input, for a snapshot."""
+        read, written = self._counts()
+        return Progress(read, written, self.reached_end and not self.drained, self.reached_end)
 
     # ---------------------------------------------------------------- end
     def _report_failure(self, e: BaseException) -> None:
