@@ -263,7 +263,7 @@ def cached_prefill(cache: Path | None, tmp: Path, keys: int) -> tuple[str, float
 def entry_bytes(keys: int, count: int) -> float:
     """The mean bytes of one entry (RocksDB key and value) of the count
     state, before compression, over sample keys of ``range(keys)``."""
-    from lockgate.state.rocksdb_tables import KeyCodec, state_id
+    from lockgate.state.rocksdb.tables import KeyCodec, state_id
 
     codec, dumps = KeyCodec(DEFAULT_MAX_PARALLELISM), StateSerializer().dumps
     sid = state_id("count")

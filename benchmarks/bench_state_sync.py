@@ -37,8 +37,8 @@ from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.factory import create_keyed_backend
 from lockgate.state.keygroups import fmix32
-from lockgate.state.rocksdb_io import options, require
-from lockgate.state.rocksdb_tables import state_id
+from lockgate.state.rocksdb.io import options, require
+from lockgate.state.rocksdb.tables import state_id
 from lockgate.state.serde import StateSerializer, key_bytes
 
 MAX_PARALLELISM = 128
@@ -144,7 +144,7 @@ def main() -> None:
                     help="override the write buffer size (an experiment)")
     args = ap.parse_args()
     if args.write_buffer_mb is not None:
-        from lockgate.state import rocksdb_io
+        from lockgate.state.rocksdb import io as rocksdb_io
 
         base = rocksdb_io.options
 

@@ -192,7 +192,7 @@ class OperatorChain:
     def prepare_snapshots(self) -> float:
         """Let the state backends get ready for the next checkpoint between
         records (the RocksDB backend's early flush,
-        :mod:`lockgate.state.rocksdb_flush`); returns the seconds until one
+        :mod:`lockgate.state.rocksdb.flush`); returns the seconds until one
         wants to be asked again (at most 1)."""
         now = time.monotonic()
         wait = 1.0

@@ -25,7 +25,7 @@ from lockgate.state.backends import (
 )
 from lockgate.state.incremental import IncrementalState
 from lockgate.state.keygroups import key_group_range
-from lockgate.state.rocksdb_recovery import LocalRestore
+from lockgate.state.rocksdb.recovery import LocalRestore
 
 
 def write_keyed(snap: KeyedSnapshot, out: StateFileWriter,

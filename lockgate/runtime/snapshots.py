@@ -37,7 +37,7 @@ from lockgate.runtime.operators import OperatorSnapshot, StreamOperator
 from lockgate.runtime.spec import TaskSpec
 from lockgate.state.backend import KeyedBlocks
 from lockgate.state.incremental import IncrementalState
-from lockgate.state.rocksdb_recovery import LocalRestore
+from lockgate.state.rocksdb.recovery import LocalRestore
 from lockgate.state.serde import StateSerializer
 
 log = logging.getLogger("lockgate.task")

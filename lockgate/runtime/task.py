@@ -73,7 +73,7 @@ from lockgate.runtime.steps import Steps, mark
 from lockgate.runtime.task_control import TaskControl
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.backends import close_backend
-from lockgate.state.rocksdb_recovery import LocalRestore
+from lockgate.state.rocksdb.recovery import LocalRestore
 from lockgate.state.script_classes import register_script_classes
 from lockgate.state.serde import StateSerializer
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
     from lockgate.state.incremental import IncrementalState
-    from lockgate.state.rocksdb_recovery import LocalRestore
+    from lockgate.state.rocksdb.recovery import LocalRestore
 
 __all__ = [
     "StateKind",
@@ -370,9 +370,9 @@ class HeapKeyedStateBackend:
                             ) -> LocalRestore | None:
         """Incremental state (a RocksDB backend's checkpoint) restored here:
         read out of a temporary database as canonical blocks of this task's
-        key groups (:func:`~lockgate.state.rocksdb_io.canonical_blocks`); no
+        key groups (:func:`~lockgate.state.rocksdb.io.canonical_blocks`); no
         local copy is looked for."""
-        from lockgate.state.rocksdb_io import canonical_blocks
+        from lockgate.state.rocksdb.io import canonical_blocks
 
         for state, data in parts:
             for blob in canonical_blocks(state, data, restore_dir, self.key_group_range,

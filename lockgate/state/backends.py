@@ -7,7 +7,7 @@ operator makes its backend with :func:`create_keyed_backend`.
 
 :class:`KeyedStateBackend` is what operators, timers and TTL use of a
 backend; the heap backend (:mod:`lockgate.state.backend`) and the RocksDB
-backend (:mod:`lockgate.state.rocksdb`) both have it, with the same state
+backend (:mod:`lockgate.state.rocksdb.backend`) both have it, with the same state
 handles (``ValueState``, ``ListState``, ``MapState``), so code written
 against one runs on the other. Savepoints are the same on both (one block per
 key group, :class:`~lockgate.state.backend.KeyedBlocks`): a savepoint of a
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
     from lockgate.state.incremental import IncrementalState
-    from lockgate.state.rocksdb_recovery import LocalRestore
+    from lockgate.state.rocksdb.recovery import LocalRestore
 
 __all__ = [
     "HeapStateBackend",

@@ -34,7 +34,7 @@ class RocksDBStateBackend:
             every machine that runs tasks; default: the system's temp folder).
             Lockgate keeps them in its own folder there,
             ``lockgate-rocksdb-<uid>`` (0700, this user's), and deletes
-            nothing it did not make (:mod:`lockgate.state.rocksdb_local`).
+            nothing it did not make (:mod:`lockgate.state.rocksdb.local`).
             Working files only: what survives a failure is in the checkpoint
             storage.
         memory_mb: the memory budget of one keyed operator in one task:
@@ -44,13 +44,13 @@ class RocksDBStateBackend:
             previous one (savepoints are always full and canonical).
         early_flush: flush the memtable in the background shortly before a
             checkpoint is expected, so that the checkpoint's synchronous part
-            flushes only the last writes (:mod:`lockgate.state.rocksdb_flush`;
+            flushes only the last writes (:mod:`lockgate.state.rocksdb.flush`;
             without a changelog).
         changelog: an incremental checkpoint uploads the entries written
             since the previous one (one sorted SST file), and RocksDB's own
             files only at a *materialization* now and then, taken between
             records; the synchronous part takes no RocksDB checkpoint
-            (:mod:`lockgate.state.rocksdb_changelog`). False: every
+            (:mod:`lockgate.state.rocksdb.changelog`). False: every
             checkpoint is a RocksDB checkpoint whose new SST files (flushes
             and compactions) are uploaded.
         materialize_ratio: with a changelog, materialize once the changelog
@@ -63,7 +63,7 @@ class RocksDBStateBackend:
             what it uploaded, no second write), and a restart on the same host
             at the same parallelism restores from them, checked against the
             checkpoint, instead of reading the checkpoint storage
-            (:mod:`lockgate.state.rocksdb_recovery`). Costs disk: files that
+            (:mod:`lockgate.state.rocksdb.recovery`). Costs disk: files that
             RocksDB compacted away since stay until the next checkpoint
             completes (at most about the state's size). False: every
             restore reads the checkpoint storage.

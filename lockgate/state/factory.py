@@ -18,7 +18,7 @@ def create_keyed_backend(config: StateBackend | None, max_parallelism: int,
     """The keyed state backend of one keyed operator in one task."""
     if config is None or isinstance(config, HeapStateBackend):
         return HeapKeyedStateBackend(max_parallelism, key_group_range, serializer)
-    from lockgate.state.rocksdb import RocksDBKeyedStateBackend
+    from lockgate.state.rocksdb.backend import RocksDBKeyedStateBackend
 
     if scope is None:
         raise ValueError("the RocksDB backend needs its scope")
@@ -28,8 +28,8 @@ def create_keyed_backend(config: StateBackend | None, max_parallelism: int,
 
 def remove_local_copies(config: StateBackend | None, job_id: str) -> None:
     """The job ended: delete its RocksDB backend's local copies on this
-    machine (local recovery, :func:`lockgate.state.rocksdb_recovery.remove_job`)."""
+    machine (local recovery, :func:`lockgate.state.rocksdb.recovery.remove_job`)."""
     if isinstance(config, RocksDBStateBackend) and config.local_recovery:
-        from lockgate.state.rocksdb_recovery import remove_job
+        from lockgate.state.rocksdb.recovery import remove_job
 
         remove_job(config.directory, job_id)

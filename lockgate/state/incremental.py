@@ -10,7 +10,7 @@ them; and a few small private files (``CURRENT``, ``MANIFEST-*``,
 With a changelog (the default), those files are a *materialization* taken
 now and then, and each checkpoint adds the *changelog*: one shared SST file
 per checkpoint since the materialization with the entries written since the
-previous one, applied in order on restore (:mod:`lockgate.state.rocksdb_changelog`).
+previous one, applied in order on restore (:mod:`lockgate.state.rocksdb.changelog`).
 :class:`IncrementalState` lists them all; it is read back from ``_metadata`` as
 untrusted input: every name is a plain name in its folder, every size and
 offset a count.

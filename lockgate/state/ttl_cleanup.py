@@ -2,7 +2,7 @@
 a cursor over all the task's keys of the state, advanced a few keys at a
 time, removing what expired. The keys come from the backend's
 ``iter_state_keys(name)`` (the RocksDB backend: a resumable walk over its key
-groups, :mod:`lockgate.state.rocksdb_cleanup`; the heap backend: the keys
+groups, :mod:`lockgate.state.rocksdb.cleanup`; the heap backend: the keys
 listed when a round starts).
 
 The heap backend's live dict is checked directly (a value state's pairs

@@ -75,7 +75,7 @@ def test_random_kills_on_rocksdb(tmp_path, launcher, rocksdb):
 
 def test_random_kills_across_early_flushes(tmp_path, rocksdb):
     """Many keys and a checkpoint every 0.5 s: the memtable between two
-    checkpoints is large enough for the early flush (state/rocksdb_flush.py)
+    checkpoints is large enough for the early flush (state/rocksdb/flush.py)
     to cut it in two SST files, so kills land before, between and after
     early flushes and barriers; the output stays exact."""
     keys, n = 100_000, 6 * N

@@ -27,7 +27,7 @@ from tests.fixtures import check_exact_sums
 
 pytest.importorskip("rocksdict")
 
-from lockgate.state.rocksdb_local import MARK, base_folder
+from lockgate.state.rocksdb.local import MARK, base_folder
 
 
 def snapshot(root: Path) -> dict[str, tuple]:

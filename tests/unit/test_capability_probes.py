@@ -26,7 +26,7 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a class of the user's script, looked up by its name",
     ("state/script_classes.py", "getattr(obj, '__dict__', {})"):
         "a walk over the objects of user code (any object)",
-    ("state/rocksdb_changelog.py", "getattr(self.raw, name)"):
+    ("state/rocksdb/changelog.py", "getattr(self.raw, name)"):
         "LoggedDB.__getattr__: what it does not log goes to the database it wraps",
 }
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from lockgate.state import rocksdb_recovery
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.factory import create_keyed_backend, remove_local_copies
 from lockgate.state.keygroups import key_group_for_key, key_group_range
-from lockgate.state.rocksdb_recovery import LocalRestore, base_folder
+from lockgate.state.rocksdb import recovery as rocksdb_recovery
+from lockgate.state.rocksdb.recovery import LocalRestore, base_folder
 from lockgate.state.serde import StateSerializer
 from tests.unit.test_rocksdb_backend import V, write_incremental
 from tests.unit.test_rocksdb_backend import restore_incremental as restore_at

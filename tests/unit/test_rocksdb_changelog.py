@@ -19,11 +19,11 @@ from lockgate.errors import LockgateError
 from lockgate.runtime.keyed_state import restore_keyed
 from lockgate.runtime.operators import OperatorSnapshot
 from lockgate.runtime.snapshots import SnapshotWriter
-from lockgate.state import rocksdb_changelog
 from lockgate.state.backend import HeapKeyedStateBackend
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.factory import create_keyed_backend
 from lockgate.state.keygroups import key_group_for_key, key_group_range
+from lockgate.state.rocksdb import changelog as rocksdb_changelog
 from lockgate.state.serde import StateSerializer
 from tests.unit.test_rocksdb_backend import (
     MP,

@@ -16,7 +16,7 @@ from lockgate.state.serde import StateSerializer
 
 pytest.importorskip("rocksdict")
 
-from lockgate.state.rocksdb_cleanup import iter_keys
+from lockgate.state.rocksdb.cleanup import iter_keys
 
 M = 16
 
@@ -102,7 +102,7 @@ def test_filter_keys_in_the_cache_and_in_the_database(tmp_path):
 def test_big_blocks_are_restored_by_ingestion(tmp_path, monkeypatch):
     import io
 
-    from lockgate.state import rocksdb
+    from lockgate.state.rocksdb import backend as rocksdb
 
     a = rocks(tmp_path / "a")
     v = a.get_state(ValueStateDescriptor("v", default=0))

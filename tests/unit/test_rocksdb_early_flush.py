@@ -1,4 +1,4 @@
-"""The RocksDB backend's early flush (lockgate/state/rocksdb_flush.py): when
+"""The RocksDB backend's early flush (lockgate/state/rocksdb/flush.py): when
 it is due, that it moves no write across the checkpoint (everything before the
 barrier is in it, nothing after), and that it can be turned off."""
 
@@ -17,7 +17,7 @@ from lockgate.runtime.keyed_state import restore_keyed, write_keyed
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.backends import BackendScope, RocksDBStateBackend
 from lockgate.state.factory import create_keyed_backend
-from lockgate.state.rocksdb_flush import MIN_LEAD, POLL, EarlyFlush
+from lockgate.state.rocksdb.flush import MIN_LEAD, POLL, EarlyFlush
 from lockgate.state.serde import StateSerializer
 
 pytest.importorskip("rocksdict")

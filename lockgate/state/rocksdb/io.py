@@ -2,7 +2,7 @@
 local folder, shared files in and out of checkpoint storage, and state read
 out of a database in the canonical block format.
 
-rocksdict is imported here and in :mod:`lockgate.state.rocksdb` only, when a
+rocksdict is imported here and in :mod:`lockgate.state.rocksdb.backend` only, when a
 job uses the RocksDB backend (``pip install 'lockgate[rocksdb]'``).
 """
 
@@ -21,8 +21,8 @@ from lockgate.fs import transfer as fs_transfer
 from lockgate.fs.checked import copy_checked
 from lockgate.state.choice import RocksDBStateBackend
 from lockgate.state.incremental import SHARED_DIR, IncrementalState, SharedFile
-from lockgate.state.rocksdb_recovery import link_checked
-from lockgate.state.rocksdb_tables import (
+from lockgate.state.rocksdb.recovery import link_checked
+from lockgate.state.rocksdb.tables import (
     KIND_PREFIX,
     META,
     kg_bytes,
@@ -118,7 +118,7 @@ def materialize(state: IncrementalState, data: bytes, restore_dir: str, dest: st
     hard-linked from the checkpoint's job folder (a local filesystem) or
     copied, each checked as untrusted (:mod:`lockgate.fs.checked`);
     with ``local``, from that local copy instead
-    (:mod:`lockgate.state.rocksdb_recovery`: a file that fails its checks
+    (:mod:`lockgate.state.rocksdb.recovery`: a file that fails its checks
     raises ``CopyUnusable``). A changelog is not applied here
     (:func:`apply_changelog`, once the database is open)."""
     private.make_dir(dest)

@@ -2,19 +2,19 @@
 
 One embedded RocksDB (rocksdict, raw bytes) per keyed operator and task, in a
 local folder of its own; key layout and handles in
-:mod:`lockgate.state.rocksdb_tables`. Memory is bounded by
+:mod:`lockgate.state.rocksdb.tables`. Memory is bounded by
 ``RocksDBStateBackend.memory_mb`` (block cache and write buffers,
-:func:`~lockgate.state.rocksdb_io.options`); state beyond it lives on disk.
+:func:`~lockgate.state.rocksdb.io.options`); state beyond it lives on disk.
 
 **Snapshots.** With a changelog (the default), a checkpoint uploads the
 entries written since the previous one and RocksDB's files only now and
-then: :mod:`lockgate.state.rocksdb_changelog`. Without one, the synchronous
+then: :mod:`lockgate.state.rocksdb.changelog`. Without one, the synchronous
 part writes the raw views' live objects back and takes a RocksDB checkpoint
 (the memtable flushed, every SST file hard linked into a folder:
 milliseconds, whatever the state's size). Shortly before a checkpoint is
 expected, the task has the backend flush the
 memtable in the background (:meth:`RocksDBKeyedStateBackend.prepare_snapshot`,
-:mod:`~lockgate.state.rocksdb_flush`), so that the checkpoint's own flush
+:mod:`~lockgate.state.rocksdb.flush`), so that the checkpoint's own flush
 covers only the last writes. The snapshot thread then writes either
 
 - *incrementally* (a checkpoint, ``incremental=True``): every SST file not
@@ -37,7 +37,7 @@ overlapping handle is materialized beside it, opened read-only, and its
 entries of the task's key groups are copied in. The simplest correct way: a
 range copy never needs to know what the bytes mean. A failover at the same
 key groups reads the files from the task's local copy when one passes its
-checks (local recovery: :mod:`lockgate.state.rocksdb_recovery`, whose
+checks (local recovery: :mod:`lockgate.state.rocksdb.recovery`, whose
 copies the snapshot thread makes as it uploads).
 """
 
@@ -66,11 +66,11 @@ from lockgate.state.backend import (
 )
 from lockgate.state.choice import BackendScope, RocksDBStateBackend
 from lockgate.state.incremental import IncrementalState, SharedFile
-from lockgate.state.rocksdb_changelog import Chain, LoggedBatch, LoggedDB, log_limit
-from lockgate.state.rocksdb_cleanup import filter_keys, iter_keys
-from lockgate.state.rocksdb_flush import POLL, EarlyFlush, flush_running, start_flush
-from lockgate.state.rocksdb_handles import RocksListState, RocksMapState, RocksValueState
-from lockgate.state.rocksdb_io import (
+from lockgate.state.rocksdb.changelog import Chain, LoggedBatch, LoggedDB, log_limit
+from lockgate.state.rocksdb.cleanup import filter_keys, iter_keys
+from lockgate.state.rocksdb.flush import POLL, EarlyFlush, flush_running, start_flush
+from lockgate.state.rocksdb.handles import RocksListState, RocksMapState, RocksValueState
+from lockgate.state.rocksdb.io import (
     apply_changelog,
     copy_range,
     materialize,
@@ -79,15 +79,15 @@ from lockgate.state.rocksdb_io import (
     require,
     state_names,
 )
-from lockgate.state.rocksdb_local import remove_task_folder, task_folder
-from lockgate.state.rocksdb_recovery import CopyUnusable, LocalCopies, LocalRestore
-from lockgate.state.rocksdb_snapshots import (
+from lockgate.state.rocksdb.local import remove_task_folder, task_folder
+from lockgate.state.rocksdb.recovery import CopyUnusable, LocalCopies, LocalRestore
+from lockgate.state.rocksdb.snapshots import (
     READER,
     RocksDBChangelogSnapshot,
     RocksDBIncrementalSnapshot,
     RocksDBSnapshot,
 )
-from lockgate.state.rocksdb_tables import (
+from lockgate.state.rocksdb.tables import (
     KIND_PREFIX,
     META,
     KeyCodec,
@@ -132,7 +132,7 @@ class RocksDBKeyedStateBackend:
         self.folder = task_folder(config, scope)
         self.db_path = os.path.join(self.folder, "db")
         self.logged = config.incremental and config.changelog
-        """Checkpoints are a changelog (:mod:`~lockgate.state.rocksdb_changelog`)."""
+        """Checkpoints are a changelog (:mod:`~lockgate.state.rocksdb.changelog`)."""
         self.raw_db: Any = None
         self.db: Any = None
         """What the tables read and write: the database, or with a changelog
@@ -236,13 +236,13 @@ class RocksDBKeyedStateBackend:
 
     def iter_state_keys(self, name: str) -> Iterator[Any]:
         """The keys of state ``name``, read lazily a chunk at a time (TTL's
-        incremental cleanup: :func:`~lockgate.state.rocksdb_cleanup.iter_keys`)."""
+        incremental cleanup: :func:`~lockgate.state.rocksdb.cleanup.iter_keys`)."""
         table = self._tables.get(name)
         return iter_keys(table) if table is not None else iter(())
 
     def filter_keys(self, name: str, keys: list[Any], keep: SnapshotFilter) -> None:
         """Replace the stored object ``o`` of each of ``keys`` by ``keep(o)``
-        (None: deleted): :func:`~lockgate.state.rocksdb_cleanup.filter_keys`."""
+        (None: deleted): :func:`~lockgate.state.rocksdb.cleanup.filter_keys`."""
         table = self._tables.get(name)
         if table is not None:
             filter_keys(table, keys, keep)
@@ -276,7 +276,7 @@ class RocksDBKeyedStateBackend:
         """Called by the task between records (``now``: ``time.monotonic()``):
         once the next checkpoint is near, write the live objects back and
         start a background flush of the memtable
-        (:mod:`~lockgate.state.rocksdb_flush`). Returns the seconds until
+        (:mod:`~lockgate.state.rocksdb.flush`). Returns the seconds until
         it is due (``inf``: not before the next snapshot)."""
         if self.logged:
             return self._prepare_materialization(now)
@@ -424,7 +424,7 @@ class RocksDBKeyedStateBackend:
         The kinds of the states are read from the databases restored
         (``states``, the handles' record of them, is not needed). A failover
         at the same key groups reads the local copy when one passes its
-        checks (:mod:`~lockgate.state.rocksdb_recovery`); returns what it did
+        checks (:mod:`~lockgate.state.rocksdb.recovery`); returns what it did
         about it (None: no local copy was looked for)."""
         wanted = self.key_group_range
 

@@ -1,6 +1,6 @@
 """The state handles on RocksDB (``ValueState``, ``ListState``, ``MapState``
 with the heap backend's methods and value semantics), over the tables of
-:mod:`lockgate.state.rocksdb_tables`."""
+:mod:`lockgate.state.rocksdb.tables`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from lockgate.state.backend import ListState, MapState, ValueState
-from lockgate.state.rocksdb_tables import MISSING as _MISSING
-from lockgate.state.rocksdb_tables import MapTable, ValueTable
+from lockgate.state.rocksdb.tables import MISSING as _MISSING
+from lockgate.state.rocksdb.tables import MapTable, ValueTable
 from lockgate.state.values import ATOMIC, private_copy
 
 __all__ = ["RocksListState", "RocksMapState", "RocksValueState"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from lockgate.state.rocksdb_tables import MapTable, ValueTable, kg_bytes, successor
+from lockgate.state.rocksdb.tables import MapTable, ValueTable, kg_bytes, successor
 
 if TYPE_CHECKING:
     from lockgate.state.ttl_config import SnapshotFilter

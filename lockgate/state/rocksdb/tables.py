@@ -1,5 +1,5 @@
 """Keyed state in RocksDB: the key layout and the raw views of the built-in
-operators (the state handles over them: :mod:`lockgate.state.rocksdb_handles`).
+operators (the state handles over them: :mod:`lockgate.state.rocksdb.handles`).
 
 Layout of a RocksDB key (all states of an operator in one database)::
 

@@ -20,7 +20,7 @@ with changelog checkpointing split the two, and so does this module:
   last *materialization*'s files and the changelog files since it, oldest
   first (:class:`~lockgate.state.incremental.IncrementalState`).
 * A *materialization* is a RocksDB checkpoint taken between records (a
-  background flush first, :mod:`~lockgate.state.rocksdb_flush`'s
+  background flush first, :mod:`~lockgate.state.rocksdb.flush`'s
   ``start_flush``, then a short final one), once the changelog since the
   last one holds ``materialize_ratio`` times the state's size or
   ``max_changelog`` files. The log is cut at that moment; the next
@@ -30,7 +30,7 @@ with changelog checkpointing split the two, and so does this module:
 * Restore: the materialization's files as before, then each changelog file
   ingested in order (a newer entry shadows an older one, a tombstone deletes)
   into the database, before any range is cut out for a rescale
-  (:func:`~lockgate.state.rocksdb_io.apply_changelog`).
+  (:func:`~lockgate.state.rocksdb.io.apply_changelog`).
 * The log lives in the task's memory: once it (with the logs savepoints
   carry for the next checkpoint, :attr:`Chain.carried`) holds more entries
   than a quarter of ``memory_mb`` pays for (:func:`log_limit`), the backend
@@ -55,12 +55,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.errors import LockgateError
 from lockgate.state.incremental import IncrementalState, SharedFile, shared_file_name
-from lockgate.state.rocksdb_io import options, require, upload
+from lockgate.state.rocksdb.io import options, require, upload
 
 if TYPE_CHECKING:
     from lockgate.state.backends import StateFileWriter
     from lockgate.state.choice import BackendScope, RocksDBStateBackend
-    from lockgate.state.rocksdb_recovery import LocalCopies
+    from lockgate.state.rocksdb.recovery import LocalCopies
 
 __all__ = ["LoggedDB", "LoggedBatch", "log_limit", "Chain", "Materialized", "Step", "advance",
            "handle", "write_segment", "upload_folder", "upload_shared", "write_private"]

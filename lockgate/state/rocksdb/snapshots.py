@@ -1,6 +1,6 @@
 """The RocksDB backend's snapshots, as the snapshot thread writes them:
 a RocksDB checkpoint folder (without a changelog), written canonically or
-incrementally; a changelog snapshot (:mod:`lockgate.state.rocksdb_changelog`),
+incrementally; a changelog snapshot (:mod:`lockgate.state.rocksdb.changelog`),
 written as the chain's next link or, for a savepoint, canonically from a
 RocksDB checkpoint folder taken with it (not from a rocksdict ``Snapshot``:
 its iterators read the live database, 0.3.29)."""
@@ -15,7 +15,7 @@ from lockgate.state.backend import KeyedBlocks
 from lockgate.state.backends import IncrementalSnapshot, StateFileWriter
 from lockgate.state.choice import RocksDBStateBackend
 from lockgate.state.incremental import IncrementalState
-from lockgate.state.rocksdb_changelog import (
+from lockgate.state.rocksdb.changelog import (
     Chain,
     ChangelogHost,
     advance,
@@ -23,7 +23,7 @@ from lockgate.state.rocksdb_changelog import (
     upload_folder,
     write_private,
 )
-from lockgate.state.rocksdb_io import export_blocks, open_db
+from lockgate.state.rocksdb.io import export_blocks, open_db
 from lockgate.state.ttl_config import SnapshotFilter
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ flush moves no entry in or out of the database (every write before the
 barrier is in the checkpoint, none after it), it only cuts the memtable into
 two SST files. Those extra level-0 files are why the level-0 compaction
 trigger is doubled with early flushes on
-(:func:`~lockgate.state.rocksdb_io.options`): compactions, whose output the
+(:func:`~lockgate.state.rocksdb.io.options`): compactions, whose output the
 next checkpoint uploads, stay as frequent per checkpoint as before.
 """
 
