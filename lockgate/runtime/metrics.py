@@ -16,19 +16,48 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lockgate.protocol import ControlMessage, TaskMetrics
 
 if TYPE_CHECKING:
-    from lockgate.runtime.task import Task
+    from lockgate.runtime.chain import OperatorChain
+    from lockgate.runtime.mailbox import Mailbox
+    from lockgate.runtime.operators import SourceOperator, StreamOperator
+    from lockgate.runtime.output import OutputEdgeWriter
+    from lockgate.runtime.valve import WatermarkValve
 
 log = logging.getLogger("lockgate.task")
 
 INTERVAL = 1.0
 """Seconds between two reports of a task."""
 
-__all__ = ["INTERVAL", "TaskMeter"]
+__all__ = ["INTERVAL", "MeteredTask", "TaskMeter"]
+
+
+class MeteredTask(Protocol):
+    """What the reporting thread reads of a task (``runtime.task.Task``)."""
+
+    @property
+    def outputs(self) -> list[OutputEdgeWriter]: ...
+
+    @property
+    def chain(self) -> OperatorChain: ...
+
+    @property
+    def ops(self) -> list[StreamOperator]: ...
+
+    @property
+    def valve(self) -> WatermarkValve: ...
+
+    @property
+    def source(self) -> SourceOperator | None: ...
+
+    @property
+    def reached_end(self) -> bool: ...
+
+    @property
+    def mailbox(self) -> Mailbox: ...
 
 
 class TaskMeter:
@@ -42,7 +71,7 @@ class TaskMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, task: Task, send: Callable[[ControlMessage], None],
+    def start(self, task: MeteredTask, send: Callable[[ControlMessage], None],
               interval: float = INTERVAL) -> None:
         self.started = time.monotonic()
         self._thread = threading.Thread(target=self._report, args=(task, send, interval),
@@ -52,7 +81,7 @@ class TaskMeter:
     def stop(self) -> None:
         self._stop.set()
 
-    def sample(self, task: Task) -> TaskMetrics:
+    def sample(self, task: MeteredTask) -> TaskMetrics:
         """The task's figures now (from the reporting thread: every read is of
         one attribute or one ``len``, each atomic under the GIL; a source
         reader's ``backlog()`` reads what its ``poll`` keeps up to date)."""
@@ -78,7 +107,7 @@ class TaskMeter:
             task.mailbox.fill(), watermark if math.isfinite(watermark) else None, keys,
             backlog)
 
-    def _report(self, task: Task, send: Callable[[ControlMessage], None],
+    def _report(self, task: MeteredTask, send: Callable[[ControlMessage], None],
                 interval: float) -> None:
         while not self._stop.wait(interval):
             try:
