@@ -14,7 +14,7 @@ the clock) is registered by the operator, not by the trigger.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.api.triggers import Trigger, TriggerContext, TriggerResult, TriggerState
 from lockgate.api.watermarks import TimeDomain
@@ -25,7 +25,10 @@ from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.values import ATOMIC, private_copy
 
 if TYPE_CHECKING:
-    from lockgate.runtime.windows import WindowOperator
+    from lockgate.api.windows import WindowAssigner, WindowSpec
+    from lockgate.graph.jobgraph import OperatorSpec
+    from lockgate.runtime.timers import KeyedTimers
+    from lockgate.state.backends import KeyedStateBackend
 
 __all__ = ["TRIGGER_STATE", "TriggerRunner"]
 
@@ -33,6 +36,51 @@ TRIGGER_STATE = "_trigger_state"
 """The keyed map state of the triggers' values per window."""
 
 Window = tuple[int, int] | None
+
+
+class TriggerHost(Protocol):
+    """What the trigger runner uses of its window operator
+    (``runtime.windows.WindowOperator``): its state, timers and clock, and
+    the window steps the trigger's answers call for."""
+
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def spec(self) -> OperatorSpec: ...
+
+    @property
+    def window_spec(self) -> WindowSpec: ...
+
+    @property
+    def assigner(self) -> WindowAssigner: ...
+
+    @property
+    def event_time(self) -> bool: ...
+
+    @property
+    def lateness(self) -> int: ...
+
+    @property
+    def backend(self) -> KeyedStateBackend | None: ...
+
+    @property
+    def timers(self) -> KeyedTimers: ...
+
+    @property
+    def windows(self) -> dict[Any, dict[Window, Any]]: ...
+
+    def clock(self) -> int: ...
+
+    def emit_side(self, tag: str, value: Any) -> None: ...
+
+    def _add(self, key: Any, w: Window, r: Any) -> None: ...
+
+    def _fire(self, key: Any, w: Window, out: list[Any]) -> None: ...
+
+    def _remove(self, key: Any, w: Window) -> None: ...
+
+    def _cleanup_time(self, w: tuple[int, int]) -> int: ...
 
 
 def _slot(w: Window, name: str) -> tuple[Any, ...]:
@@ -77,7 +125,7 @@ class _State(TriggerState):
 
 
 class _Context(TriggerContext):
-    def __init__(self, op: WindowOperator) -> None:
+    def __init__(self, op: TriggerHost) -> None:
         self._op = op
         self.states: Any = op.backend.raw(TRIGGER_STATE) if op.backend is not None else {}
         self.key: Any = None
@@ -111,7 +159,7 @@ class _Context(TriggerContext):
 class TriggerRunner:
     """Runs a window operator's records and timers through its trigger."""
 
-    def __init__(self, op: WindowOperator, trigger: Trigger) -> None:
+    def __init__(self, op: TriggerHost, trigger: Trigger) -> None:
         self.op, self.trigger = op, trigger
         self.ctx = _Context(op)
         self.global_window = isinstance(op.assigner, GlobalWindows)

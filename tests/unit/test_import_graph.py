@@ -141,7 +141,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("api.broadcast", "api.pipeline"),
     ("api.connected", "api.broadcast"),
     ("runtime.output", "runtime.arrow_ops"),
-    ("runtime.window_triggers", "runtime.windows"),
 }
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
 }
