@@ -1,6 +1,7 @@
 """The runtime of the Arrow path (``lockgate/api/arrow.py``): operators on
-``pyarrow.RecordBatch`` es, routing a batch's rows by key group without
-Python rows, and the per-channel buffers of Arrow output.
+``pyarrow.RecordBatch`` es, and routing a batch's rows by key group without
+Python rows (the per-channel buffers of Arrow output are
+:class:`lockgate.runtime.output.ArrowOutput`).
 
 Key groups: a row's key group is the one the row path gives the same key
 (``state/keygroups.py``: a hash of the key's msgpack bytes), so an Arrow
@@ -15,22 +16,16 @@ pyarrow is imported on first use: a task without Arrow operators never loads it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lockgate.api.arrow import ArrowAggregate, ArrowStep, ColumnKey
-from lockgate.errors import UserFunctionError
+from lockgate.api.arrow import ArrowAggregate, ArrowStep
 from lockgate.runtime.operators import KeyedOperator, StreamOperator
-from lockgate.runtime.output import MAX_BUFFER_AGE
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.keygroups import KeyGroupAssigner
 from lockgate.state.serde import StateSerializer
 
-if TYPE_CHECKING:
-    from lockgate.runtime.output import OutputEdgeWriter
-
-__all__ = ["ArrowAggregateOperator", "ArrowOutput", "ArrowStepOperator", "KeyRouter",
+__all__ = ["ArrowAggregateOperator", "ArrowStepOperator", "KeyRouter",
            "is_arrow"]
 
 LUT_LIMIT = 1 << 20
@@ -361,79 +356,3 @@ def split_by_target(batch: Any, targets: Any, n: int) -> list[tuple[int, Any]]:
             out.append((i, ordered.slice(start, c)))
             start += c
     return out
-
-
-class ArrowOutput:
-    """The Arrow side of one :class:`OutputEdgeWriter`: record batches
-    buffered per channel (a buffer is sent as one IPC frame once it holds
-    ``batch_size`` rows, before any in-band event, or when the schema
-    changes)."""
-
-    def __init__(self, writer: OutputEdgeWriter) -> None:
-        self.writer = writer
-        n = len(writer.links)
-        self.buffers: list[list[Any]] = [[] for _ in range(n)]
-        self.rows = [0] * n
-        self.router: KeyRouter | None = None
-        if writer.partitioning == "hash":
-            key = writer.key_of
-            if not isinstance(key, ColumnKey):
-                raise UserFunctionError(
-                    f"operator {writer.edge.downstream_uid!r} is keyed by a function, but its "
-                    "input is a stream of Arrow batches: use key_by_column, or to_rows() first")
-            self.router = KeyRouter(writer.assigner.max_parallelism, n)
-
-    @property
-    def pending(self) -> bool:
-        return any(self.rows)
-
-    def add(self, batch: Any) -> None:
-        w = self.writer
-        n = len(self.buffers)
-        if self.router is not None:
-            column = w.key_of.column
-            try:
-                keys = batch.column(column)
-            except KeyError:
-                raise UserFunctionError(
-                    f"the key column {column!r} of operator {w.edge.downstream_uid!r} is not in "
-                    f"the batch (columns: {batch.schema.names})") from None
-            for i, rows in split_by_target(batch, self.router.targets(keys), n):
-                self._put(i, rows)
-        elif w.partitioning == "forward":
-            self._put(w.forward_index, batch)
-        elif w.partitioning == "broadcast":
-            for i in range(n):
-                self._put(i, batch)
-        else:  # rebalance: whole batches round-robin
-            self._put(w.next, batch)
-            w.next = (w.next + 1) % n
-        if time.monotonic() - w.last_flush > MAX_BUFFER_AGE:
-            w.flush()
-
-    def _put(self, i: int, batch: Any) -> None:
-        buf = self.buffers[i]
-        if buf and not buf[0].schema.equals(batch.schema):
-            self.send(i)
-            buf = self.buffers[i]
-        buf.append(batch)
-        self.rows[i] += len(batch)
-        if self.rows[i] >= self.writer.batch_size:
-            self.send(i)
-
-    def send(self, i: int) -> None:
-        from lockgate.runtime.arrow_wire import encode_arrow
-        from lockgate.runtime.wire import Frame
-
-        batches, self.buffers[i], self.rows[i] = self.buffers[i], [], 0
-        link = self.writer.links[i]
-        assert link is not None
-        payload = encode_arrow(batches)
-        started = time.perf_counter()
-        link.send(Frame.ARROW_BATCH, payload)
-        self.writer.send_time += time.perf_counter() - started  # blocked: backpressure
-
-    def flush(self) -> None:
-        for i, rows in enumerate(self.rows):
-            if rows:
-                self.send(i)

@@ -2,7 +2,9 @@
 
 Records are buffered per channel and sent as one pickled batch when a buffer
 reaches the batch size, when the task is about to wait, or before any in-band
-event (barrier, end of data), so barriers never overtake records.
+event (barrier, end of data), so barriers never overtake records. Record
+batches of the Arrow path are buffered per channel beside them
+(:class:`ArrowOutput`).
 """
 
 from __future__ import annotations
@@ -117,12 +119,10 @@ class OutputEdgeWriter:
         return failed
 
     _arrow: Any = None
-    """The buffers of record batches (``arrow_ops.ArrowOutput``), from the first one on."""
+    """The buffers of record batches (:class:`ArrowOutput`), from the first one on."""
 
     def _add_arrow(self, batch: Any) -> None:
         if self._arrow is None:
-            from lockgate.runtime.arrow_ops import ArrowOutput
-
             self._arrow = ArrowOutput(self)
         if any(self.buffers):
             self.flush()  # the edge stays in order
@@ -189,3 +189,84 @@ def _picklable(record: Any) -> bool:
     except Exception:
         return False
     return True
+
+
+class ArrowOutput:
+    """The Arrow side of one :class:`OutputEdgeWriter`: record batches
+    buffered per channel (a buffer is sent as one IPC frame once it holds
+    ``batch_size`` rows, before any in-band event, or when the schema
+    changes)."""
+
+    def __init__(self, writer: OutputEdgeWriter) -> None:
+        from lockgate.api.arrow import ColumnKey
+        from lockgate.runtime.arrow_ops import KeyRouter
+
+        self.writer = writer
+        n = len(writer.links)
+        self.buffers: list[list[Any]] = [[] for _ in range(n)]
+        self.rows = [0] * n
+        self.router: KeyRouter | None = None
+        if writer.partitioning == "hash":
+            key = writer.key_of
+            if not isinstance(key, ColumnKey):
+                raise UserFunctionError(
+                    f"operator {writer.edge.downstream_uid!r} is keyed by a function, but its "
+                    "input is a stream of Arrow batches: use key_by_column, or to_rows() first")
+            self.router = KeyRouter(writer.assigner.max_parallelism, n)
+
+    @property
+    def pending(self) -> bool:
+        return any(self.rows)
+
+    def add(self, batch: Any) -> None:
+        from lockgate.runtime.arrow_ops import split_by_target
+
+        w = self.writer
+        n = len(self.buffers)
+        if self.router is not None:
+            column = w.key_of.column
+            try:
+                keys = batch.column(column)
+            except KeyError:
+                raise UserFunctionError(
+                    f"the key column {column!r} of operator {w.edge.downstream_uid!r} is not in "
+                    f"the batch (columns: {batch.schema.names})") from None
+            for i, rows in split_by_target(batch, self.router.targets(keys), n):
+                self._put(i, rows)
+        elif w.partitioning == "forward":
+            self._put(w.forward_index, batch)
+        elif w.partitioning == "broadcast":
+            for i in range(n):
+                self._put(i, batch)
+        else:  # rebalance: whole batches round-robin
+            self._put(w.next, batch)
+            w.next = (w.next + 1) % n
+        if time.monotonic() - w.last_flush > MAX_BUFFER_AGE:
+            w.flush()
+
+    def _put(self, i: int, batch: Any) -> None:
+        buf = self.buffers[i]
+        if buf and not buf[0].schema.equals(batch.schema):
+            self.send(i)
+            buf = self.buffers[i]
+        buf.append(batch)
+        self.rows[i] += len(batch)
+        if self.rows[i] >= self.writer.batch_size:
+            self.send(i)
+
+    def send(self, i: int) -> None:
+        from lockgate.runtime.arrow_wire import encode_arrow
+        from lockgate.runtime.wire import Frame
+
+        batches, self.buffers[i], self.rows[i] = self.buffers[i], [], 0
+        link = self.writer.links[i]
+        assert link is not None
+        payload = encode_arrow(batches)
+        started = time.perf_counter()
+        link.send(Frame.ARROW_BATCH, payload)
+        self.writer.send_time += time.perf_counter() - started  # blocked: backpressure
+
+    def flush(self) -> None:
+        for i, rows in enumerate(self.rows):
+            if rows:
+                self.send(i)

@@ -140,7 +140,6 @@ KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("api.joins", "api.pipeline"),
     ("api.broadcast", "api.pipeline"),
     ("api.connected", "api.broadcast"),
-    ("runtime.output", "runtime.arrow_ops"),
 }
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
 }
