@@ -65,3 +65,24 @@ def test_the_package_map_names_every_package_in_the_layers_order():
         assert named == allowed[name], (
             f"docs/architecture.md, *Packages*: {path} imports {imports.strip()!r}; "
             f"LAYERS says {sorted(allowed[name])}")
+
+
+def test_the_package_map_names_every_module():
+    """Each module is named (``name.py``, in backticks) in its package's row;
+    a module at the package's root has a row of its own."""
+    from tests.unit.test_import_graph import ROOT
+
+    rows = dict(re.findall(r"^\| `(lockgate/[^`]*)` \| (.*) \| [^|]* \|$",
+                           _section("Packages"), re.M))
+    missing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent)
+        if path.parent == ROOT:
+            if path.name != "__init__.py" and str(rel) not in rows:
+                missing.append(str(rel))
+        elif (row := rows.get(str(rel.parent))) is not None:
+            if path.name != "__init__.py" and f"`{path.name}`" not in row:
+                missing.append(str(rel))
+        elif path.parent.name != "shim":  # the Spark daemon's shim: named as shim/...
+            missing.append(f"{rel} (no row for {rel.parent})")
+    assert not missing, "docs/architecture.md, *Packages*, does not name: " + ", ".join(missing)
