@@ -13,11 +13,13 @@ Lifecycle (each step marked in ``Task.run``):
    processing-time timers, one ``match`` each;
 5. on :class:`Finish` (after the final checkpoint) or any error: close everything.
 
-Alongside the loop: barrier alignment is a ``BarrierHandler`` (this task is
-its ``Controller``), event time a ``WatermarkValve``, and snapshots are
-written by a ``SnapshotWriter`` thread. A task needs only its ``TaskSpec``,
-the coordinator's address and the job secret; it can start in a subprocess or
-in a Spark executor alike.
+Alongside the loop, collaborators with one concern each: barrier alignment
+is a ``BarrierHandler`` (pure; the mailbox is its input gate), the task's
+side of a checkpoint a ``Snapshotter`` (the handler's controller), the
+coordinator's messages a ``ControlHandler``, event time a
+``WatermarkValve``, and snapshots are written by a ``SnapshotWriter``
+thread. A task needs only its ``TaskSpec``, the coordinator's address and
+the job secret; it can start in a subprocess or in a Spark executor alike.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.snapshotter import Progress, Snapshotter
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
 from lockgate.runtime.steps import Steps, mark
-from lockgate.runtime.task_control import TaskControl
+from lockgate.runtime.task_control import ControlHandler, Next
 from lockgate.runtime.valve import Emitted, WatermarkValve
 from lockgate.state.backends import close_backend
 from lockgate.state.rocksdb.recovery import LocalRestore
@@ -85,7 +87,7 @@ to end by itself before it exits on the spot, wherever its main thread is
 (e.g. blocked restoring state): no task outlives its driver."""
 
 
-class Task(TaskControl):
+class Task:
     def __init__(self, spec: TaskSpec, coordinator: tuple[str, int], secret: bytes,
                  before_finished: Callable[[], None] | None = None,
                  steps: Steps | None = None) -> None:
@@ -166,6 +168,7 @@ class Task(TaskControl):
                 self.ops, self.outputs, self.snapshots, self.serializer, self.faults, self._send,
                 self._progress,
                 unaligned_at_source=self.spec.unaligned and not self.spec.aligned_timeout)
+            self.control_handler = ControlHandler(self.snapshotter, self.faults)
             self.barriers = BarrierHandler(len(self.channels), self.snapshotter, self.mailbox,
                                            aligned=self.spec.aligned,
                                            unaligned=self.spec.unaligned,
@@ -349,6 +352,24 @@ class Task(TaskControl):
                 if not self.done:
                     raise ConnectionError(
                         f"input channel from task {self.channels[ch]} broke: {reason}")
+
+    def _on_control(self, msg: ControlMessage) -> None:
+        match self.control_handler.handle(msg):
+            case Next.FINISH:
+                self.done = True
+            case Next.DRAIN:
+                if self.source is not None and not self.reached_end:
+                    self.drained = True
+                    self._end_of_input()
+
+    def _send(self, msg: ControlMessage) -> None:
+        assert self.control is not None
+        self.control.send(msg)
+
+    def _counts(self) -> tuple[int, int]:
+        """Records this task read from its source and wrote to its sinks."""
+        return (self.chain.records_in if self.source is not None else 0,
+                self.chain.written())
 
     # ------------------------------------------------------------ event time
     def _source_watermark(self, source: SourceOperator, batch: list[Any]) -> None:
