@@ -62,9 +62,12 @@ class Change:
 
 
 def key_of(row: dict[str, Any] | None, key: Sequence[str]) -> Key | None:
-    if row is None or any(k not in row for k in key):
+    if row is None:
         return None
-    return tuple(row[k] for k in key)
+    try:
+        return tuple([row[k] for k in key])
+    except KeyError:  # a key column the log did not carry
+        return None
 
 
 def in_range(k: Key | None, lower: Key | None, upper: Key | None) -> bool:
@@ -75,10 +78,10 @@ def in_range(k: Key | None, lower: Key | None, upper: Key | None) -> bool:
 def chunk_high(chunks: list[list[Any]], k: Key | None) -> int:
     """The high watermark of the chunk holding ``k``: ``chunks`` are a
     table's ``[upper, high]`` in key order, the last one's upper ``None``."""
-    uppers = [tuple(c[0]) for c in chunks[:-1]]
     if k is None:
         return int(max(c[1] for c in chunks))
-    return int(chunks[bisect.bisect_left(uppers, k)][1])
+    at = bisect.bisect_left(chunks, k, hi=len(chunks) - 1, key=lambda c: tuple(c[0]))
+    return int(chunks[at][1])
 
 
 def emit_change(change: Change, position: int, chunks: dict[str, list[list[Any]]]

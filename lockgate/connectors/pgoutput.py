@@ -13,6 +13,7 @@ column added while the job runs is carried in the next changes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from lockgate.connectors.cdc import Change
 from lockgate.errors import LockgateError
 
 __all__ = ["Relation", "Change", "Transaction", "decode_transactions", "decode_message",
-           "parse_value", "PG_EPOCH_MS", "format_lsn", "parse_lsn"]
+           "parse_value", "native", "PG_EPOCH_MS", "format_lsn", "parse_lsn"]
 
 PG_EPOCH_MS = 946_684_800_000
 """2000-01-01 in milliseconds since the Unix epoch (PostgreSQL's timestamp zero)."""
@@ -43,6 +44,27 @@ def parse_value(type_oid: int, text: str | None) -> Any:
     return text
 
 
+def native(type_oid: int) -> bool:
+    """Whether a column of type ``type_oid`` becomes a Python value of its
+    own (integer, float, boolean), not its text form."""
+    return type_oid in _INTS or type_oid in _FLOATS or type_oid == _BOOL
+
+
+def _bool(text: bytes) -> bool:
+    return text == b"t"
+
+
+def _parser(type_oid: int) -> Callable[[bytes], Any]:
+    """:func:`parse_value` of a column's text form as the log sends it (UTF-8)."""
+    if type_oid in _INTS:
+        return int  # int() and float() read ASCII digits from bytes as from str
+    if type_oid in _FLOATS:
+        return float
+    if type_oid == _BOOL:
+        return _bool
+    return bytes.decode
+
+
 def format_lsn(lsn: int) -> str:
     """``0x16B3748`` as PostgreSQL writes it: ``0/16B3748``."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
@@ -63,10 +85,14 @@ class Relation:
     columns: list[str]
     types: list[int]
     key: list[str]
+    table: str = field(init=False)
+    """``schema.name``."""
+    parsers: list[Callable[[bytes], Any]] = field(init=False, repr=False, compare=False)
+    """Per column, its value from its text form."""
 
-    @property
-    def table(self) -> str:
-        return f"{self.schema}.{self.name}"
+    def __post_init__(self) -> None:
+        self.table = f"{self.schema}.{self.name}"
+        self.parsers = [_parser(t) for t in self.types]
 
 
 @dataclass
@@ -113,105 +139,149 @@ class _Reader:
         return out
 
 
+_I16 = struct.Struct("!h").unpack_from
+_I32 = struct.Struct("!i").unpack_from
+_NULL, _UNCHANGED, _TEXT, _BINARY = b"nutb"
+
+
 def _tuple(r: _Reader, rel: Relation) -> dict[str, Any] | None:
     """A TupleData as ``{column: value}``; an unchanged TOASTed value is left
     out (the server did not send it)."""
-    n = r.take("!h")
-    row: dict[str, Any] = {}
     data = r.data
-    for i in range(n):
-        kind = data[r.at:r.at + 1]
-        r.at += 1
-        name = rel.columns[i] if i < len(rel.columns) else f"col{i}"
-        type_oid = rel.types[i] if i < len(rel.types) else 25
-        if kind == b"n":
-            row[name] = None
-        elif kind == b"u":
-            continue
-        elif kind in (b"t", b"b"):
-            length = r.take("!i")
-            text = r.raw(length).decode()
-            row[name] = parse_value(type_oid, text)
-        else:
-            raise LockgateError(f"pgoutput: unknown column kind {kind!r}")
+    try:
+        n = _I16(data, r.at)[0]
+        at = r.at + 2
+        row: dict[str, Any] = {}
+        columns, parsers = rel.columns, rel.parsers
+        if n > len(columns):  # more columns than the relation message named
+            columns = columns + [f"col{i}" for i in range(len(columns), n)]
+            parsers = parsers + [bytes.decode] * (n - len(parsers))
+        size = len(data)
+        for i in range(n):
+            kind = data[at]
+            at += 1
+            if kind == _TEXT or kind == _BINARY:
+                end = at + 4 + _I32(data, at)[0]
+                if end > size:
+                    raise IndexError(end)
+                row[columns[i]] = parsers[i](data[at + 4:end])
+                at = end
+            elif kind == _NULL:
+                row[columns[i]] = None
+            elif kind != _UNCHANGED:
+                raise LockgateError(f"pgoutput: unknown column kind {bytes([kind])!r}")
+    except (struct.error, IndexError) as e:
+        raise LockgateError("pgoutput: a message is cut short (a server or plugin "
+                            "this decoder does not know?)") from e
+    r.at = at
     return row
 
 
+_OPS = {ord("I"): "insert", ord("U"): "update", ord("D"): "delete"}
+_CHANGES = frozenset(b"IUDTM")
+
+
+_B, _C, _R, _I, _U, _D, _T, _M, _K, _O = b"BCRIUDTMKO"
+_BEGIN = struct.Struct("!qqI").unpack_from
+_COMMIT = struct.Struct("!bqqq").unpack_from
+_RELID = struct.Struct("!I").unpack_from
+
+
 def decode_transactions(messages: list[bytes], relations: dict[int, Relation],
-                        read_up_to: tuple[int, bool] = (0, False)) -> list[Transaction]:
+                        read_up_to: tuple[int, bool] = (0, False),
+                        wanted: Callable[[int, int], bool] | None = None
+                        ) -> list[Transaction]:
     """The whole transactions in ``messages`` (rows of one peek, in order);
     a transaction cut off at the end (no commit yet) is left out.
     ``relations`` is updated from the relation messages met.
     ``read_up_to``: ``(commit LSN, whole)``: transactions committed before it
     (or at it, if ``whole``) were read already; their changes are not decoded
-    and they are left out."""
+    and they are left out. ``wanted(xid, commit LSN)``: False leaves a
+    transaction out the same way."""
     done: list[Transaction] = []
     current: Transaction | None = None
     skipping = False
     up_to, whole = read_up_to
+    ops = _OPS
     for data in messages:
-        tag = bytes(data[:1])
-        if skipping and tag in (b"I", b"U", b"D", b"T", b"M"):
+        if not data:
             continue
-        r = _Reader(bytes(data))
-        r.at = 1
-        if tag == b"B":
-            final_lsn, ts, xid = r.take("!qqI")
-            skipping = final_lsn < up_to or (whole and final_lsn == up_to)
-            current = Transaction(xid, final_lsn, ts // 1000 + PG_EPOCH_MS)
-        elif tag == b"C":
-            _flags, _commit_lsn, end_lsn, _ts = r.take("!bqqq")
-            if current is not None and not skipping:
-                current.end_lsn = end_lsn
-                done.append(current)
-            current = None
-            skipping = False
-        elif tag == b"R":
-            relid = r.take("!I")
-            schema, name = r.string(), r.string()
-            _identity, ncols = r.take("!bh")
-            cols, types, key = [], [], []
-            for _ in range(ncols):
-                flags = r.take("!b")
-                col = r.string()
-                type_oid, _typmod = r.take("!Ii")
-                cols.append(col)
-                types.append(type_oid)
-                if flags & 1:
-                    key.append(col)
-            relations[relid] = Relation(relid, schema or "public", name, cols, types, key)
-        elif tag in (b"I", b"U", b"D"):
-            relid = r.take("!I")
-            rel = relations.get(relid)
-            if rel is None or current is None:
-                raise LockgateError(f"pgoutput: a change of relation {relid} came before "
-                                    "its relation message or outside a transaction")
-            before = after = None
-            kind = r.take("!c")
-            if tag in (b"U", b"D") and kind in (b"K", b"O"):
-                before = _tuple(r, rel)
-                if tag == b"U":
-                    kind = r.take("!c")
-            if tag in (b"I", b"U"):
-                after = _tuple(r, rel)
-            op = {b"I": "insert", b"U": "update", b"D": "delete"}[tag]
-            current.changes.append(Change(op, rel.table, before, after, rel.key))
-        elif tag == b"T":
-            nrels, _options = r.take("!ib")
-            if current is not None:
-                for _ in range(nrels):
-                    rel = relations.get(r.take("!I"))
-                    if rel is not None:
-                        current.changes.append(Change("truncate", rel.table, None, None,
-                                                      rel.key))
-        elif tag == b"M":
-            _flags, _lsn = r.take("!bq")
-            prefix = r.string()
-            content = r.raw(r.take("!i")).decode(errors="replace")
-            if current is not None:
-                current.changes.append(Change("message", "", None,
-                                              {"prefix": prefix, "content": content}, []))
-        # 'O' (origin), 'Y' (type): nothing to carry
+        tag = data[0]
+        if skipping and tag in _CHANGES:
+            continue
+        try:
+            if tag == _I and current is not None:  # the common case, inline
+                rel = relations.get(_RELID(data, 1)[0])
+                if rel is not None and data[5] == ord("N"):
+                    r = _Reader(data)
+                    r.at = 6
+                    current.changes.append(Change("insert", rel.table, None, _tuple(r, rel),
+                                                  rel.key))
+                    continue
+            r = _Reader(data)
+            r.at = 1
+            if tag == _B:
+                final_lsn, ts, xid = _BEGIN(data, 1)
+                skipping = (final_lsn < up_to or (whole and final_lsn == up_to)
+                            or (wanted is not None and not wanted(xid, final_lsn)))
+                current = Transaction(xid, final_lsn, ts // 1000 + PG_EPOCH_MS)
+            elif tag == _C:
+                _flags, _commit_lsn, end_lsn, _ts = _COMMIT(data, 1)
+                if current is not None and not skipping:
+                    current.end_lsn = end_lsn
+                    done.append(current)
+                current = None
+                skipping = False
+            elif tag == _R:
+                relid = r.take("!I")
+                schema, name = r.string(), r.string()
+                _identity, ncols = r.take("!bh")
+                cols, types, key = [], [], []
+                for _ in range(ncols):
+                    flags = r.take("!b")
+                    col = r.string()
+                    type_oid, _typmod = r.take("!Ii")
+                    cols.append(col)
+                    types.append(type_oid)
+                    if flags & 1:
+                        key.append(col)
+                relations[relid] = Relation(relid, schema or "public", name, cols, types, key)
+            elif tag in ops:
+                relid = r.take("!I")
+                rel = relations.get(relid)
+                if rel is None or current is None:
+                    raise LockgateError(f"pgoutput: a change of relation {relid} came before "
+                                        "its relation message or outside a transaction")
+                before = after = None
+                kind = data[r.at]
+                r.at += 1
+                if tag != _I and kind in (_K, _O):
+                    before = _tuple(r, rel)
+                    if tag == _U:
+                        kind = data[r.at]
+                        r.at += 1
+                if tag != _D:
+                    after = _tuple(r, rel)
+                current.changes.append(Change(ops[tag], rel.table, before, after, rel.key))
+            elif tag == _T:
+                nrels, _options = r.take("!ib")
+                if current is not None:
+                    for _ in range(nrels):
+                        rel = relations.get(r.take("!I"))
+                        if rel is not None:
+                            current.changes.append(Change("truncate", rel.table, None, None,
+                                                          rel.key))
+            elif tag == _M:
+                _flags, _lsn = r.take("!bq")
+                prefix = r.string()
+                content = r.raw(r.take("!i")).decode(errors="replace")
+                if current is not None:
+                    current.changes.append(Change("message", "", None,
+                                                  {"prefix": prefix, "content": content}, []))
+            # 'O' (origin), 'Y' (type): nothing to carry
+        except (struct.error, IndexError) as e:
+            raise LockgateError("pgoutput: a message is cut short (a server or plugin "
+                                "this decoder does not know?)") from e
     return done
 
 

@@ -44,12 +44,12 @@ from lockgate.connectors.pgoutput import (
     decode_message,
     decode_transactions,
     format_lsn,
+    native,
     parse_lsn,
     parse_value,
 )
 from lockgate.connectors.postgres_cdc_plan import (
     Snapshot,
-    after_position,
     check_position,
     emit_change,
     merge_chunk,
@@ -74,6 +74,8 @@ _WATCH_S = 0.5
 _SLOT_BUSY_S = 300.0
 """How long a read of the log waits for the slot another backend holds."""
 _WHAT = "PostgreSQL CDC source"
+_NEVER = 1 << 64
+"""Above every log position."""
 
 
 def _qualified(table: str) -> tuple[str, str]:
@@ -229,6 +231,20 @@ def table_key(conn: psycopg.Connection[Any], table: str) -> tuple[list[str], lis
     return [c for c, _ in rows], [t.split("(")[0] for _, t in rows]
 
 
+def text_loaders(conn: psycopg.Connection[Any]) -> None:
+    """Make ``conn`` read a text-format column as the stream decodes one
+    (:func:`~lockgate.connectors.pgoutput.parse_value`): integer, float and
+    boolean types as Python values (psycopg's own loaders), every other type
+    as its text form, so that a snapshot row equals the stream's."""
+    from psycopg.pq import Format
+
+    text = conn.adapters.get_loader(0, Format.TEXT)  # psycopg's loader of unknown types
+    for info in conn.adapters.types:
+        for oid in (info.oid, info.array_oid):
+            if oid and not native(oid):
+                conn.adapters.register_loader(oid, text)  # type: ignore[arg-type]
+
+
 def _columns(conn: psycopg.Connection[Any], table: str) -> list[tuple[str, int]]:
     """The table's columns and their type oids, in order."""
     schema, name = _qualified(table)
@@ -282,6 +298,8 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         self.done_at: dict[int, list[dict[str, Any]]] = {}
         """Per checkpoint: this task's done chunks its snapshot holds, not announced yet."""
         self.conn: psycopg.Connection[Any] | None = None
+        self.keys: dict[str, tuple[list[str], list[str]]] = {}
+        """Each table's primary key (columns, types), read at its first chunk."""
         self.relations: dict[int, Relation] = {}
         self.buffer: deque[tuple[ChangeEvent | None, list[int]]] = deque()
         self._decoded = 0
@@ -312,6 +330,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
             return  # nothing to read: no connection
         self.conn = connect(self.source.dsn, autocommit=True,
                             application_name=f"lockgate-cdc-{self.info.uid}")
+        text_loaders(self.conn)
         if self.stream is not None:
             self._check_slot()
 
@@ -420,7 +439,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                     "'proto_version', '1', 'publication_names', %s, 'messages', 'true')"
                     + where,
                     (self.source.slot, None if upto_lsn is None else format_lsn(upto_lsn),
-                     changes, self.source.publication))
+                     changes, self.source.publication), binary=True)  # bytea as it is
                 return [r[0] for r in cur.fetchall()]
             except pg.errors.ObjectInUse:
                 # the slot is held by another task's read of it, or still by
@@ -445,7 +464,12 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         snapshot already holds come as None: they only move the position)."""
         assert self.stream is not None
         stream = self.stream
+        stop = self.source.stop_message
+        # a change committed at or after the highest watermark of its table
+        # is the stream's whatever its key: no lookup
+        tops = {t: max(c[1] for c in cs) for t, cs in stream["hw"].items() if cs}
         n = self._decoded + max(self.source.peek_changes, self._decoded)  # geometric growth
+        buffer = self.buffer
         while True:
             rows = self._peek(None, n)
             self._decoded = len(rows)
@@ -453,34 +477,42 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
             txns = decode_transactions(rows, self.relations, (final, bool(end)))
             for txn in txns:
                 first = skip(stream["pos"], txn)
-                for i in range(first, len(txn.changes)):
+                lsn, ms, count = txn.final_lsn, txn.commit_ms, len(txn.changes)
+                for i in range(first, count):
                     change = txn.changes[i]
-                    pos = after_position(txn, i + 1)
-                    if (change.op == "message" and change.after
-                            and change.after["prefix"] == self.source.stop_message):
-                        self.buffer.append((None, pos))
-                        self._stopped = True
-                        return
-                    emitted = emit_change(change, txn.final_lsn, stream["hw"])
+                    pos = [lsn, i + 1, txn.end_lsn if i + 1 >= count else 0]
+                    if change.op == "message":
+                        if change.after and change.after["prefix"] == stop:
+                            buffer.append((None, pos))
+                            self._stopped = True
+                            return
+                        buffer.append((None, pos))
+                        continue
+                    if lsn >= tops.get(change.table, _NEVER):
+                        buffer.append((ChangeEvent(change.op, change.table, change.before,
+                                                   change.after, lsn, ms), pos))
+                        continue
+                    emitted = emit_change(change, lsn, stream["hw"])
                     if not emitted:
-                        self.buffer.append((None, pos))
+                        buffer.append((None, pos))
                     for op, before, after in emitted:
-                        self.buffer.append((ChangeEvent(op, txn.changes[i].table, before, after,
-                                                        txn.final_lsn, txn.commit_ms), pos))
-            if self.buffer or len(rows) < n:
-                if not self.buffer:
+                        buffer.append((ChangeEvent(op, change.table, before, after, lsn, ms),
+                                       pos))
+            if buffer or len(rows) < n:
+                if not buffer:
                     time.sleep(0.02)  # nothing new: do not spin on the server
                 return
             n *= 2  # everything decoded was read already: decode further
 
     def _read_chunk(self, chunk: dict[str, Any]) -> None:
         """Read ``chunk`` as of a high watermark: its rows (merged up to the
-        high watermark) become its ``rows``."""
+        high watermark) become its ``rows``. One round trip reads the rows
+        and writes the high watermark, one more reads the log up to it."""
         assert self.conn is not None
+        conn = self.conn
         table = chunk["table"]
         schema, name = _qualified(table)
-        key, key_types = table_key(self.conn, table)
-        cols = _columns(self.conn, table)
+        key, key_types = self._table_key(table)
         order = _key_order(key, key_types)
         bound = ", ".join(f"%s::{t}" + (' COLLATE "C"' if t in _TEXT_KEYS else "")
                           for t in key_types)
@@ -492,34 +524,53 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         if upper is not None:
             conds.append(f"({order}) <= ({bound})")
             params += [str(v) for v in upper]
-        select = (f"SELECT {', '.join(_q(c) + '::text' for c, _ in cols)} FROM "
-                  f"{_q(schema)}.{_q(name)} AS t"
+        select = (f"SELECT * FROM {_q(schema)}.{_q(name)} AS t"
                   + (" WHERE " + " AND ".join(conds) if conds else "") + f" ORDER BY {order}")
-        with self.conn.transaction():
-            self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            snap_row = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()
-            got = self.conn.execute(select, params).fetchall()
-        assert snap_row is not None
-        snapshot = Snapshot.parse(snap_row[0])
-        with self.conn.transaction():
-            # the high watermark: a log record after the SELECT, committed
-            # with a flush, so the slot can decode everything before it
-            self.conn.execute("SET LOCAL synchronous_commit = on")
-            high_row = self.conn.execute(
+        # In order on the server, sent at once: the rows in a snapshot, then
+        # the high watermark, a log record after the SELECT committed with a
+        # flush (the slot can decode everything before it).
+        with conn.pipeline():
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            snap_cur = conn.execute("SELECT pg_current_snapshot()::text")
+            rows_cur = conn.execute(select, params)
+            conn.execute("COMMIT")
+            conn.execute("BEGIN")
+            conn.execute("SET LOCAL synchronous_commit = on")
+            high_cur = conn.execute(
                 "SELECT pg_logical_emit_message(true, 'lockgate-cdc', 'w')::text, "
-                "(extract(epoch from clock_timestamp()) * 1000)::bigint").fetchone()
-        assert high_row is not None
+                "(extract(epoch from clock_timestamp()) * 1000)::bigint")
+            conn.execute("COMMIT")
+        snap_row, high_row = snap_cur.fetchone(), high_cur.fetchone()
+        got = rows_cur.fetchall()
+        assert snap_row is not None and high_row is not None and rows_cur.description
+        snapshot = Snapshot.parse(snap_row[0])
         high, now_ms = parse_lsn(high_row[0]), int(high_row[1])
-        rows = {}
-        for values in got:
-            row = {c: parse_value(t, v) for (c, t), v in zip(cols, values, strict=True)}
-            rows[tuple(row[k] for k in key)] = row
-        txns = decode_transactions(self._peek(high, None), self.relations)
+        columns = [d.name for d in rows_cur.description]
+        at = [columns.index(k) for k in key]
+        rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+        if len(at) == 1:
+            i = at[0]
+            for values in got:
+                rows[(values[i],)] = dict(zip(columns, values, strict=True))
+        else:
+            for values in got:
+                rows[tuple(values[i] for i in at)] = dict(zip(columns, values, strict=True))
+        # only what the SELECT did not see can change the chunk
+        txns = decode_transactions(self._peek(high, None), self.relations,
+                                   wanted=lambda xid, lsn: lsn < high and not snapshot.sees(xid))
         merged = merge_chunk(rows, txns, snapshot, high, table, key,
                              None if lower is None else tuple(lower),
                              None if upper is None else tuple(upper))
         chunk["rows"] = [merged[k] for k in sorted(merged)]
         chunk["hw"], chunk["ms"] = high, now_ms
+
+    def _table_key(self, table: str) -> tuple[list[str], list[str]]:
+        """:func:`table_key`, read once per table."""
+        assert self.conn is not None
+        found = self.keys.get(table)
+        if found is None:
+            found = self.keys[table] = table_key(self.conn, table)
+        return found
 
     # ------------------------------------------------------------ checkpoints
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:

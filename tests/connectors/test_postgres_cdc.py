@@ -192,6 +192,55 @@ def test_a_column_added_is_carried(postgres_logical, names):
     assert all(e.commit_ms > 1_600_000_000_000 for e in got)
 
 
+TYPES = ("a smallint, b integer, c bigint, d real, e double precision, f boolean, "
+         "g numeric(12, 4), h varchar(20), i char(4), j date, k timestamptz, l uuid, "
+         "m jsonb, n bytea, o integer[], p text[], q interval, r inet, s oid")
+VALUES = ("-7, 123456, 9007199254740993, 0.1, 1.0000000000000002, true, 3.1416, 'dü', "
+          "'ab', '2024-02-29', '2024-02-29 12:34:56.789+01', "
+          "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"x\": [1, 2.5]}', '\\x00ff10', "
+          "'{1,NULL,3}', '{\"a b\",c}', '1 day 02:03:04', '10.1.2.3/32', 4242")
+
+
+def test_a_snapshot_row_equals_the_stream_row_of_the_same_values(postgres_logical):
+    """Every type comes out of the snapshot (a SELECT) as out of the stream
+    (pgoutput's text): integers, floats and booleans as Python values, the
+    others as PostgreSQL's text form; NULLs as None."""
+    dsn = postgres_logical
+    tag = uuid.uuid4().hex[:10]
+    table, slot = f"cdc_types_{tag}", f"lg_{tag}"
+    execute(dsn, f"CREATE TABLE {table} (id int PRIMARY KEY, {TYPES})",
+            f"INSERT INTO {table} VALUES (1, {VALUES}), (2, {', '.join(['NULL'] * 19)})")
+    try:
+        source = PostgresCdcSource(dsn, table, slot=slot, stop_message=STOP)
+        source.prepare("", "cdc")
+        reader = source.create_reader(info(0, 1))
+        reader.restore(None)
+        got = reader.poll(50) or []
+        execute(dsn, f"INSERT INTO {table} VALUES (3, {VALUES}), "
+                     f"(4, {', '.join(['NULL'] * 19)})",
+                f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
+        while (batch := reader.poll(50)) is not None:
+            got += batch
+        reader.close()
+    finally:
+        execute(dsn, f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                     f"WHERE slot_name = '{slot}'",
+                f"DROP PUBLICATION IF EXISTS {slot}", f"DROP TABLE IF EXISTS {table}")
+    rows = {e.after["id"]: (e.op, {k: v for k, v in e.after.items() if k != "id"})
+            for e in got if e.after is not None}
+    assert [rows[i][0] for i in (1, 2, 3, 4)] == ["read", "read", "insert", "insert"]
+    assert rows[1][1] == rows[3][1] and rows[2][1] == rows[4][1]
+    row = rows[1][1]
+    assert (row["a"], row["b"], row["c"], row["f"], row["s"]) == (-7, 123456,
+                                                                   9007199254740993, True, 4242)
+    assert row["d"] == 0.1 and row["e"] == 1.0000000000000002  # float4 read as its text
+    assert (row["g"], row["h"], row["i"], row["j"]) == ("3.1416", "dü", "ab  ", "2024-02-29")
+    assert (row["l"], row["n"], row["o"]) == ("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+                                              "\\x00ff10", "{1,NULL,3}")
+    assert all(isinstance(row[k], str) for k in "kmpqr")
+    assert set(rows[2][1].values()) == {None}
+
+
 def test_a_dropped_slot_and_a_lost_position_fail_with_the_fix(postgres_logical, names):
     dsn = postgres_logical
     table, slot = names
