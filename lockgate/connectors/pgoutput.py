@@ -128,7 +128,9 @@ class _Reader:
         return value[0] if len(value) == 1 else value
 
     def string(self) -> str:
-        end = self.data.index(b"\0", self.at)
+        end = self.data.find(b"\0", self.at)
+        if end < 0:
+            raise IndexError(self.at)
         text = self.data[self.at:end].decode()
         self.at = end + 1
         return text
@@ -293,5 +295,8 @@ def decode_message(data: bytes) -> tuple[str, str] | None:
     r = _Reader(bytes(data))
     r.at = 1
     _flags, _lsn = r.take("!bq")
-    prefix = r.string()
+    try:
+        prefix = r.string()
+    except IndexError as e:
+        raise LockgateError("pgoutput: a message is cut short") from e
     return prefix, r.raw(r.take("!i")).decode(errors="replace")

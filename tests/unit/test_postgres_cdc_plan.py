@@ -25,7 +25,7 @@ from lockgate.connectors.postgres_cdc_plan import (
     skip,
     slot_target,
 )
-from lockgate.errors import CheckpointCorruptError
+from lockgate.errors import CheckpointCorruptError, LockgateError
 
 
 def txn(xid: int, final: int, *changes: Change, end: int | None = None) -> Transaction:
@@ -131,3 +131,30 @@ def test_a_logical_decoding_message_decodes_alone():
         "!i", 2) + b"{}"
     assert decode_message(data) == ("lockgate-cdc-done", "{}")
     assert decode_message(b"B" + struct.pack("!qqI", 1, 2, 3)) is None
+
+
+def test_pgoutput_values_of_each_kind_and_messages_cut_short():
+    relation = (b"R" + struct.pack("!I", 7) + b"s\0t\0" + struct.pack("!bh", 100, 4)
+                + b"\x01id\0" + struct.pack("!Ii", 23, -1)
+                + b"\x00f\0" + struct.pack("!Ii", 701, -1)
+                + b"\x00big\0" + struct.pack("!Ii", 1700, -1)
+                + b"\x00doc\0" + struct.pack("!Ii", 3802, -1))
+    begin = b"B" + struct.pack("!qqI", 0x200, 0, 5)
+    commit = b"C" + struct.pack("!bqqq", 0, 0x200, 0x240, 0)
+    toast = struct.pack("!h", 4) + b"t" + struct.pack("!i", 2) + b"-3" + b"t" + struct.pack(
+        "!i", 8) + b"Infinity" + b"u" + b"t" + struct.pack("!i", 4) + "é{}".encode()
+    insert = b"I" + struct.pack("!I", 7) + b"N" + toast
+    extra = b"I" + struct.pack("!I", 7) + b"N" + _tuple("1", "0.5", "2.50", None, "x")
+    relations: dict = {}
+    [t] = decode_transactions([relation, begin, insert, extra, commit], relations)
+    assert [c.after for c in t.changes] == [
+        {"id": -3, "f": float("inf"), "doc": "é{}"},  # an unchanged TOASTed value: left out
+        {"id": 1, "f": 0.5, "big": "2.50", "doc": None, "col4": "x"}]
+    assert t.changes[0].table == "s.t" and t.changes[0].key_columns == ["id"]
+    # a transaction not wanted is left out, its rows not decoded
+    assert decode_transactions([begin, b"I" + struct.pack("!I", 7) + b"N\xff", commit],
+                               relations, wanted=lambda xid, lsn: xid != 5) == []
+    for cut in (insert[:-2], insert[:9], begin[:5], commit[:3], relation[:12], relation[:7]):
+        with pytest.raises(LockgateError, match="cut short"):
+            decode_transactions([relation, begin, cut, commit] if cut[:1] != b"R"
+                                else [cut], {})
