@@ -29,7 +29,9 @@ job's start-up, final checkpoint and commit included), the *steady* rows/s
 commit to the last, read from the table's own log: start-up left out; a
 plain write has one commit, its steady rate is its whole rate), the CPU
 seconds of every process of the run (driver, fork server, tasks; the plain
-write's threads) and the load average. The summary gives medians and each
+write's threads), the median synchronous part of the job's checkpoints (the
+task's snapshot: how long the sink's staging holds up the stream) and the
+load average. The summary gives medians and each
 job's median over the plain write's. Local launcher. ``--record`` appends
 one line per run to benchmarks/results/lakehouse.jsonl.
 """
@@ -90,7 +92,8 @@ def plain(kind: str, src: Path, tmp: Path, name: str) -> None:
 
 
 def job(kind: str, mode: str, src: Path, tmp: Path, name: str, n: int, parallelism: int,
-        interval: float) -> None:
+        interval: float) -> list[float]:
+    """Run the job; the synchronous part of each completed checkpoint (s)."""
     kw: dict[str, Any] = {"mode": mode, "key": "order"} if mode == "merge" else {}
     sink = (DeltaSink(str(tmp / name), **kw) if kind == "delta"
             else IcebergSink(f"bench.{name}", catalog(tmp), **kw))
@@ -99,6 +102,8 @@ def job(kind: str, mode: str, src: Path, tmp: Path, name: str, n: int, paralleli
     p.source_arrow(FileSource(str(src), format="parquet"), uid="orders").sink(sink, uid="lake")
     result = p.run(launcher="local", progress=False)
     assert result.records_in == n, result
+    return [c.sync_duration for c in result.completed_checkpoints
+            if c.sync_duration is not None]
 
 
 def commits(kind: str, tmp: Path, name: str) -> list[tuple[float, int]]:
@@ -107,7 +112,7 @@ def commits(kind: str, tmp: Path, name: str) -> list[tuple[float, int]]:
     if kind == "delta":
         for f in sorted((tmp / name / "_delta_log").glob("*.json")):
             actions = [json.loads(line) for line in f.read_text().splitlines() if line]
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             metrics = info.get("operationMetrics") or {}
             if info.get("operation") == "MERGE":
                 rows = sum(int(metrics.get(k, 0)) for k in (
@@ -147,10 +152,11 @@ def run_one(kind: str, mode: str, src: Path, tmp: Path, n: int,
     usage = JobUsage()
     usage.start()
     started = time.time()
+    syncs: list[float] = []
     if mode == "plain":
         plain(kind, src, tmp, name)
     else:
-        job(kind, mode, src, tmp, name, n, args.parallelism, args.interval)
+        syncs = job(kind, mode, src, tmp, name, n, args.parallelism, args.interval)
     ended = time.time()
     cpu = usage.finish(settle=2.0)["cpu_s"]
     assert count(kind, tmp, name) == n, (kind, mode)
@@ -168,6 +174,7 @@ def run_one(kind: str, mode: str, src: Path, tmp: Path, n: int,
             "rows_per_s": round(n / (ended - started)),
             "steady_rows_per_s": None if steady is None else round(steady),
             "commits": len(made), "cpu_s": round(cpu, 2),
+            "checkpoint_sync_s": (round(statistics.median(syncs), 3) if syncs else None),
             "rows_per_cpu_s": round(n / cpu) if cpu else None,
             "load": [round(load, 1), round(os.getloadavg()[0], 1)]}
 
@@ -216,6 +223,7 @@ def main() -> None:
                     print(f"round {r} {label(kind, mode):24s} {run['rows_per_s']:>11,} rows/s "
                           f"steady {run['steady_rows_per_s'] or 0:>11,} "
                           f"({run['commits']} commits) cpu {run['cpu_s']:6.1f} s "
+                          f"sync {run['checkpoint_sync_s'] or 0:5.2f} s "
                           f"load {run['load']}", flush=True)
                     if args.record:
                         with RESULTS.open("a") as f:
