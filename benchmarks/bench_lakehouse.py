@@ -31,8 +31,8 @@ plain write has one commit, its steady rate is its whole rate), the CPU
 seconds of every process of the run (driver, fork server, tasks; the plain
 write's threads), the median synchronous part of the job's checkpoints (the
 task's snapshot: how long the sink's staging holds up the stream) and the
-load average. The summary gives medians and each
-job's median over the plain write's. Local launcher. ``--record`` appends
+load average. The summary gives medians, and the median of each job's rate
+over the plain write's of the same round. Local launcher. ``--record`` appends
 one line per run to benchmarks/results/lakehouse.jsonl.
 """
 
@@ -235,22 +235,27 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nmedians of {args.repeat} rounds, parallelism {args.parallelism}, checkpoint "
-          f"every {args.interval} s; % of the plain write's whole-run rate")
+          f"every {args.interval} s; % of the plain write's whole-run rate in the same round")
     print(f"{'run':24s} {'whole rows/s':>13s} {'steady rows/s':>14s} {'rows/CPU s':>11s} "
-          f"{'whole %':>8s} {'steady %':>9s}  load")
+          f"{'whole %':>8s} {'steady %':>9s} {'sync s':>7s}  load")
     for kind in args.kinds:
-        base = statistics.median(x["rows_per_s"] for x in runs
-                                 if x["kind"] == kind and x["mode"] == "plain")
+        plain_of = {x["round"]: x["rows_per_s"] for x in runs
+                    if x["kind"] == kind and x["mode"] == "plain"}
         for mode in ["plain", *args.modes]:
             mine = [x for x in runs if x["kind"] == kind and x["mode"] == mode]
             whole = statistics.median(x["rows_per_s"] for x in mine)
             st = [x["steady_rows_per_s"] for x in mine if x["steady_rows_per_s"]]
-            steady = statistics.median(st) if st else None
+            of_plain = [100 * x["rows_per_s"] / plain_of[x["round"]] for x in mine]
+            steady_of = [100 * x["steady_rows_per_s"] / plain_of[x["round"]] for x in mine
+                         if x["steady_rows_per_s"]]
+            syncs = [x["checkpoint_sync_s"] for x in mine if x["checkpoint_sync_s"] is not None]
             per_cpu = statistics.median(x["rows_per_cpu_s"] or 0 for x in mine)
             loads = [v for x in mine for v in x["load"]]
             print(f"{label(kind, mode):24s} {whole:>13,.0f} "
-                  f"{steady or 0:>14,.0f} {per_cpu:>11,.0f} {100 * whole / base:>7.0f}% "
-                  f"{100 * (steady or 0) / base:>8.0f}%  {min(loads)}-{max(loads)}")
+                  f"{statistics.median(st) if st else 0:>14,.0f} {per_cpu:>11,.0f} "
+                  f"{statistics.median(of_plain):>7.0f}% "
+                  f"{statistics.median(steady_of) if steady_of else 0:>8.0f}% "
+                  f"{statistics.median(syncs) if syncs else 0:>7.2f}  {min(loads)}-{max(loads)}")
 
 
 if __name__ == "__main__":

@@ -418,8 +418,9 @@ class LakeSinkWriter(TwoPhaseCommitSinkWriter[LakeTxn, LakeFileHandle]):
         self._seq = 0
         self._committed = -1
         """Task 0: the newest checkpoint id this attempt committed."""
-        self._asked = float("-inf")
-        """The other tasks: when they last asked the table what it holds."""
+        self._asked = time.monotonic()
+        """The other tasks: when they last asked the table what it holds (not
+        at the first snapshot: a short job never loads the table there)."""
 
     @property
     def committer(self) -> bool:
