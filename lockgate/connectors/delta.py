@@ -91,9 +91,10 @@ class DeltaTarget(LakeTable):
         v = table.transaction_version(app)
         return None if v is None else int(v)
 
-    def _ensure_table(self, schema: pa.Schema) -> Any:
+    def _ensure_table(self, schema: pa.Schema, table: Any | None) -> Any:
+        """``table`` (as loaded, None if there is none yet), made if missing
+        and checked against the records' ``schema``."""
         dl = _deltalake()
-        table = self._table()
         if table is None:
             fields = [f for f in schema if f.name != self.delete_column]
             table = dl.DeltaTable.create(self.uri, schema=pa.schema(fields), mode="ignore",
@@ -106,9 +107,8 @@ class DeltaTarget(LakeTable):
                            list(table.metadata().partition_columns), self.partition_by)
         return table
 
-    def _partitioned(self) -> list[str]:
-        """The partition columns of the table (the sink's, for a new table)."""
-        table = self._table()
+    def _partitioned(self, table: Any | None) -> list[str]:
+        """The partition columns of ``table`` (the sink's, for a new table)."""
         return self.partition_by if table is None else list(table.metadata().partition_columns)
 
     def commit(self, files: list[StagedFile], versions: dict[str, int],
@@ -118,15 +118,16 @@ class DeltaTarget(LakeTable):
             app_transactions=[dl.Transaction(app_id=a, version=v) for a, v in versions.items()],
             custom_metadata={"lockgate.sink": self.uid,
                              "lockgate.checkpoints": json.dumps(versions)})
-        if self.mode == "append" and not self._partitioned():
-            self._append(files, props, fault)
+        table = self._table()  # loaded once per commit
+        if self.mode == "append" and not self._partitioned(table):
+            self._append(files, props, fault, table)
         elif self.mode == "append":
-            self._append_partitioned(files, props, fault)
+            self._append_partitioned(files, props, fault, table)
         else:
-            self._merge(files, versions, props, fault)
+            self._merge(files, versions, props, fault, table)
 
-    def _append(self, files: list[StagedFile], props: Any,
-                  fault: Callable[[str], None]) -> None:
+    def _append(self, files: list[StagedFile], props: Any, fault: Callable[[str], None],
+                table: Any | None) -> None:
         """Step 1. Move each staged file into the table folder (a retry finds it there).
         Step 2. One commit adding them all, with the application transactions."""
         from deltalake.transaction import AddAction
@@ -149,12 +150,12 @@ class DeltaTarget(LakeTable):
         fs.sync_dir(self.root)
         fault("table_commit")
         assert schema is not None
-        table = self._ensure_table(schema)
+        table = self._ensure_table(schema, table)
         table.create_write_transaction(actions, mode="append", schema=table.schema(),
                                        commit_properties=props)
 
     def _append_partitioned(self, files: list[StagedFile], props: Any,
-                            fault: Callable[[str], None]) -> None:
+                            fault: Callable[[str], None], table: Any | None) -> None:
         """A partitioned table (Hive-style folders, ``col=value/``; the
         partition columns live in the log, not in the files):
         Step 1. Read the staged files.
@@ -164,22 +165,22 @@ class DeltaTarget(LakeTable):
         Step 3. Delete the staged files (a restore deletes any left)."""
         dl = _deltalake()
         rows = concat_staged(files, self.uid)
-        table = self._ensure_table(rows.schema)
+        table = self._ensure_table(rows.schema, table)
         fault("table_commit")
         dl.write_deltalake(table, rows.cast(pa.schema(table.schema().to_arrow())),
-                           mode="append", partition_by=self._partitioned(),
+                           mode="append", partition_by=self._partitioned(table),
                            commit_properties=props)
         for f in files:
             fs.remove(f.path)
 
     def _merge(self, files: list[StagedFile], versions: dict[str, int], props: Any,
-               fault: Callable[[str], None]) -> None:
+               fault: Callable[[str], None], table: Any | None) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
         Step 2. One MERGE with the application transactions (an empty commit
                 carries them if the MERGE changed nothing).
         Step 3. Delete the staged files (a restore deletes any left)."""
         changes = last_per_key(concat_staged(files, self.uid), self.key)
-        table = self._ensure_table(changes.schema)
+        table = self._ensure_table(changes.schema, table)
         cols = [n for n in changes.schema.names if n != self.delete_column]
         on = " AND ".join(f"t.{k} = s.{k}" for k in self.key)
         set_all = {c: f"s.{c}" for c in cols}

@@ -115,8 +115,9 @@ class IcebergTarget(LakeTable):
         table = self._table()
         return None if table is None else committed_in(table.metadata.snapshots, app)
 
-    def _ensure_table(self, schema: pa.Schema) -> Any:
-        table = self._table()
+    def _ensure_table(self, schema: pa.Schema, table: Any | None) -> Any:
+        """``table`` (as loaded, None if there is none yet), made if missing
+        and checked against the records' ``schema``."""
         if table is None:
             namespace = self.identifier.rsplit(".", 1)[0]
             self.catalog.create_namespace_if_not_exists(namespace)
@@ -149,17 +150,17 @@ class IcebergTarget(LakeTable):
         props = {SUMMARY_PREFIX + a: str(v) for a, v in versions.items()}
         props["lockgate.sink"] = self.uid
         props["lockgate.commit"] = uuid.uuid4().hex  # one per table commit
-        table = self._table()
+        table = self._table()  # loaded once per commit
         partitioned = bool(self.partition_by if table is None else partitioned_by(table))
         if self.mode == "append" and not partitioned:
-            self._append(files, props, fault)
+            self._append(files, props, fault, table)
         elif self.mode == "append":
-            self._append_partitioned(files, props, fault)
+            self._append_partitioned(files, props, fault, table)
         else:
-            self._merge(files, props, fault)
+            self._merge(files, props, fault, table)
 
     def _append(self, files: list[StagedFile], props: dict[str, str],
-                  fault: Callable[[str], None]) -> None:
+                fault: Callable[[str], None], table: Any | None) -> None:
         """Step 1. Move each staged file into the table's data folder.
         Step 2. One commit adding them all (``add_files``), the checkpoint in
                 the snapshot summary."""
@@ -167,7 +168,7 @@ class IcebergTarget(LakeTable):
         for f in files:
             if fs.exists(f.path):
                 schema = schema or read_parquet_schema(f.path)
-        table = self._ensure_table(schema) if schema is not None else self._table()
+        table = self._ensure_table(schema, table) if schema is not None else table
         if table is None:
             raise require_lost(files[0].path, self.uid)
         data = fs.join(beside(files[0].path, table.location()), "data")
@@ -185,7 +186,7 @@ class IcebergTarget(LakeTable):
         table.add_files(paths, snapshot_properties=props, check_duplicate_files=False)
 
     def _append_partitioned(self, files: list[StagedFile], props: dict[str, str],
-                            fault: Callable[[str], None]) -> None:
+                            fault: Callable[[str], None], table: Any | None) -> None:
         """A partitioned table (each data file holds one partition):
         Step 1. Read the staged files.
         Step 2. One append (pyiceberg splits the rows by partition), the
@@ -193,7 +194,7 @@ class IcebergTarget(LakeTable):
                 kill and never committed are not in the table.
         Step 3. Delete the staged files (a restore deletes any left)."""
         rows = concat_staged(files, self.uid)
-        table = self._ensure_table(rows.schema)
+        table = self._ensure_table(rows.schema, table)
         fault("table_commit")
         with table.transaction() as tx:
             tx.append(rows.cast(table.schema().as_arrow()), snapshot_properties=props)
@@ -201,7 +202,7 @@ class IcebergTarget(LakeTable):
             fs.remove(f.path)
 
     def _merge(self, files: list[StagedFile], props: dict[str, str],
-                 fault: Callable[[str], None]) -> None:
+               fault: Callable[[str], None], table: Any | None) -> None:
         """Step 1. Read the staged changes in order, keep the last per key.
         Step 2. Find which of their keys the table holds (its key columns
                 read, only from the files whose statistics may hold them).
@@ -211,7 +212,7 @@ class IcebergTarget(LakeTable):
                 snapshot: one records the checkpoint).
         Step 4. Delete the staged files (a restore deletes any left)."""
         changes = last_per_key(concat_staged(files, self.uid), self.key)
-        table = self._ensure_table(changes.schema)
+        table = self._ensure_table(changes.schema, table)
         keys = changes.select(self.key)
         held = held_keys(table, keys)
         if self.delete_column:
