@@ -254,6 +254,28 @@ def _columns(conn: psycopg.Connection[Any], table: str) -> list[tuple[str, int]]
         (f"{_q(schema)}.{_q(name)}",)).fetchall()]
 
 
+_DOMAIN_COLUMNS = (
+    "SELECT a.attname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+    "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+    "AND t.typtype = 'd'")
+"""The table's columns whose type is a domain: the log names the domain's
+type (its value: the text form), a SELECT the base type (an integer, ...)."""
+
+
+def _raw_text(cur: Any, rows: list[Any], at: list[int]) -> list[Any]:
+    """``rows`` (of ``cur``'s text-format result) with the columns ``at`` as
+    the server wrote them (its output text)."""
+    result = cur.pgresult
+    out = []
+    for r, values in enumerate(rows):
+        values = list(values)
+        for i in at:
+            raw = result.get_value(r, i)
+            values[i] = None if raw is None else bytes(raw).decode()
+        out.append(tuple(values))
+    return out
+
+
 def _key_order(key: list[str], key_types: list[str], prefix: str = "t.") -> str:
     """The key columns as the chunks order them (text in byte order, as
     Python compares the keys)."""
@@ -532,6 +554,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         with conn.pipeline():
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             snap_cur = conn.execute("SELECT pg_current_snapshot()::text")
+            domains_cur = conn.execute(_DOMAIN_COLUMNS, (f"{_q(schema)}.{_q(name)}",))
             rows_cur = conn.execute(select, params)
             conn.execute("COMMIT")
             conn.execute("BEGIN")
@@ -546,6 +569,9 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
         snapshot = Snapshot.parse(snap_row[0])
         high, now_ms = parse_lsn(high_row[0]), int(high_row[1])
         columns = [d.name for d in rows_cur.description]
+        domains = {r[0] for r in domains_cur.fetchall()}
+        if domains:  # as the log has them: their text (a SELECT names the base type)
+            got = _raw_text(rows_cur, got, [i for i, c in enumerate(columns) if c in domains])
         at = [columns.index(k) for k in key]
         rows: dict[tuple[Any, ...], dict[str, Any]] = {}
         if len(at) == 1:

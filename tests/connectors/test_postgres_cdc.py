@@ -194,22 +194,26 @@ def test_a_column_added_is_carried(postgres_logical, names):
 
 TYPES = ("a smallint, b integer, c bigint, d real, e double precision, f boolean, "
          "g numeric(12, 4), h varchar(20), i char(4), j date, k timestamptz, l uuid, "
-         "m jsonb, n bytea, o integer[], p text[], q interval, r inet, s oid")
+         "m jsonb, n bytea, o integer[], p text[], q interval, r inet, s oid, "
+         "t lg_posint, u lg_flag")
 VALUES = ("-7, 123456, 9007199254740993, 0.1, 1.0000000000000002, true, 3.1416, 'dü', "
           "'ab', '2024-02-29', '2024-02-29 12:34:56.789+01', "
           "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"x\": [1, 2.5]}', '\\x00ff10', "
-          "'{1,NULL,3}', '{\"a b\",c}', '1 day 02:03:04', '10.1.2.3/32', 4242")
+          "'{1,NULL,3}', '{\"a b\",c}', '1 day 02:03:04', '10.1.2.3/32', 4242, 5, true")
 
 
 def test_a_snapshot_row_equals_the_stream_row_of_the_same_values(postgres_logical):
     """Every type comes out of the snapshot (a SELECT) as out of the stream
     (pgoutput's text): integers, floats and booleans as Python values, the
-    others as PostgreSQL's text form; NULLs as None."""
+    others (domains too) as PostgreSQL's text form; NULLs as None."""
     dsn = postgres_logical
     tag = uuid.uuid4().hex[:10]
     table, slot = f"cdc_types_{tag}", f"lg_{tag}"
-    execute(dsn, f"CREATE TABLE {table} (id int PRIMARY KEY, {TYPES})",
-            f"INSERT INTO {table} VALUES (1, {VALUES}), (2, {', '.join(['NULL'] * 19)})")
+    execute(dsn, "DO $$ BEGIN CREATE DOMAIN lg_posint AS integer CHECK (VALUE > 0); "
+                 "CREATE DOMAIN lg_flag AS boolean; EXCEPTION WHEN duplicate_object THEN "
+                 "NULL; END $$",
+            f"CREATE TABLE {table} (id int PRIMARY KEY, {TYPES})",
+            f"INSERT INTO {table} VALUES (1, {VALUES}), (2, {', '.join(['NULL'] * 21)})")
     try:
         source = PostgresCdcSource(dsn, table, slot=slot, stop_message=STOP)
         source.prepare("", "cdc")
@@ -217,7 +221,7 @@ def test_a_snapshot_row_equals_the_stream_row_of_the_same_values(postgres_logica
         reader.restore(None)
         got = reader.poll(50) or []
         execute(dsn, f"INSERT INTO {table} VALUES (3, {VALUES}), "
-                     f"(4, {', '.join(['NULL'] * 19)})",
+                     f"(4, {', '.join(['NULL'] * 21)})",
                 f"SELECT pg_logical_emit_message(true, '{STOP}', '')")
         while (batch := reader.poll(50)) is not None:
             got += batch
@@ -238,6 +242,7 @@ def test_a_snapshot_row_equals_the_stream_row_of_the_same_values(postgres_logica
     assert (row["l"], row["n"], row["o"]) == ("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
                                               "\\x00ff10", "{1,NULL,3}")
     assert all(isinstance(row[k], str) for k in "kmpqr")
+    assert (row["t"], row["u"]) == ("5", "t")  # domains: their text, as the log names them
     assert set(rows[2][1].values()) == {None}
 
 
