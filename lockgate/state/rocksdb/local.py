@@ -17,7 +17,7 @@ folder)::
   into but for the base.
 * A task's folder is made under a hidden name (``.<name>.new``), marked, then
   renamed: a folder with its name always has its mark. It is removed by
-  renaming it to ``.<name>.gone`` first, so a removal cut short (the process
+  renaming it to ``.<name>.<hex>.gone`` first, so a removal cut short (the process
   killed) leaves a name the next task recognises.
 * When a task makes its folder, it removes the folders of the same operator
   and task from earlier attempts, folders whose mark names a process of this
@@ -44,7 +44,8 @@ import time
 from lockgate.fs import private
 from lockgate.state.choice import BackendScope, RocksDBStateBackend
 
-__all__ = ["task_folder", "remove_task_folder", "base_folder", "MARK", "ORPHAN_AGE"]
+__all__ = ["task_folder", "remove_task_folder", "remove_folder", "listdir", "rmtree",
+           "base_folder", "MARK", "ORPHAN_AGE"]
 
 MARK = ".lockgate-task"
 """The file inside every task folder Lockgate made: its process and host."""
@@ -80,15 +81,11 @@ def task_folder(config: RocksDBStateBackend, scope: BackendScope) -> str:
 
 
 def remove_task_folder(folder: str) -> None:
-    """Remove a task's folder (renamed ``.gone`` first), then its job folder
+    """Remove a task's folder (:func:`remove_folder`), then its job folder
     and the base if they are left empty."""
-    job = os.path.dirname(folder)
-    gone = os.path.join(job, f".{os.path.basename(folder)}.gone")
-    try:
-        os.rename(folder, gone)
-    except OSError:
+    if not remove_folder(folder):
         return
-    _rmtree(gone)
+    job = os.path.dirname(folder)
     for empty in (job, os.path.dirname(job)):
         try:
             os.rmdir(empty)
@@ -120,7 +117,7 @@ def _make_marked(job: str, name: str) -> str:
 
 def _remove_earlier(job: str, me: str, attempt: int) -> None:
     """The folders of this operator and task from attempts before ``attempt``."""
-    for name in _listdir(job):
+    for name in listdir(job):
         m = re.match(re.escape(me) + r"(\d+)-[0-9a-f]{8}$", name)
         if m and int(m.group(1)) < attempt and _is_dir(os.path.join(job, name)):
             remove_task_folder(os.path.join(job, name))
@@ -130,20 +127,20 @@ def _remove_orphans(base: str) -> None:
     """Task folders under ``base`` whose process is gone, folders whose
     removal or making was cut short; job folders left empty."""
     host = socket.gethostname()
-    for job_name in _listdir(base):
+    for job_name in listdir(base):
         job = os.path.join(base, job_name)
         if job_name.startswith(".") or not _is_dir(job):
             continue
-        for name in _listdir(job):
+        for name in listdir(job):
             path = os.path.join(job, name)
             if not _is_dir(path):
                 continue
             if name.startswith(".") and name.endswith(".gone"):
-                _rmtree(path)
+                rmtree(path)
             elif name.startswith(".") and name.endswith(".new"):
                 with contextlib.suppress(OSError):
                     if time.time() - os.lstat(path).st_mtime > ORPHAN_AGE:
-                        _rmtree(path)
+                        rmtree(path)
             elif _TASK_RE.match(name) and _owner_gone(path, host):
                 remove_task_folder(path)
         with contextlib.suppress(OSError):
@@ -184,14 +181,29 @@ def _is_dir(path: str) -> bool:
         return False
 
 
-def _listdir(path: str) -> list[str]:
+def remove_folder(path: str) -> bool:
+    """Remove a folder Lockgate made: renamed ``.<name>.<hex>.gone`` first (a
+    removal cut short leaves a name the next clean-up recognises); False if
+    it could not be renamed (gone already)."""
+    parent, name = os.path.split(path)
+    gone = os.path.join(parent, f".{name}.{secrets.token_hex(4)}.gone")
+    try:
+        os.rename(path, gone)
+    except OSError:
+        return False
+    rmtree(gone)
+    return True
+
+
+def listdir(path: str) -> list[str]:
+    """The names in ``path``; none if it cannot be listed."""
     try:
         return os.listdir(path)
     except OSError:
         return []
 
 
-def _rmtree(path: str) -> None:
+def rmtree(path: str) -> None:
     """Remove a folder Lockgate made; links inside are removed, never followed
     (``shutil.rmtree`` works on file descriptors here)."""
     shutil.rmtree(path, ignore_errors=True)

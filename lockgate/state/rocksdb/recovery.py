@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from lockgate.fs import private
 from lockgate.fs.checked import CHUNK
 from lockgate.state.incremental import IncrementalState, SharedFile
+from lockgate.state.rocksdb.local import listdir, remove_folder, rmtree
 
 __all__ = ["LocalCopies", "LocalRestore", "CopyUnusable", "link_checked", "remove_job",
            "base_folder", "STALE_AGE"]
@@ -203,14 +204,14 @@ class LocalCopies:
             me = os.path.basename(self.folder)
             prefix = me[:me.rindex("-kg") + 3]
             start, stop = self.key_groups
-            for name in _listdir(self.job):
+            for name in listdir(self.job):
                 m = _RANGE_RE.match(name[len(prefix):]) if name.startswith(prefix) else None
                 if (m is not None and name != me and int(m.group(1)) < stop
                         and int(m.group(2)) > start
                         and _marked(os.path.join(self.job, name), COPIES_MARK)):
                     # key groups overlapping this task's: another parallelism's,
                     # which no task owns now
-                    _remove(os.path.join(self.job, name))
+                    remove_folder(os.path.join(self.job, name))
             _make_marked(self.folder, COPIES_MARK,
                          {"operator": self.uid, "key_groups": list(self.key_groups)})
             self._ready = True
@@ -229,9 +230,9 @@ class LocalCopies:
             return
         try:
             self._ensure()
-            for name in _listdir(self.folder):  # an earlier write that failed
+            for name in listdir(self.folder):  # an earlier write that failed
                 if _NEW_RE.match(name):
-                    _remove(os.path.join(self.folder, name))
+                    remove_folder(os.path.join(self.folder, name))
             new = self._new_path(checkpoint_id)
             os.mkdir(new, private.DIR_MODE)
             os.mkdir(os.path.join(new, "db"), private.DIR_MODE)
@@ -287,7 +288,7 @@ class LocalCopies:
                 f.write(json.dumps(manifest, sort_keys=True).encode())
             final = self._copy_path(checkpoint_id)
             if os.path.lexists(final):  # a run before made one under this number
-                _remove(final)
+                remove_folder(final)
             os.rename(new, final)
         except OSError as e:
             self._skip(checkpoint_id, e)
@@ -299,7 +300,7 @@ class LocalCopies:
     def _skip(self, checkpoint_id: int, e: OSError) -> None:
         self._writing = None
         with contextlib.suppress(OSError):
-            _remove(self._new_path(checkpoint_id))
+            remove_folder(self._new_path(checkpoint_id))
         if e.errno in _NO_LINKS:
             self._off = True
             log.warning("operator %s: local recovery is off for this task: the filesystem of "
@@ -338,13 +339,13 @@ class LocalCopies:
     def _prune(self, doomed: Callable[[int], bool], unfinished: bool = False) -> None:
         """Delete the copies whose number is ``doomed``, removals cut short,
         and with ``unfinished`` copies whose making was cut short."""
-        for name in _listdir(self.folder):
+        for name in listdir(self.folder):
             m = _CHK_RE.match(name)
             path = os.path.join(self.folder, name)
             if m is not None and doomed(int(m.group(1))):
-                _remove(path)
+                remove_folder(path)
             elif _GONE_RE.match(name) or unfinished and _NEW_RE.match(name):
-                _rmtree(path)
+                rmtree(path)
 
     # ---------------------------------------------------------- restore
     def find(self, checkpoint_id: int, state: IncrementalState) -> str:
@@ -435,7 +436,7 @@ def remove_job(directory: str, job_id: str) -> None:
         return  # none here (or not this user's: left alone)
     job = os.path.join(base, _job_name(job_id))
     if _marked(job, JOB_MARK):
-        _remove(job)
+        remove_folder(job)
     with contextlib.suppress(OSError):
         os.rmdir(base)
 
@@ -480,7 +481,7 @@ def _check_files(folder: str, expected: dict[str, SharedFile]) -> None:
     """``folder`` is a real folder holding exactly ``expected``'s names, each
     a regular file of its recorded size (checksums: :func:`link_checked`)."""
     _require_folder(folder)
-    names = set(_listdir(folder))
+    names = set(listdir(folder))
     missing = sorted(set(expected) - names)
     if missing:
         raise CopyUnusable(f"{missing[0]} is missing")
@@ -526,7 +527,7 @@ def _make_marked(folder: str, mark: str, content: dict[str, object]) -> None:
                 f.write(json.dumps(content).encode())
             os.rename(new, folder)
         except OSError as e:
-            _rmtree(new)
+            rmtree(new)
             if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
     if not _marked(folder, mark):
@@ -544,53 +545,27 @@ def _marked(folder: str, mark: str) -> bool:
         return False
 
 
-def _remove(path: str) -> None:
-    """Remove a folder Lockgate made: renamed ``.<name>.gone`` first (a
-    removal cut short leaves a name the next clean-up recognises)."""
-    parent, name = os.path.split(path)
-    gone = os.path.join(parent, f".{name}.{secrets.token_hex(4)}.gone")
-    try:
-        os.rename(path, gone)
-    except OSError:
-        return
-    _rmtree(gone)
-
-
-def _rmtree(path: str) -> None:
-    """Links inside are removed, never followed (``shutil.rmtree`` works on
-    file descriptors here)."""
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _remove_stale_jobs(base: str, keep: str) -> None:
     """Job folders under ``base`` (marked) whose newest change is older than
     :data:`STALE_AGE`, and removals cut short."""
     now = time.time()
-    for name in _listdir(base):
+    for name in listdir(base):
         path = os.path.join(base, name)
         if _GONE_RE.match(name):
-            _rmtree(path)
+            rmtree(path)
         elif _MAKING_RE.match(name):
             with contextlib.suppress(OSError):
                 if now - os.lstat(path).st_mtime > MAKING_AGE:
-                    _rmtree(path)
+                    rmtree(path)
         elif name != keep and _marked(path, JOB_MARK) and now - _newest(path) > STALE_AGE:
-            _remove(path)
+            remove_folder(path)
 
 
 def _newest(job: str) -> float:
     """The newest modification time of a job folder and its operator folders."""
     times = [os.lstat(job).st_mtime]
-    for name in _listdir(job):
+    for name in listdir(job):
         with contextlib.suppress(OSError):
             times.append(os.lstat(os.path.join(job, name)).st_mtime)
     return max(times)
 
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
