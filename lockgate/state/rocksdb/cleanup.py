@@ -121,12 +121,5 @@ def _filter_map(table: MapTable, keys: list[Any],
         if kept is entries:
             continue
         batch = table.backend.batch()
-        dumps = table.dumps
-        new: set[bytes] = set()
-        for mk, value in (kept or {}).items():
-            rk = prefix + dumps(mk)
-            new.add(rk)
-            batch.put(rk, dumps(value))
-        for rk in old - new:
-            batch.delete(rk)
+        table.put_entries(batch, prefix, kept or {}, old)
         table.backend.db.write(batch)

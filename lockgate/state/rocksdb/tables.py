@@ -297,18 +297,23 @@ class MapTable(_Table):
         if not self.live:
             return
         batch = self.backend.batch()
-        dumps = self.dumps
         for key, (entries, old) in self.live.items():
-            prefix = self.prefix(key)
-            new = set()
-            for mk, value in entries.items():
-                k = prefix + dumps(mk)
-                new.add(k)
-                batch.put(k, dumps(value))
-            for k in old - new:
-                batch.delete(k)
+            self.put_entries(batch, self.prefix(key), entries, old)
         self.backend.db.write(batch)
         self.live.clear()
+
+    def put_entries(self, batch: Any, prefix: bytes, entries: dict[Any, Any],
+                    old: set[bytes]) -> None:
+        """Into ``batch``: ``entries`` as the map of the key at ``prefix``,
+        and the deletion of its stored RocksDB keys ``old`` it no longer holds."""
+        dumps = self.dumps
+        new = set()
+        for mk, value in entries.items():
+            k = prefix + dumps(mk)
+            new.add(k)
+            batch.put(k, dumps(value))
+        for k in old - new:
+            batch.delete(k)
 
     def _hold(self, key: Any, entries: dict[Any, Any], old: set[bytes]) -> None:
         if len(self.live) >= LIVE_LIMIT and key not in self.live:
