@@ -275,6 +275,12 @@ class Autoscaler:
         late = self._targets(lambda kept: (_middle(kept), kept[-1]))
         evaluations = [self._judge(v, *whole[v.id], early[v.id][1], late[v.id][1], now)
                        for v in self.vertices]
+        return self.fit(evaluations, slots)
+
+    def fit(self, evaluations: list[Evaluation], slots: int | None
+            ) -> tuple[list[Evaluation], Decision | None]:
+        """``evaluations`` with their scale-ups cut down to ``slots`` task
+        slots (None: no limit), and the rescale they ask for (None: none)."""
         evaluations = self._fit_slots(evaluations, slots)
         changes = [e for e in evaluations if e.proposed != e.parallelism]
         if not changes:

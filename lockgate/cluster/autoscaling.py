@@ -107,7 +107,7 @@ class AutoscaleDriver:
         if decision is not None and any(e.proposed > e.parallelism for e in decision.changes):
             slots = self._slots()
             if slots is not None:
-                evaluations, decision = self.autoscaler.evaluate(now, slots)
+                evaluations, decision = self.autoscaler.fit(evaluations, slots)
         with self._lock:
             self._evaluations = [e.as_dict() for e in evaluations]
             self._evaluated_at = time.time()
