@@ -270,9 +270,11 @@ class Autoscaler:
         ``slots``: the tasks the launcher can run at once (None: no limit)."""
         if self.status(now) != "ready":
             return [], None
-        whole = self._targets(lambda kept: (kept[0], kept[-1]))
-        early = self._targets(lambda kept: (kept[0], _middle(kept)))
-        late = self._targets(lambda kept: (_middle(kept), kept[-1]))
+        # each task's first, middle and last sample of the window, once
+        ends = {t: (kept[0], _middle(kept), kept[-1]) for t, kept in self._samples.items()}
+        whole = self._targets(lambda t: (ends[t][0], ends[t][2]))
+        early = self._targets(lambda t: (ends[t][0], ends[t][1]))
+        late = self._targets(lambda t: (ends[t][1], ends[t][2]))
         evaluations = [self._judge(v, *whole[v.id], early[v.id][1], late[v.id][1], now)
                        for v in self.vertices]
         return self.fit(evaluations, slots)
@@ -293,9 +295,9 @@ class Autoscaler:
         for e in decision.changes:
             self._changes[e.uid] = _Change(now, e.proposed > e.parallelism)
 
-    def _targets(self, pick: Callable[[deque[Sample]], tuple[Sample, Sample]]
+    def _targets(self, pick: Callable[[int], tuple[Sample, Sample]]
                  ) -> dict[int, tuple[_Window, float]]:
-        """Each vertex's figures between the samples ``pick`` chooses of every
+        """Each vertex's figures between the two samples ``pick`` gives of every
         task, and the input rate it should keep up with (in topological order)."""
         out: dict[int, tuple[_Window, float]] = {}
         factors: dict[int, float] = {}
@@ -329,10 +331,10 @@ class Autoscaler:
         return out
 
     def _window(self, v: VertexShape,
-                pick: Callable[[deque[Sample]], tuple[Sample, Sample]]) -> _Window:
+                pick: Callable[[int], tuple[Sample, Sample]]) -> _Window:
         w = _Window()
         for t in range(v.first_task, v.first_task + v.parallelism):
-            first, last = pick(self._samples[t])
+            first, last = pick(t)
             dt = (last.elapsed - first.elapsed
                   if last.elapsed is not None and first.elapsed is not None
                   else last.at - first.at)
