@@ -15,10 +15,10 @@ folder)::
   cannot plant it, or a link in its place, to steer a deletion. Lockgate
   looks at nothing outside it, and ``<local_dir>`` itself is never written
   into but for the base.
-* A task's folder is made under a hidden name (``.<name>.new``), marked, then
-  renamed: a folder with its name always has its mark. It is removed by
-  renaming it to ``.<name>.<hex>.gone`` first, so a removal cut short (the process
-  killed) leaves a name the next task recognises.
+* A task's folder is made under a hidden name (``.<name>.<hex>.new``),
+  marked, then renamed: a folder with its name always has its mark. It is
+  removed by renaming it to ``.<name>.<hex>.gone`` first, so a removal cut
+  short (the process killed) leaves a name the next task recognises.
 * When a task makes its folder, it removes the folders of the same operator
   and task from earlier attempts, folders whose mark names a process of this
   host that is gone (a task SIGKILLed, a job cancelled: nothing else would
@@ -32,6 +32,7 @@ folder)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -44,8 +45,8 @@ import time
 from lockgate.fs import private
 from lockgate.state.choice import BackendScope, RocksDBStateBackend
 
-__all__ = ["task_folder", "remove_task_folder", "remove_folder", "listdir", "rmtree",
-           "base_folder", "MARK", "ORPHAN_AGE"]
+__all__ = ["task_folder", "remove_task_folder", "make_marked", "marked", "remove_folder",
+           "listdir", "rmtree", "base_folder", "MARK", "ORPHAN_AGE"]
 
 MARK = ".lockgate-task"
 """The file inside every task folder Lockgate made: its process and host."""
@@ -73,7 +74,9 @@ def task_folder(config: RocksDBStateBackend, scope: BackendScope) -> str:
             _remove_orphans(base)
             job = _job_folder(base, _safe(scope.job_id))
             _remove_earlier(job, me, scope.attempt)
-            return _make_marked(job, name)
+            folder = os.path.join(job, name)
+            make_marked(folder, MARK, {"pid": os.getpid(), "host": socket.gethostname()})
+            return folder
         except FileNotFoundError:
             if tries == 4:
                 raise
@@ -105,14 +108,36 @@ def _job_folder(base: str, job_id: str) -> str:
     return job
 
 
-def _make_marked(job: str, name: str) -> str:
-    new = os.path.join(job, f".{name}.new")
-    os.mkdir(new, private.DIR_MODE)
-    with private.open_new(os.path.join(new, MARK)) as f:
-        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
-    folder = os.path.join(job, name)
-    os.rename(new, folder)
-    return folder
+def make_marked(folder: str, mark: str, content: dict[str, object]) -> None:
+    """``folder`` with its ``mark`` file (``content`` as JSON): made under a
+    hidden name (``.<name>.<hex>.new``), marked, then renamed, so a folder
+    with its name always has its mark; an existing one (another task made it)
+    must be a real, marked folder."""
+    if not os.path.lexists(folder):
+        parent, name = os.path.split(folder)
+        new = os.path.join(parent, f".{name}.{secrets.token_hex(4)}.new")
+        os.mkdir(new, private.DIR_MODE)
+        try:
+            with private.open_new(os.path.join(new, mark)) as f:
+                f.write(json.dumps(content).encode())
+            os.rename(new, folder)
+        except OSError as e:
+            rmtree(new)
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    if not marked(folder, mark):
+        raise private.UnsafeFolderError(
+            f"{folder} is not a folder Lockgate made (no symbolic link, a {mark} file "
+            "inside): it is not used; remove it")
+
+
+def marked(folder: str, mark: str) -> bool:
+    """A real folder (not a link) holding the regular file ``mark``."""
+    try:
+        return (stat.S_ISDIR(os.lstat(folder).st_mode)
+                and stat.S_ISREG(os.lstat(os.path.join(folder, mark)).st_mode))
+    except OSError:
+        return False
 
 
 def _remove_earlier(job: str, me: str, attempt: int) -> None:

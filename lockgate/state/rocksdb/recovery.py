@@ -69,7 +69,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import socket
 import stat
 import threading
@@ -81,7 +80,7 @@ from dataclasses import dataclass
 from lockgate.fs import private
 from lockgate.fs.checked import CHUNK
 from lockgate.state.incremental import IncrementalState, SharedFile
-from lockgate.state.rocksdb.local import listdir, remove_folder, rmtree
+from lockgate.state.rocksdb.local import listdir, make_marked, marked, remove_folder, rmtree
 
 __all__ = ["LocalCopies", "LocalRestore", "CopyUnusable", "link_checked", "remove_job",
            "base_folder", "STALE_AGE"]
@@ -200,7 +199,7 @@ class LocalCopies:
                 return
             private.owned_dir(self.base)
             _remove_stale_jobs(self.base, keep=os.path.basename(self.job))
-            _make_marked(self.job, JOB_MARK, {"job": self.job_id, "host": self.host})
+            make_marked(self.job, JOB_MARK, {"job": self.job_id, "host": self.host})
             me = os.path.basename(self.folder)
             prefix = me[:me.rindex("-kg") + 3]
             start, stop = self.key_groups
@@ -208,11 +207,11 @@ class LocalCopies:
                 m = _RANGE_RE.match(name[len(prefix):]) if name.startswith(prefix) else None
                 if (m is not None and name != me and int(m.group(1)) < stop
                         and int(m.group(2)) > start
-                        and _marked(os.path.join(self.job, name), COPIES_MARK)):
+                        and marked(os.path.join(self.job, name), COPIES_MARK)):
                     # key groups overlapping this task's: another parallelism's,
                     # which no task owns now
                     remove_folder(os.path.join(self.job, name))
-            _make_marked(self.folder, COPIES_MARK,
+            make_marked(self.folder, COPIES_MARK,
                          {"operator": self.uid, "key_groups": list(self.key_groups)})
             self._ready = True
 
@@ -327,7 +326,7 @@ class LocalCopies:
         none), delete every other copy of this operator and key groups (and
         of other key groups, :meth:`_ensure`); nothing is made when the job
         has no copies on this host."""
-        if checkpoint_id is None and not _marked(self.job, JOB_MARK):
+        if checkpoint_id is None and not marked(self.job, JOB_MARK):
             return
         try:
             self._ensure()
@@ -435,7 +434,7 @@ def remove_job(directory: str, job_id: str) -> None:
     except private.UnsafeFolderError:
         return  # none here (or not this user's: left alone)
     job = os.path.join(base, _job_name(job_id))
-    if _marked(job, JOB_MARK):
+    if marked(job, JOB_MARK):
         remove_folder(job)
     with contextlib.suppress(OSError):
         os.rmdir(base)
@@ -514,37 +513,6 @@ def _check_crc(name: str, crc: int, ref: SharedFile) -> None:
 
 # --------------------------------------------------- folders and marks
 
-def _make_marked(folder: str, mark: str, content: dict[str, object]) -> None:
-    """``folder`` with its ``mark`` file: made under a hidden name, marked,
-    then renamed, so a folder with its name always has its mark; an existing
-    one (another task made it) must be a real, marked folder."""
-    if not os.path.lexists(folder):
-        parent, name = os.path.split(folder)
-        new = os.path.join(parent, f".{name}.{secrets.token_hex(4)}.new")
-        os.mkdir(new, private.DIR_MODE)
-        try:
-            with private.open_new(os.path.join(new, mark)) as f:
-                f.write(json.dumps(content).encode())
-            os.rename(new, folder)
-        except OSError as e:
-            rmtree(new)
-            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-    if not _marked(folder, mark):
-        raise private.UnsafeFolderError(
-            f"{folder} is not a folder Lockgate made for local recovery (no symbolic link, "
-            f"a {mark} file inside): it is not used; remove it")
-
-
-def _marked(folder: str, mark: str) -> bool:
-    """A real folder (not a link) holding the regular file ``mark``."""
-    try:
-        return (stat.S_ISDIR(os.lstat(folder).st_mode)
-                and stat.S_ISREG(os.lstat(os.path.join(folder, mark)).st_mode))
-    except OSError:
-        return False
-
-
 def _remove_stale_jobs(base: str, keep: str) -> None:
     """Job folders under ``base`` (marked) whose newest change is older than
     :data:`STALE_AGE`, and removals cut short."""
@@ -557,7 +525,7 @@ def _remove_stale_jobs(base: str, keep: str) -> None:
             with contextlib.suppress(OSError):
                 if now - os.lstat(path).st_mtime > MAKING_AGE:
                     rmtree(path)
-        elif name != keep and _marked(path, JOB_MARK) and now - _newest(path) > STALE_AGE:
+        elif name != keep and marked(path, JOB_MARK) and now - _newest(path) > STALE_AGE:
             remove_folder(path)
 
 
