@@ -10,6 +10,7 @@ import contextlib
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,18 @@ class Writer(threading.Thread):
                 else:
                     self.execute(conn, f"DELETE FROM {t} WHERE id = %s", (pick,))
         self.ops += 1
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Writer]:
+        """Started for the block; stopped and joined when it is left, and
+        then (the block having succeeded) checked to have failed in nothing."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            self.join(60)
+        assert self.error is None, self.error
 
     def run(self) -> None:
         try:

@@ -121,9 +121,7 @@ def test_snapshot_and_stream_under_a_writer_restored_and_rescaled(mysql_binlog, 
                             stop_table=stop, **MODES[mode])
     source.validate()
     source.prepare("", "cdc")
-    writer = Writer(dsn, table, stop, 2001, seed=3)
-    writer.start()
-    try:
+    with Writer(dsn, table, stop, 2001, seed=3).running() as writer:
         events, state, _ = read(source, None, 1, rounds=5, final_checkpoint=False)
         assert stream_entry(state)["hw"] is None, "the snapshot ended too early"
         more, state, _ = read(source, state, 3, rounds=40, attempt=1)  # rescaled to 3
@@ -137,10 +135,6 @@ def test_snapshot_and_stream_under_a_writer_restored_and_rescaled(mysql_binlog, 
             events += more
             inside += bool(stream_entry(state)["pos"][2])
         assert inside, "never restored in the middle of a transaction"
-    finally:
-        writer.stop.set()
-        writer.join(60)
-    assert writer.error is None, writer.error
     more, state, ended = read(source, state, 1, attempt=20)
     events += more
     assert ended
@@ -294,19 +288,13 @@ def test_cdc_job_under_kills(tmp_path, mysql_binlog, names, launcher):
            "--storage", str(tmp_path / "chk"), "--parallelism", str(p), "--chunk", str(chunk),
            "--rate", "4000", "--faults", json.dumps(faults),
            "--kill-marker", str(tmp_path / "killed-after-chunk"), "--launcher", launcher]
-    writer = Writer(dsn, table, stop, n + 1, seed=7)
-    writer.start()
-    # the writer goes on until the job has committed a few hundred changes
-    # of the stream: the attempt after the named points' restarts lives long
-    # enough for the random kill, however long restarts take
-    Stopper(writer, out, 25 if SOAK else 12, changes=300).start()
-    try:
+    with Writer(dsn, table, stop, n + 1, seed=7).running() as writer:
+        # the writer goes on until the job has committed a few hundred changes
+        # of the stream: the attempt after the named points' restarts lives long
+        # enough for the random kill, however long restarts take
+        Stopper(writer, out, 25 if SOAK else 12, changes=300).start()
         result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.3, 1.5),
                              timeout=400)
-    finally:
-        writer.stop.set()
-        writer.join(60)
-    assert writer.error is None, writer.error
     assert writer.ops > 20
     assert done == kills and result["status"] == "finished", result
     assert result["restarts"] >= 2, result["failures"]
@@ -345,14 +333,12 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
     table, stop = names
     n, sid = 6000, server_id()
     fill(dsn, table, n)
-    writer = Writer(dsn, table, stop, n + 1, seed=9)
-    writer.start()
 
     def stream_of(savepoint: str) -> dict:
         return stream_entry([e for task in operator_state(savepoint, "cdc") for e in task
                              if e.get("cdc")])
 
-    try:
+    with Writer(dsn, table, stop, n + 1, seed=9).running():
         client = start_and_await(_rescale_job(dsn, table, stop, sid, 2, tmp_path, rate=500),
                                  launcher="local", until=lambda pr: pr.records_read >= 600,
                                  timeout=240, what="the first hop read too little")
@@ -369,10 +355,6 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
         second = client.stop(str(tmp_path / "savepoints"))
         assert second.status == "stopped", second
         assert stream_of(second.savepoint)["hw"] is not None, "not stopped in the stream"
-    finally:
-        writer.stop.set()
-        writer.join(60)
-    assert writer.error is None, writer.error
     client = _rescale_job(dsn, table, stop, sid, 1, tmp_path).start(
         launcher="local", from_savepoint=second.savepoint)
     result = client.result(timeout=240)

@@ -94,13 +94,11 @@ def test_snapshot_and_stream_under_a_writer_spread_restored_and_rescaled(postgre
     source = PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=150, stop_message=STOP)
     source.validate()
     source.prepare("", "cdc")
-    writer = Writer(dsn, table, 3001, seed=3)
-    writer.start()
 
     def tasks_read(events: list[tuple]) -> set[int]:
         return {task for op, *_, task in events if op == "read"}
 
-    try:
+    with Writer(dsn, table, 3001, seed=3).running() as writer:
         # p=3, in the snapshot; a failure loses what came after the last checkpoint
         events, state, _ = read(source, None, 3, rounds=5, final_checkpoint=False)
         assert tasks_read(events) == {0, 1, 2}
@@ -121,10 +119,6 @@ def test_snapshot_and_stream_under_a_writer_spread_restored_and_rescaled(postgre
         more, state, _ = read(source, state, 2, rounds=30, attempt=1)
         events += more
         assert [e for e in state if e.get("role") == "chunk"] == []
-    finally:
-        writer.stop.set()
-        writer.join(60)
-    assert writer.error is None, writer.error
     more, state, ended = read(source, state, 1, attempt=2)
     events += more
     assert ended
@@ -301,16 +295,10 @@ def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
            "--kill-marker", str(tmp_path / "killed-after-chunk"), "--launcher", launcher]
     # the slot first (the job finds it): it holds every change of the writer
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
-    writer = Writer(dsn, table, n + 1, seed=7)
-    writer.start()
-    Stopper(writer, out, 25 if SOAK else 12).start()
-    try:
+    with Writer(dsn, table, n + 1, seed=7).running() as writer:
+        Stopper(writer, out, 25 if SOAK else 12).start()
         result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.5, 2.0),
                              timeout=400)
-    finally:
-        writer.stop.set()
-        writer.join(60)
-    assert writer.error is None, writer.error
     assert done == kills and result["status"] == "finished", result
     assert result["restarts"] >= 2, result["failures"]
     assert (tmp_path / "killed-after-chunk").exists()
@@ -334,15 +322,9 @@ def test_cdc_job_spreads_the_snapshot_chunks_over_its_tasks(tmp_path, postgres_l
            "--out", str(out), "--storage", str(tmp_path / "chk"), "--parallelism", str(p),
            "--chunk", str(chunk), "--rate", "3000", "--launcher", "local"]
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
-    writer = Writer(dsn, table, n + 1, seed=11)
-    writer.start()
-    Stopper(writer, out, 3).start()
-    try:
+    with Writer(dsn, table, n + 1, seed=11).running() as writer:
+        Stopper(writer, out, 3).start()
         result, _ = drive(cmd, kills=0, tasks=p, seed=0, kill_delays=(1, 1), timeout=300)
-    finally:
-        writer.stop.set()
-        writer.join(60)
-    assert writer.error is None, writer.error
     assert result["status"] == "finished" and result["restarts"] == 0, result
     events = CollectSink(str(out)).results()
     reads: dict[int, list[int]] = {}
@@ -384,14 +366,12 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
     n = 6000
     fill(dsn, table, n)
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
-    writer = Writer(dsn, table, n + 1, seed=9)
-    writer.start()
 
     def entries(savepoint: str) -> tuple[dict, list[dict]]:
         found = [e for task in operator_state(savepoint, "cdc") for e in task if e.get("cdc")]
         return stream_entry(found), [e for e in found if e["role"] == "chunk"]
 
-    try:
+    with Writer(dsn, table, n + 1, seed=9).running():
         # slowly (a chunk a second a task): stopped with most chunks still to read
         client = start_and_await(_rescale_job(dsn, table, slot, 2, tmp_path, rate=500),
                                  launcher="local", until=lambda pr: pr.records_read >= 600,
@@ -413,10 +393,6 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
         assert second.status == "stopped", second
         stream, _ = entries(second.savepoint)
         assert stream["hw"] is not None, ("not stopped in the stream", stream["pos"])
-    finally:
-        writer.stop.set()
-        writer.join(60)
-    assert writer.error is None, writer.error
     client = _rescale_job(dsn, table, slot, 2, tmp_path).start(
         launcher="local", from_savepoint=second.savepoint)
     result = client.result(timeout=240)
