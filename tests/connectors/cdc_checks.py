@@ -196,6 +196,32 @@ def read(source: Source, state: list | None, p: int = 1, rounds: int | None = No
     return committed, list(state or []), all(ended)
 
 
+def rescale_job(name: str, source: Source, p: int, tmp: Path, rate: float = 1500) -> Any:
+    """The CDC job of the rescale tests at parallelism ``p``: ``source``
+    throttled to ``rate`` records a second, each event as ``as_tuple`` with
+    ``p`` appended, collected in ``tmp / "out"``."""
+    from lockgate import CheckpointConfig, Pipeline
+    from tests.connectors.cdc_job import as_tuple, throttle
+
+    pipeline = Pipeline(name, parallelism=p,
+                        checkpoint=CheckpointConfig(interval=0.3, storage=str(tmp / "chk")))
+    (pipeline.source(source, uid="cdc")
+       .map_batch(throttle(rate), uid="throttle")
+       .map(lambda e, p=p: (*as_tuple(e), p), uid="tuples")
+       .sink(CollectSink(str(tmp / "out")), uid="out"))
+    return pipeline
+
+
+def await_stream(out: Path, p: int, changes: int = 100, timeout: float = 240) -> None:
+    """Wait until the job at parallelism ``p`` of ``rescale_job`` has
+    committed ``changes`` events of the stream."""
+    deadline = time.monotonic() + timeout
+    while sum(1 for e in CollectSink(str(out)).results()
+              if e[0] != "read" and e[5] == p) < changes:
+        assert time.monotonic() < deadline, "the second hop did not reach the stream"
+        time.sleep(0.5)
+
+
 def stream_entry(state: list) -> dict:
     [stream] = [e for e in state if e.get("role") == "stream"]
     return stream

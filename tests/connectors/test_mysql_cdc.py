@@ -35,7 +35,7 @@ from lockgate.connectors import CollectSink
 from lockgate.connectors.mysql_cdc import MySqlCdcSource
 from lockgate.errors import ConfigurationError, LockgateError
 from tests.connectors import cdc_checks
-from tests.connectors.cdc_checks import Stopper, info, read, stream_entry
+from tests.connectors.cdc_checks import Stopper, await_stream, info, read, rescale_job, stream_entry
 from tests.connectors.mysql_server import connect, execute, query
 from tests.fault.checks import drive
 
@@ -308,17 +308,8 @@ def test_cdc_job_under_kills(tmp_path, mysql_binlog, names, launcher):
 
 def _rescale_job(dsn: str, table: str, stop: str, sid: int, p: int, tmp: Path,
                  rate: float = 1500) -> Any:
-    from lockgate import CheckpointConfig, Pipeline
-    from tests.connectors.cdc_job import as_tuple, throttle
-
-    pipeline = Pipeline("mysql-cdc-rescale", parallelism=p,
-                        checkpoint=CheckpointConfig(interval=0.3, storage=str(tmp / "chk")))
-    (pipeline.source(MySqlCdcSource(dsn, [table], server_id=sid, chunk_rows=500,
-                                    stop_table=stop), uid="cdc")
-       .map_batch(throttle(rate), uid="throttle")
-       .map(lambda e, p=p: (*as_tuple(e), p), uid="tuples")
-       .sink(CollectSink(str(tmp / "out")), uid="out"))
-    return pipeline
+    source = MySqlCdcSource(dsn, [table], server_id=sid, chunk_rows=500, stop_table=stop)
+    return rescale_job("mysql-cdc-rescale", source, p, tmp, rate)
 
 
 def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
@@ -347,11 +338,7 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
         assert stream_of(first.savepoint)["hw"] is None, "not stopped in the snapshot"
         client = start_and_await(_rescale_job(dsn, table, stop, sid, 3, tmp_path),
                                  launcher="local", from_savepoint=first.savepoint)
-        deadline = time.monotonic() + 240
-        while sum(1 for e in CollectSink(str(tmp_path / "out")).results()
-                  if e[0] != "read" and e[5] == 3) < 100:  # committed: the stream runs
-            assert time.monotonic() < deadline, "the second hop did not reach the stream"
-            time.sleep(0.5)
+        await_stream(tmp_path / "out", 3)  # committed: the stream runs
         second = client.stop(str(tmp_path / "savepoints"))
         assert second.status == "stopped", second
         assert stream_of(second.savepoint)["hw"] is not None, "not stopped in the stream"

@@ -28,7 +28,7 @@ from lockgate.connectors import CollectSink
 from lockgate.connectors.postgres_cdc import PostgresCdcSource
 from lockgate.errors import ConfigurationError, LockgateError
 from tests.connectors import cdc_checks
-from tests.connectors.cdc_checks import Stopper, info, read, stream_entry
+from tests.connectors.cdc_checks import Stopper, await_stream, info, read, rescale_job, stream_entry
 from tests.connectors.postgres_server import execute, query
 from tests.fault.checks import drive
 
@@ -340,17 +340,8 @@ def test_cdc_job_spreads_the_snapshot_chunks_over_its_tasks(tmp_path, postgres_l
 
 def _rescale_job(dsn: str, table: str, slot: str, p: int, tmp: Path, rate: float = 1500
                  ) -> Any:
-    from lockgate import CheckpointConfig, Pipeline
-    from tests.connectors.cdc_job import as_tuple, throttle
-
-    pipeline = Pipeline("cdc-rescale", parallelism=p,
-                        checkpoint=CheckpointConfig(interval=0.3, storage=str(tmp / "chk")))
-    (pipeline.source(PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=500,
-                                       stop_message=STOP), uid="cdc")
-       .map_batch(throttle(rate), uid="throttle")
-       .map(lambda e, p=p: (*as_tuple(e), p), uid="tuples")
-       .sink(CollectSink(str(tmp / "out")), uid="out"))
-    return pipeline
+    source = PostgresCdcSource(dsn, [table], slot=slot, chunk_rows=500, stop_message=STOP)
+    return rescale_job("cdc-rescale", source, p, tmp, rate)
 
 
 def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
@@ -384,11 +375,7 @@ def test_cdc_job_rescaled_through_savepoints_in_the_snapshot_and_in_the_stream(
         assert left >= 3, f"{left} of {len(chunks)} chunks left to read: too few to spread"
         client = start_and_await(_rescale_job(dsn, table, slot, 3, tmp_path), launcher="local",
                                  from_savepoint=first.savepoint)
-        deadline = time.monotonic() + 240
-        while sum(1 for e in CollectSink(str(tmp_path / "out")).results()
-                  if e[0] != "read" and e[5] == 3) < 100:  # committed: the stream runs
-            assert time.monotonic() < deadline, "the second hop did not reach the stream"
-            time.sleep(0.5)
+        await_stream(tmp_path / "out", 3)  # committed: the stream runs
         second = client.stop(str(tmp_path / "savepoints"))
         assert second.status == "stopped", second
         stream, _ = entries(second.savepoint)
