@@ -18,15 +18,18 @@ import argparse
 import dataclasses
 import json
 import logging
-import time
+import sys
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.connectors.*
+
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
 from lockgate.connectors import DeltaSink, IcebergSink, PostgresCdcSource
+from tests.connectors.cdc_job import STOP, throttle
 
-STOP = "lockgate-test-stop"
 ROW = pa.schema([("id", pa.int64()), ("name", pa.string()), ("region", pa.string()),
                  ("balance", pa.int64()), ("version", pa.int32()), ("deleted", pa.bool_())])
 CHANGE = pa.schema([("id", pa.int64()), ("version", pa.int32()), ("op", pa.string()),
@@ -44,14 +47,6 @@ def as_row(e: Any) -> dict:
 
 def as_change(e: Any) -> dict:
     return {"id": e.row["id"], "version": e.row.get("version"), "op": e.op, "lsn": e.lsn}
-
-
-def throttle(rate: float) -> Any:
-    def slow(batch: list) -> list:
-        if rate:
-            time.sleep(len(batch) / rate)
-        return batch
-    return slow
 
 
 def build(args: argparse.Namespace) -> Pipeline:
