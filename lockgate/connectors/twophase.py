@@ -32,13 +32,15 @@ transaction; each writer is responsible for exactly the entries with
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from lockgate.connectors.base import SinkWriter, TaskInfo
 from lockgate.errors import CheckpointCorruptError, LockgateError
 
-__all__ = ["TwoPhaseCommitSinkWriter", "TxnHandle", "Precommitted", "RESERVED_HANDLE_KEYS"]
+__all__ = ["TwoPhaseCommitSinkWriter", "TxnHandle", "Precommitted", "RESERVED_HANDLE_KEYS",
+           "decode_precommitted"]
 
 RESERVED_HANDLE_KEYS = ("checkpoint_id", "task_index")
 """Keys the base adds to every handle's entry; ``to_state`` must not use them."""
@@ -96,6 +98,15 @@ def _ids(entry: Any, uid: str) -> tuple[int, int]:
             f"{cid!r:.40} and {task!r:.40}, not counts: the checkpoint or savepoint is "
             "damaged or was crafted; it is not restored")
     return cid, task
+
+
+def decode_precommitted(entry: Any, uid: str, decode_handle: Callable[[dict[str, Any]], H]
+                        ) -> Precommitted[H]:
+    """A restored (untrusted) entry of sink ``uid``'s state, decoded: a dict
+    with its checkpoint id and task index checked here, the rest by
+    ``decode_handle``."""
+    cid, task = _ids(entry, uid)
+    return Precommitted(cid, task, decode_handle(entry))
 
 
 class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT, H]):
@@ -176,9 +187,8 @@ class TwoPhaseCommitSinkWriter(SinkWriter[Any], Generic[TxnT, H]):
     def decode_entry(self, entry: Any) -> Precommitted[H]:
         """A restored (untrusted) entry of this sink's state, decoded: its
         checkpoint id and task index checked here, the rest by
-        :meth:`decode_handle`."""
-        cid, task = _ids(entry, self.info.uid)
-        return Precommitted(cid, task, self.decode_handle(entry))
+        :meth:`decode_handle` (:func:`decode_precommitted`)."""
+        return decode_precommitted(entry, self.info.uid, self.decode_handle)
 
     @property
     def pending_checkpoints(self) -> list[int]:

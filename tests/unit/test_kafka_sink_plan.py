@@ -15,7 +15,7 @@ from lockgate.connectors.kafka.sink_plan import (
     plan_recovery,
     transactional_id,
 )
-from lockgate.connectors.twophase import Precommitted
+from lockgate.connectors.twophase import Precommitted, decode_precommitted
 from lockgate.errors import CheckpointCorruptError
 
 UID = "out"
@@ -35,8 +35,7 @@ def handle_kv(keys, values, cid: int = 3) -> dict:
 
 def decoded(entry: dict) -> Precommitted[KafkaEntry]:
     """A restored entry as the two-phase-commit base hands it to ``recover``."""
-    return Precommitted(entry["checkpoint_id"], entry["task_index"],
-                        check_entry(entry, "lockgate", UID))
+    return decode_precommitted(entry, UID, lambda e: check_entry(e, "lockgate", UID))
 
 
 def plan(entries: list[dict], task_index: int, parallelism: int, own_tid: str) -> RecoveryPlan:

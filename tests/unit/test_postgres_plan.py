@@ -14,7 +14,7 @@ from lockgate.connectors.postgres_plan import (
     plan_postgres_recovery,
 )
 from lockgate.connectors.redis_streams import _check_entry, deal_streams, parse_id
-from lockgate.connectors.twophase import Precommitted
+from lockgate.connectors.twophase import Precommitted, decode_precommitted
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 
 
@@ -25,8 +25,7 @@ def handle(task: int, chk: int, uid: str = "out", attempt: int = 0, job: str = "
 
 def decoded(entries: list[dict], uid: str = "out") -> list[Precommitted[PgTxnHandle]]:
     """Restored entries as the two-phase-commit base hands them to ``recover``."""
-    return [Precommitted(e["checkpoint_id"], e["task_index"], check_handle(e, uid))
-            for e in entries]
+    return [decode_precommitted(e, uid, lambda h: check_handle(h, uid)) for e in entries]
 
 
 def test_gid_round_trips_and_names_every_part():
@@ -53,7 +52,7 @@ def test_a_long_job_id_is_cut_to_fit_and_a_huge_uid_refused():
 def test_anything_but_a_gid_of_this_sink_is_refused(gid):
     assert parse_gid(gid) is None
     with pytest.raises(CheckpointCorruptError):
-        check_handle({"gid": gid, "xid": 5, "task_index": 0, "checkpoint_id": 1}, "out")
+        decoded([{"gid": gid, "xid": 5, "task_index": 0, "checkpoint_id": 1}])
 
 
 @pytest.mark.parametrize("bad", [
@@ -61,7 +60,7 @@ def test_anything_but_a_gid_of_this_sink_is_refused(gid):
     {"checkpoint_id": -1}, {"gid": make_gid("j", "other", 0, 0, 1)}])
 def test_a_crafted_handle_is_refused(bad):
     with pytest.raises(CheckpointCorruptError):
-        check_handle({**handle(0, 1), **bad}, "out")
+        decoded([{**handle(0, 1), **bad}])
     assert check_handle(handle(0, 1), "out").to_state() == {
         k: v for k, v in handle(0, 1).items() if k not in ("task_index", "checkpoint_id")}
 

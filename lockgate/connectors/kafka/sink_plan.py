@@ -119,11 +119,8 @@ def _records(entry: dict[str, Any], uid: str) -> tuple[list[bytes | None], list[
 
 def check_entry(entry: dict[str, Any], prefix: str, uid: str) -> KafkaEntry:
     """A restored entry as a :class:`KafkaTxnHandle` or a :class:`KafkaOwner`;
-    ``CheckpointCorruptError`` for anything else."""
-    cid = entry.get("checkpoint_id")
-    if type(cid) is not int or cid < 0:
-        raise CheckpointCorruptError(
-            f"Kafka sink {uid!r}: restored state entry has no valid checkpoint id")
+    ``CheckpointCorruptError`` for anything else (its checkpoint id and task
+    index are the base's to check: :func:`~lockgate.connectors.twophase.decode_precommitted`)."""
     if OWNER in entry:
         return KafkaOwner(_own_tid(entry[OWNER], prefix, uid, entry))
     writer, seq = entry.get("writer"), entry.get("seq")
