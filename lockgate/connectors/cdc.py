@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from lockgate.errors import LockgateError
 
 __all__ = ["ChangeEvent", "Change", "Key", "key_of", "in_range", "chunk_high", "emit_change",
-           "take_buffered"]
+           "take_chunk", "take_buffered"]
 
 Key = tuple[Any, ...]
 """A row's primary key values, in the key's column order."""
@@ -119,6 +119,23 @@ def emit_change(change: Change, position: int, chunks: dict[str, list[list[Any]]
     if position >= chunk_high(table, k):
         return [(change.op, change.before, change.after)]
     return []
+
+
+def take_chunk(todo: deque[dict[str, Any]], done: list[dict[str, Any]], max_records: int,
+               read: Callable[[dict[str, Any]], None]) -> list[ChangeEvent]:
+    """Up to ``max_records`` reads of the first chunk of ``todo`` (a
+    :mod:`~lockgate.connectors.cdc_splits` chunk entry; unread: ``read``
+    fills its ``rows``, ``hw`` and ``ms`` first), taken from its rows; a
+    chunk with no rows left moves to ``done``."""
+    chunk = todo[0]
+    if chunk["hw"] is None:
+        read(chunk)
+    rows = chunk["rows"]
+    take, chunk["rows"] = rows[:max_records], rows[max_records:]
+    if not chunk["rows"]:
+        done.append(todo.popleft())
+    return [ChangeEvent("read", chunk["table"], None, row, chunk["hw"], chunk["ms"])
+            for row in take]
 
 
 def take_buffered(buffer: deque[tuple[ChangeEvent | None, Any]], stream: dict[str, Any],

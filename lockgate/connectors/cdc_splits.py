@@ -42,13 +42,15 @@ Entries:
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.errors import CheckpointCorruptError, ConfigurationError
 
-__all__ = ["initial_entries", "check_entries", "upgrade_v1", "deal", "Share",
+__all__ = ["initial_entries", "check_entries", "check_restored", "upgrade_v1", "deal", "Share",
+           "state_entries",
            "stream_watermarks", "chunk_done", "announcement",
            "read_announcement", "ANNOUNCE_PREFIX"]
 
@@ -198,6 +200,15 @@ def check_entries(entries: Iterable[Any], tables: Sequence[str], what: str,
     return stream, chunks
 
 
+def check_restored(state: list[Any] | None, initial: Callable[[], list[dict[str, Any]]],
+                   tables: Sequence[str], what: str, check_position: Callable[[Any], Any]
+                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """:func:`check_entries` of the source's entries in a restored ``state``;
+    none (a fresh start): of ``initial()``."""
+    entries = [e for e in (state or []) if isinstance(e, dict) and e.get("cdc")]
+    return check_entries(entries or initial(), tables, what, check_position)
+
+
 def _check_cover(chunks: list[dict[str, Any]], table: str, what: str) -> None:
     """A table's chunks, in number order, cover its keys: from no lower
     bound, each one's lower bound the upper of the one before, to no upper."""
@@ -214,6 +225,16 @@ def _check_cover(chunks: list[dict[str, Any]], table: str, what: str) -> None:
                                      "cover its keys in order: the checkpoint is damaged")
 
 
+def state_entries(stream: dict[str, Any] | None, todo: Iterable[dict[str, Any]],
+                  done: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A reader's state: its stream entry (None: not its) and its chunks with
+    work left and done, as copies (the reader goes on changing its own)."""
+    out = [] if stream is None else [{**stream, "pos": list(stream["pos"])}]
+    out += [{**c, "rows": [dict(r) for r in c["rows"]]} for c in todo]
+    out += [dict(c) for c in done]
+    return out
+
+
 @dataclass
 class Share:
     """What one task reads after a restore."""
@@ -224,6 +245,14 @@ class Share:
     """This task's chunks, in chunk order."""
     layout: dict[int, dict[str, Any]] = field(default_factory=dict)
     """The stream's owner, before the stream started: every chunk by number."""
+
+    def todo(self) -> deque[dict[str, Any]]:
+        """This task's chunks with work left (unread or emitting), in order."""
+        return deque(c for c in self.chunks if not chunk_done(c))
+
+    def done(self) -> list[dict[str, Any]]:
+        """This task's chunks read and emitted."""
+        return [c for c in self.chunks if chunk_done(c)]
 
 
 def deal(stream: dict[str, Any], chunks: list[dict[str, Any]], task_index: int,

@@ -31,12 +31,12 @@ from urllib.parse import unquote, urlsplit
 
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
-from lockgate.connectors.cdc import Change, ChangeEvent, emit_change, take_buffered
+from lockgate.connectors.cdc import Change, ChangeEvent, emit_change, take_buffered, take_chunk
 from lockgate.connectors.cdc_splits import (
-    check_entries,
-    chunk_done,
+    check_restored,
     deal,
     initial_entries,
+    state_entries,
     stream_watermarks,
 )
 from lockgate.connectors.mysql_cdc_plan import (
@@ -540,16 +540,13 @@ class MySqlCdcReader(SourceReader[ChangeEvent]):
 
     # ------------------------------------------------------------ lifecycle
     def restore(self, state: list[Any] | None) -> None:
-        entries = [e for e in (state or []) if isinstance(e, dict) and e.get("cdc")]
-        if not entries:
-            entries = self.source.initial_entries()
-        stream, chunks = check_entries(entries, self.tables, _WHAT, check_position)
+        stream, chunks = check_restored(state, self.source.initial_entries, self.tables, _WHAT,
+                                        check_position)
         if self.info.task_index != 0:
             return
         share = deal(stream, chunks, 0, 1)  # every chunk is task 0's
         self.stream = share.stream
-        self.todo = deque(c for c in share.chunks if not chunk_done(c))
-        self.done = [c for c in share.chunks if chunk_done(c)]
+        self.todo, self.done = share.todo(), share.done()
         self.conn = self.source.connect()
         assert self.stream is not None
         if not self.stream["ended"]:
@@ -568,15 +565,7 @@ class MySqlCdcReader(SourceReader[ChangeEvent]):
     # --------------------------------------------------------------- reading
     def poll(self, max_records: int) -> list[ChangeEvent] | None:
         if self.todo:
-            chunk = self.todo[0]
-            if chunk["hw"] is None:
-                self._read_chunk(chunk)
-            rows = chunk["rows"]
-            take, chunk["rows"] = rows[:max_records], rows[max_records:]
-            if not chunk["rows"]:
-                self.done.append(self.todo.popleft())
-            return [ChangeEvent("read", chunk["table"], None, row, chunk["hw"], chunk["ms"])
-                    for row in take]
+            return take_chunk(self.todo, self.done, max_records, self._read_chunk)
         stream = self.stream
         if stream is None:  # not the reading task
             return None if self.source.bounded else []
@@ -817,10 +806,7 @@ class MySqlCdcReader(SourceReader[ChangeEvent]):
         if self.stream is None:
             return []
         self._close_filter()
-        out: list[Any] = [{**self.stream, "pos": list(self.stream["pos"])}]
-        out += [{**c, "rows": [dict(r) for r in c["rows"]]} for c in self.todo]
-        out += [dict(c) for c in self.done]
-        return out
+        return state_entries(self.stream, self.todo, self.done)
 
     def _close_filter(self) -> None:
         """Once the position is past every chunk's high watermark, every

@@ -27,16 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
-from lockgate.connectors.cdc import ChangeEvent, take_buffered
+from lockgate.connectors.cdc import ChangeEvent, take_buffered, take_chunk
 from lockgate.connectors.cdc_splits import (
     ANNOUNCE_PREFIX,
     Share,
     announcement,
-    check_entries,
+    check_restored,
     chunk_done,
     deal,
     initial_entries,
     read_announcement,
+    state_entries,
     stream_watermarks,
 )
 from lockgate.connectors.pgoutput import (
@@ -334,18 +335,15 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
 
     # ------------------------------------------------------------ lifecycle
     def restore(self, state: list[Any] | None) -> None:
-        entries = [e for e in (state or []) if isinstance(e, dict) and e.get("cdc")]
-        if not entries:
-            entries = self.source.initial_entries()
-        stream, chunks = check_entries(entries, self.source.tables, _WHAT, check_position)
+        stream, chunks = check_restored(state, self.source.initial_entries, self.source.tables,
+                                        _WHAT, check_position)
         if stream.get("slot") != self.source.slot:
             raise ConfigurationError(
                 f"PostgresCdcSource: the checkpoint read slot {stream.get('slot')!r:.70}, this "
                 f"source names {self.source.slot!r}: restore with the same slot, or start fresh")
         share: Share = deal(stream, chunks, self.info.task_index, self.info.parallelism)
         self.stream, self.layout = share.stream, share.layout
-        self.todo = deque(c for c in share.chunks if not chunk_done(c))
-        self.done = [c for c in share.chunks if chunk_done(c)]
+        self.todo, self.done = share.todo(), share.done()
         self.announced = {c["id"] for c in self.done}  # done in a completed checkpoint
         self.known = {n: c["hw"] for n, c in self.layout.items() if chunk_done(c)}
         if self.stream is None and not share.chunks:
@@ -386,13 +384,7 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
     # --------------------------------------------------------------- reading
     def poll(self, max_records: int) -> list[ChangeEvent] | None:
         if self.todo:
-            chunk = self.todo[0]
-            if chunk["hw"] is None:
-                self._read_chunk(chunk)
-            reads = self._take_rows(chunk, max_records)
-            if not chunk["rows"]:
-                self.done.append(self.todo.popleft())
-            return reads
+            return take_chunk(self.todo, self.done, max_records, self._read_chunk)
         stream = self.stream
         if stream is None:  # chunks only: ended once they are announced
             if self.source.bounded and all(c["id"] in self.announced for c in self.done):
@@ -405,12 +397,6 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                 return None
             self._fetch()
         return take_buffered(self.buffer, stream, max_records, self._stopped)
-
-    def _take_rows(self, chunk: dict[str, Any], n: int) -> list[ChangeEvent]:
-        rows = chunk["rows"]
-        take, chunk["rows"] = rows[:n], rows[n:]
-        return [ChangeEvent("read", chunk["table"], None, row, chunk["hw"], chunk["ms"])
-                for row in take]
 
     def _start_stream(self) -> bool:
         """Start the stream if every chunk is done in a completed checkpoint
@@ -600,13 +586,9 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
 
     # ------------------------------------------------------------ checkpoints
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
-        out: list[Any] = []
-        if self.stream is not None:
-            out.append({**self.stream, "pos": list(self.stream["pos"])})
-            if self.stream["hw"] is not None:
-                self.targets[checkpoint_id] = slot_target(self.stream["pos"])
-        out += [{**c, "rows": [dict(r) for r in c["rows"]]} for c in self.todo]
-        out += [dict(c) for c in self.done]
+        out: list[Any] = state_entries(self.stream, self.todo, self.done)
+        if self.stream is not None and self.stream["hw"] is not None:
+            self.targets[checkpoint_id] = slot_target(self.stream["pos"])
         fresh = [c for c in self.done if c["id"] not in self.announced]
         if fresh and self.stream is None:
             self.done_at[checkpoint_id] = fresh
