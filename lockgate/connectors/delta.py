@@ -26,7 +26,6 @@ import pyarrow.parquet as pq
 from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.lakehouse import (
-    LAKE_MODES,
     LakeSinkWriter,
     LakeTable,
     StagedFile,
@@ -34,8 +33,9 @@ from lockgate.connectors.lakehouse import (
     check_columns,
     check_partitioning,
     concat_staged,
+    key_columns,
+    move_staged,
     partition_columns,
-    require_lost,
 )
 from lockgate.errors import ConfigurationError
 
@@ -135,10 +135,7 @@ class DeltaTarget(LakeTable):
         now = int(time.time() * 1000)
         for f in files:
             final = fs.join(self.root, f.final_name)
-            if fs.exists(f.path):
-                fs.move(f.path, final)
-            elif not fs.exists(final):
-                raise require_lost(f.path, self.uid)
+            move_staged(f, final, self.uid)
             filesystem, path = fs.resolve(final)
             with filesystem.open_input_file(path) as data:
                 size = data.size()
@@ -237,16 +234,7 @@ class DeltaSink(Sink[Any]):
         ``partition_by``: the partition columns of a new table (Hive-style
         folders ``col=value/``); an existing table keeps its own, which must
         then be these."""
-        if mode not in LAKE_MODES:
-            raise ConfigurationError(
-                f"DeltaSink: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
-        keys = [key] if isinstance(key, str) else list(key or [])
-        if mode == "merge" and not keys:
-            raise ConfigurationError(
-                "DeltaSink: mode=\"merge\" needs key=[column, ...]: the columns that "
-                "identify a row")
-        if delete_column and mode != "merge":
-            raise ConfigurationError("DeltaSink: delete_column needs mode=\"merge\"")
+        keys = key_columns("DeltaSink", mode, key, delete_column)
         if fs.local_path(path) is None and staging is None:
             raise ConfigurationError(
                 f"DeltaSink: {fs.redact(path)} is not a local path; give staging=..., a "

@@ -30,7 +30,6 @@ from lockgate import fs
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.connectors.delta import last_per_key
 from lockgate.connectors.lakehouse import (
-    LAKE_MODES,
     LakeSinkWriter,
     LakeTable,
     StagedFile,
@@ -38,6 +37,8 @@ from lockgate.connectors.lakehouse import (
     check_columns,
     check_partitioning,
     concat_staged,
+    key_columns,
+    move_staged,
     partition_columns,
     plain_uri,
     read_parquet_schema,
@@ -176,10 +177,7 @@ class IcebergTarget(LakeTable):
         paths = []
         for f in files:
             final = fs.join(data, f.final_name)
-            if fs.exists(f.path):
-                fs.move(f.path, final)
-            elif not fs.exists(final):
-                raise require_lost(f.path, self.uid)
+            move_staged(f, final, self.uid)
             paths.append(plain_uri(final))
         fs.sync_dir(data)
         fault("table_commit")
@@ -320,19 +318,10 @@ class IcebergSink(Sink[Any]):
         (default: ``_lockgate/<table>`` under a local warehouse);
         ``partition_by``: the columns of a new table's identity partition
         spec; an existing table keeps its own, which must then be these."""
-        if mode not in LAKE_MODES:
-            raise ConfigurationError(
-                f"IcebergSink: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
         if "." not in table:
             raise ConfigurationError(
                 f"IcebergSink: table {table!r} has no namespace; name it \"namespace.name\"")
-        keys = [key] if isinstance(key, str) else list(key or [])
-        if mode == "merge" and not keys:
-            raise ConfigurationError(
-                "IcebergSink: mode=\"merge\" needs key=[column, ...]: the columns that "
-                "identify a row")
-        if delete_column and mode != "merge":
-            raise ConfigurationError("IcebergSink: delete_column needs mode=\"merge\"")
+        keys = key_columns("IcebergSink", mode, key, delete_column)
         self.partition_by = partition_columns("IcebergSink", partition_by, keys, delete_column,
                                               schema)
         if staging is None:

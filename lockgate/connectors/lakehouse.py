@@ -54,7 +54,8 @@ from lockgate.connectors.twophase import Precommitted, TwoPhaseCommitSinkWriter
 from lockgate.errors import ConfigurationError, OutputLostError
 
 __all__ = ["LakeTable", "StagedFile", "LakeSinkWriter", "LakeFileHandle", "app_id",
-           "staged_name", "parse_staged_name", "check_handle", "plan_recovery", "LAKE_MODES"]
+           "staged_name", "parse_staged_name", "check_handle", "plan_recovery", "LAKE_MODES",
+           "key_columns", "move_staged"]
 
 LAKE_MODES = ("append", "merge")
 STAGING = "_lockgate"
@@ -195,6 +196,22 @@ def check_columns(sink: str, table: str, names: list[str], schema: pa.Schema,
             "schema), or write to a new table")
 
 
+def key_columns(sink: str, mode: str, key: list[str] | str | None,
+                delete_column: str | None) -> list[str]:
+    """``key`` as a list, checked with ``mode`` (one of :data:`LAKE_MODES`;
+    ``merge`` needs a key) and ``delete_column`` (``merge`` only)."""
+    if mode not in LAKE_MODES:
+        raise ConfigurationError(
+            f"{sink}: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
+    keys = [key] if isinstance(key, str) else list(key or [])
+    if mode == "merge" and not keys:
+        raise ConfigurationError(
+            f"{sink}: mode=\"merge\" needs key=[column, ...]: the columns that identify a row")
+    if delete_column and mode != "merge":
+        raise ConfigurationError(f"{sink}: delete_column needs mode=\"merge\"")
+    return keys
+
+
 def partition_columns(sink: str, partition_by: list[str] | str | None, key: list[str],
                       delete_column: str | None, schema: pa.Schema | None) -> list[str]:
     """``partition_by`` as a list, checked: no column twice, not the delete
@@ -225,6 +242,15 @@ def check_partitioning(sink: str, table: str, have: list[str], want: list[str]) 
             f"{sink}: the table {table} is partitioned by {have or 'nothing'}, the sink by "
             f"{want}; give partition_by={have!r} (or leave it out: the table's own "
             "partitioning is used), or write to a new table")
+
+
+def move_staged(f: StagedFile, final: str, uid: str) -> None:
+    """Move staged file ``f`` to ``final`` in the table's folder; a retry of
+    the commit finds it there (neither: lost output)."""
+    if fs.exists(f.path):
+        fs.move(f.path, final)
+    elif not fs.exists(final):
+        raise require_lost(f.path, uid)
 
 
 def concat_staged(files: list[StagedFile], uid: str) -> pa.Table:
