@@ -12,8 +12,9 @@ The binlog is read with mysql-replication (``pymysqlreplication``), the
 snapshot with PyMySQL; positions are binlog file + offset and, where the
 server has GTIDs, its GTID state (:mod:`lockgate.connectors.mysql_cdc_plan`).
 
-State (UNION): one entry ``{"cdc": 1, ...}`` that the task numbered 0
-takes, whatever the parallelism: the reader of the snapshot and the stream.
+State (UNION): the entries of :mod:`lockgate.connectors.cdc_splits` (the
+stream and one per chunk), all of them the task numbered 0's, whatever the
+parallelism: the reader of the snapshot and the stream.
 """
 
 from __future__ import annotations
