@@ -51,6 +51,7 @@ from lockgate.connectors.pgoutput import (
 )
 from lockgate.connectors.postgres_cdc_plan import (
     Snapshot,
+    after_position,
     check_position,
     emit_change,
     merge_chunk,
@@ -488,13 +489,12 @@ class PostgresCdcReader(SourceReader[ChangeEvent]):
                 lsn, ms, count = txn.final_lsn, txn.commit_ms, len(txn.changes)
                 for i in range(first, count):
                     change = txn.changes[i]
-                    pos = [lsn, i + 1, txn.end_lsn if i + 1 >= count else 0]
+                    pos = after_position(txn, i + 1)
                     if change.op == "message":
+                        buffer.append((None, pos))
                         if change.after and change.after["prefix"] == stop:
-                            buffer.append((None, pos))
                             self._stopped = True
                             return
-                        buffer.append((None, pos))
                         continue
                     if lsn >= tops.get(change.table, _NEVER):
                         buffer.append((ChangeEvent(change.op, change.table, change.before,
