@@ -9,13 +9,16 @@ import random
 
 import pytest
 
+from lockgate.connectors.cdc import take_chunk
 from lockgate.connectors.cdc_splits import (
     announcement,
     check_entries,
+    check_restored,
     chunk_done,
     deal,
     initial_entries,
     read_announcement,
+    state_entries,
     stream_watermarks,
     upgrade_v1,
 )
@@ -148,3 +151,29 @@ def test_a_single_reader_checkpoint_is_upgraded():
     assert stream["hw"] == done["chunks"] and chunks == []
     with pytest.raises(CheckpointCorruptError):
         upgrade_v1({"cdc": 1, "tables": TABLES, "table": "x", "chunks": {}})
+
+
+def test_a_reader_takes_its_chunks_rows_and_snapshots_copies():
+    """A fresh start (no entries of the source in the state) checks the
+    initial entries; a chunk is read once, its rows taken a poll at a time,
+    done once empty; the state holds copies the reader goes on changing."""
+    stream, chunks = check_restored([{"other": 1}], fresh, TABLES, "test", pos)
+    share = deal(stream, chunks, 0, 1)
+    todo, done = share.todo(), share.done()
+    assert [c["id"] for c in todo] == [0, 1, 2, 3] and done == []
+    reads = []
+
+    def read(chunk: dict) -> None:
+        reads.append(chunk["id"])
+        chunk["rows"], chunk["hw"], chunk["ms"] = [{"k": 1}, {"k": 2}, {"k": 3}], 9, 7
+
+    first = take_chunk(todo, done, 2, read)
+    assert [(e.op, e.table, e.after, e.lsn, e.commit_ms) for e in first] == [
+        ("read", "public.a", {"k": 1}, 9, 7), ("read", "public.a", {"k": 2}, 9, 7)]
+    state = state_entries(share.stream, todo, done)
+    assert state[1]["rows"] == [{"k": 3}] and done == []
+    state[0]["pos"].append(1)
+    state[1]["rows"][0]["k"] = 0
+    assert share.stream is not None and share.stream["pos"] == [5, 0, 0]
+    assert [e.after for e in take_chunk(todo, done, 2, read)] == [{"k": 3}]
+    assert reads == [0] and [c["id"] for c in done] == [0] and chunk_done(done[0])
