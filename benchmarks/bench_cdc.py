@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,12 +52,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.nexmark.measure import JobUsage, source_progress, steady
+from benchmarks.record import record
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import PostgresCdcSource, Sink, SinkWriter
 from tests.connectors.postgres_server import execute, throwaway_cluster
 
 STOP = "bench-cdc-stop"
-RESULTS = Path(__file__).parent / "results" / "cdc.jsonl"
 
 
 class Discard(Sink[Any]):
@@ -252,23 +250,14 @@ def main() -> None:
         print(f"{name:<14} {seconds:>8.2f} {n / seconds:>10,.0f} "
               f"{statistics.median(st) if st else 0:>10,.0f} {n / cpu if cpu else 0:>11,.0f}")
     if args.record:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, cwd=Path(__file__).parent).stdout.strip() or None
-        except OSError:
-            commit = None
-        with RESULTS.open("a") as f:
-            for r, name, figures, loads in runs:
-                steady_rate = figures.get("steady_rows_per_s")
-                f.write(json.dumps({
-                    "date": datetime.date.today().isoformat(), "commit": commit,
-                    "machine": "2-core, 24 GiB (python-svc)", "load": loads,
-                    "rows": n, "chunk_rows": args.chunk, "interval_s": args.interval,
-                    "parallelism": args.parallelism, "round": r,
-                    "run": name, "seconds": round(figures["seconds"], 3),
-                    "rows_per_s": round(n / figures["seconds"]),
-                    "steady_rows_per_s": None if steady_rate is None else round(steady_rate),
-                    "cpu_s": round(figures["cpu_s"], 2)}) + "\n")
+        record("cdc", [{"load": loads, "rows": n, "chunk_rows": args.chunk,
+                        "interval_s": args.interval, "parallelism": args.parallelism,
+                        "round": r, "run": name, "seconds": round(figures["seconds"], 3),
+                        "rows_per_s": round(n / figures["seconds"]),
+                        "steady_rows_per_s": (None if figures.get("steady_rows_per_s") is None
+                                              else round(figures["steady_rows_per_s"])),
+                        "cpu_s": round(figures["cpu_s"], 2)}
+                       for r, name, figures, loads in runs])
 
 
 if __name__ == "__main__":

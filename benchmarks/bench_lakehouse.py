@@ -39,12 +39,10 @@ one line per run to benchmarks/results/lakehouse.jsonl.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,11 +56,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.nexmark.measure import JobUsage
+from benchmarks.record import record
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import DeltaSink, FileSource, IcebergSink
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "lakehouse.jsonl"
 
 
 def make_input(folder: Path, n: int) -> None:
@@ -197,8 +195,6 @@ def main() -> None:
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-lake-"))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip() or None
     runs: list[dict[str, Any]] = []
     try:
         make_input(tmp / "in", args.n)
@@ -226,12 +222,9 @@ def main() -> None:
                           f"sync {run['checkpoint_sync_s'] or 0:5.2f} s "
                           f"load {run['load']}", flush=True)
                     if args.record:
-                        with RESULTS.open("a") as f:
-                            f.write(json.dumps({
-                                "date": datetime.date.today().isoformat(), "commit": commit,
-                                "machine": f"{os.cpu_count()}-core ({os.uname().machine})",
-                                "parallelism": args.parallelism, "interval": args.interval,
-                                "run": label(kind, mode), **run}) + "\n")
+                        record("lakehouse", [{"parallelism": args.parallelism,
+                                              "interval": args.interval,
+                                              "run": label(kind, mode), **run}])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nmedians of {args.repeat} rounds, parallelism {args.parallelism}, checkpoint "

@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,11 +41,10 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_cdc import Discard
+from benchmarks.record import record
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import MySqlCdcSource
 from tests.connectors.mysql_server import connect, execute, query, throwaway_mariadb
-
-RESULTS = Path(__file__).parent / "results" / "mysql_cdc.jsonl"
 
 
 def fill(dsn: str, table: str, n: int) -> None:
@@ -160,20 +156,10 @@ def main() -> None:
     for name, seconds in runs:
         print(f"{name:<16} {seconds:>8.2f} {n / seconds:>12,.0f}")
     if args.record:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, cwd=Path(__file__).parent).stdout.strip() or None
-        except OSError:
-            commit = None
-        load = os.getloadavg()[0]
-        with RESULTS.open("a") as f:
-            for name, seconds in runs:
-                f.write(json.dumps({
-                    "date": datetime.date.today().isoformat(), "commit": commit,
-                    "machine": "2-core, 24 GiB (python-svc)", "load": round(load, 1),
-                    "server": version, "rows": n, "chunk_rows": args.chunk,
-                    "interval_s": args.interval, "run": name, "seconds": round(seconds, 3),
-                    "rows_per_s": round(n / seconds)}) + "\n")
+        record("mysql_cdc", [{"server": version, "rows": n, "chunk_rows": args.chunk,
+                              "interval_s": args.interval, "run": name,
+                              "seconds": round(seconds, 3), "rows_per_s": round(n / seconds)}
+                             for name, seconds in runs])
 
 
 if __name__ == "__main__":

@@ -31,9 +31,7 @@ and ``s3`` (a moto S3 server process on loopback: each file is downloaded).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -47,6 +45,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.record import record
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 
@@ -240,18 +241,10 @@ def large(args: argparse.Namespace) -> None:
                           f"median {statistics.median(values):.3f} s, "
                           f"max {max(values):.3f} s", flush=True)
                 if args.record:
-                    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                            capture_output=True, text=True,
-                                            cwd=Path(__file__).parent).stdout.strip()
-                    with open(RESULTS, "a") as f:
-                        for r in rows:
-                            f.write(json.dumps({
-                                "date": time.strftime("%Y-%m-%d"), "commit": commit,
-                                "machine": f"{os.cpu_count()}-core ({platform.node()})",
-                                "workload": "W2 recovery", "keys": args.keys,
-                                "backend": "rocksdb", "storage": storage_kind,
-                                "local_recovery": local_recovery, "rate": args.rate,
-                                **r}) + "\n")
+                    record("recovery", [{"workload": "W2 recovery", "keys": args.keys,
+                                         "backend": "rocksdb", "storage": storage_kind,
+                                         "local_recovery": local_recovery, "rate": args.rate,
+                                         **r} for r in rows])
     finally:
         if s3 is not None:
             s3.stop()

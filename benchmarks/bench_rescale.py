@@ -32,18 +32,19 @@ printed too. ``--record`` appends a row per run to
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.record import record
 from lockgate import CheckpointConfig, KeyedProcessFunction, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.state.backend import ValueStateDescriptor
@@ -231,17 +232,8 @@ def main() -> None:
             print(f"{launcher:6s} {direction:4s}: median pause {statistics.median(pauses):.3f} s, "
                   f"max {max(pauses):.3f} s over {len(pauses)} rescales", flush=True)
         if args.record:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True, cwd=Path(__file__).parent).stdout.strip()
-            load = os.getloadavg()[0]
-            with open(RESULTS, "a") as f:
-                for r in rows:
-                    f.write(json.dumps({
-                        "date": time.strftime("%Y-%m-%d"), "commit": commit,
-                        "machine": f"{os.cpu_count()}-core ({platform.node()})",
-                        "load": round(load, 2),
-                        "workload": "W2 rescale (RocksDB)" if w2 else "W1 rescale",
-                        "rate": args.rate, "keys": args.keys, **r}) + "\n")
+            record("rescale", [{"workload": "W2 rescale (RocksDB)" if w2 else "W1 rescale",
+                                "rate": args.rate, "keys": args.keys, **r} for r in rows])
 
 
 if __name__ == "__main__":

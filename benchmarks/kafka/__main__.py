@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.kafka import bare_loop  # noqa: E402
+from benchmarks.record import record  # noqa: E402
 from tests.connectors.kafka_server import noida_broker  # noqa: E402
 from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, produce_numbers, read_all, sums_of  # noqa: E402
@@ -99,20 +97,15 @@ def main() -> None:
     print(f"\nW3: N={args.n:,}, 4 partitions, p={args.parallelism}, keys={args.keys}, "
           f"interval {args.interval} s, median of {args.rounds} rounds")
     print(f"{'system':<26}{'guarantee':<14}{'records/s':>12}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip() or None
     for name, guarantee in systems:
         rate = args.n / statistics.median(walls[name])
         print(f"{name:<26}{guarantee:<14}{rate:>12,.0f}")
         if args.record:
-            row = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": commit,
-                   "machine": f"{os.cpu_count()} cores", "load": os.getloadavg()[0],
-                   "workload": "W3", "records": args.n, "partitions": 4,
-                   "parallelism": args.parallelism, "interval_s": args.interval,
-                   "system": name, "guarantee": guarantee, "records_per_s": round(rate),
-                   "rounds": args.rounds, "stat": "median"}
-            with open(ROOT / "benchmarks" / "results" / "kafka.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+            record("kafka", [{"workload": "W3", "records": args.n, "partitions": 4,
+                              "parallelism": args.parallelism, "interval_s": args.interval,
+                              "system": name, "guarantee": guarantee,
+                              "records_per_s": round(rate), "rounds": args.rounds,
+                              "stat": "median"}])
 
 
 if __name__ == "__main__":

@@ -35,17 +35,16 @@ import multiprocessing as mp
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.record import record  # noqa: E402
 from tests.connectors.kafka_server import noida_broker  # noqa: E402
 from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, produce_numbers  # noqa: E402
@@ -273,8 +272,6 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
                 print(f"round {r + 1}: {json.dumps(lats[i][-1])}", flush=True)
     load = round(statistics.median(loads), 2)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip() or None
     print(f"\nW3 latency, {args.launcher} launcher, p={args.parallelism}, "
           f"{rate:,.0f} records/s, median of {args.rounds} rounds, load {load}")
     cols = ("p50_ms", "p99_ms", "max_ms", "duration_ms", "alignment_ms", "sync_ms", "async_ms",
@@ -286,14 +283,12 @@ def main() -> None:
         row = {k: _median([x.get(k) for x in lats[i]]) for k in cols}
         print(f"{i:>9}{tp or 0:>11,}" + "".join(f"{_fmt(row[c]):>10}" for c in cols))
         if args.record:
-            line = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": commit,
-                    "machine": f"{os.cpu_count()} cores", "load": load, "workload": "W3",
+            line = {"load": load, "workload": "W3",
                     "launcher": args.launcher, "parallelism": args.parallelism,
                     "interval_s": i, "records_per_s": tp, "throughput_records": args.n,
                     "latency_rate": round(rate), "latency_seconds": args.seconds,
                     "rounds": args.rounds, "stat": "median", **row}
-            with open(ROOT / "benchmarks" / "results" / "kafka_latency.jsonl", "a") as f:
-                f.write(json.dumps(line) + "\n")
+            record("kafka_latency", [line])
 
 
 if __name__ == "__main__":
