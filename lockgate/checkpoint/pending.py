@@ -29,6 +29,8 @@ class CheckpointAbortReason(StrEnum):
     DECLINED = "a task declined it"
     WRITE_FAILED = "its files could not be written"
     TASK_FAILURE = "a task failed"
+    ATTEMPT_ENDED = "its attempt ended without a failure"
+    """The job was cancelled while the checkpoint was in flight."""
 
 
 @dataclass

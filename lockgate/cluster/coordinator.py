@@ -239,8 +239,18 @@ class CheckpointCoordinator:
             self._abort(CheckpointAbortReason.DECLINED, detail=reason)
 
     def on_attempt_failed(self) -> None:
+        """A task failed: the attempt's tasks are gone, its pending checkpoint with them."""
+        self._end_attempt(CheckpointAbortReason.TASK_FAILURE)
+
+    def on_attempt_ended(self) -> None:
+        """The attempt's tasks ended, or were ended, without a failure (the
+        job finished, stopped, rescales or was cancelled): a checkpoint still
+        pending (a cancel's) is aborted for that reason, not a task's failure."""
+        self._end_attempt(CheckpointAbortReason.ATTEMPT_ENDED)
+
+    def _end_attempt(self, reason: CheckpointAbortReason) -> None:
         if self.pending is not None:
-            self._abort(CheckpointAbortReason.TASK_FAILURE, notify=False)
+            self._abort(reason, notify=False)
         self.plan = None
 
     # ------------------------------------------------------------- outcome

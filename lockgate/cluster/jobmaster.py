@@ -236,7 +236,7 @@ class JobMaster(RestartHandler):
                 if op.kind == OperatorKind.SOURCE:
                     op.fn.prepare(str(self.job_dir), op.uid)
             status = self._run_attempts()
-            self._end_attempt()
+            self._end_attempt(failed=False)
             drain = self.commands.drain
             if drain is not None:  # the final checkpoint was the savepoint
                 final = [r for r in self.coordinator.savepoint_results.values()
@@ -294,7 +294,7 @@ class JobMaster(RestartHandler):
                 self._run_attempt()
                 rescale = self.commands.rescaled()
                 if rescale is not None:
-                    self._end_attempt()
+                    self._end_attempt(failed=False)
                     self._rescale_to(rescale)
                     continue
                 return JobStatus.STOPPED if self.commands.attempt_ended() else JobStatus.FINISHED
@@ -306,7 +306,7 @@ class JobMaster(RestartHandler):
                     e = self._root_cause(e)
                 self.startup.mark("cause")
                 self._failed_at = time.monotonic()
-                self._end_attempt()
+                self._end_attempt(failed=True)
                 self.startup.mark("stopped")
                 rescale = self.commands.attempt_failed()
                 self._restart_after(e)
@@ -550,8 +550,13 @@ class JobMaster(RestartHandler):
         after a restart, counts restart from the restored positions)."""
         self.records[task] = metadata.Progress(read, written)
 
-    def _end_attempt(self) -> None:
-        self.coordinator.on_attempt_failed()
+    def _end_attempt(self, failed: bool) -> None:
+        """Kill what is left of the attempt; its checkpoint in flight (if
+        any) ends for a task's failure only if one ``failed``."""
+        if failed:
+            self.coordinator.on_attempt_failed()
+        else:
+            self.coordinator.on_attempt_ended()
         if self.launcher is not None:
             self.launcher.stop()
             self.launcher = None

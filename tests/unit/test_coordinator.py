@@ -227,3 +227,20 @@ def test_metadata_that_cannot_be_written_declines_the_checkpoint_and_the_job_goe
     c.tick()
     ack_all(c, 2)
     assert c.history[-1].status == "completed" and c.consecutive_failures == 0
+
+
+@pytest.mark.parametrize(("end", "failure"), [("on_attempt_failed", "a task failed"),
+                                              ("on_attempt_ended", "its attempt ended")])
+def test_a_checkpoint_in_flight_when_its_attempt_ends_says_why(env, end, failure):
+    """A cancel ends the attempt with a checkpoint in flight: its record says
+    the attempt ended, not that a task failed; neither counts towards failing
+    the job, and the tasks (gone) are told nothing."""
+    c, clock, sent = env
+    clock.now += 1.0
+    c.tick()
+    getattr(c, end)()
+    assert c.pending is None and c.plan is None
+    record = c.history[-1]
+    assert record.status == "failed" and record.failure.startswith(failure)
+    assert c.consecutive_failures == 0 and c.failed_count == 1
+    assert not any(isinstance(m, NotifyAborted) for _, _, m in sent)
