@@ -92,6 +92,11 @@ class JobEnds(Exception):
         self.status = status
 
 
+def failure_reason(failure: Exception) -> str:
+    """What a failed attempt failed of, as shown and logged (no secrets)."""
+    return failure.reason if isinstance(failure, AttemptFailed) else redact(str(failure))
+
+
 def reported_failure(task: int, report: Failed, task_name: str) -> AttemptFailed:
     """The failure a task's :class:`Failed` report stands for."""
     failed = AttemptFailed(f"task {task_name} failed: {report.error}", task, report.error_type,

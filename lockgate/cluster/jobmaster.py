@@ -8,7 +8,7 @@ zombie of an older attempt writes anything. Events from tasks
 time, with the requests from outside (:mod:`lockgate.cluster.commands`)
 between them; the checkpoint coordinator is only ever called from this loop.
 Why an attempt failed and how long to wait are pure decisions
-(:mod:`lockgate.cluster.failures`), acted on by the ``RestartHandler`` part
+(:mod:`lockgate.cluster.failures`), taken by its ``Restarts``
 (:mod:`lockgate.cluster.restarts`); checking a job before it runs is
 :mod:`lockgate.cluster.submission`.
 """
@@ -20,6 +20,7 @@ import os
 import queue
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ from lockgate.cluster.failures import (
     AttemptFailed,
     JobEnds,
     exit_text,
+    failure_reason,
     reported_failure,
 )
 from lockgate.cluster.launcher import Launcher, end_job, make_launcher
@@ -55,7 +57,7 @@ from lockgate.cluster.metrics import JobMetrics, history_entry, overview
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.rescale import available_slots, rescale_plan
-from lockgate.cluster.restarts import RestartHandler
+from lockgate.cluster.restarts import ROOT_CAUSE_WAIT, Restarts
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.spark.naming import dashboard_of
 from lockgate.cluster.specs import task_specs
@@ -92,7 +94,7 @@ TICK = 0.02  # seconds between coordinator ticks
 DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
 
 
-class JobMaster(RestartHandler):
+class JobMaster:
     def __init__(self, pipeline: Pipeline, graph: JobGraph, options: RunOptions,
                  guarantee: Guarantee, started_from: CompletedCheckpoint | None = None) -> None:
         self.pipeline = pipeline
@@ -106,7 +108,6 @@ class JobMaster(RestartHandler):
         self.job_dir = storage.prepare_job_dir(self.config.storage, self.job_id)
         self.secret = os.urandom(32)
         self.events: queue.Queue[TaskEvent] = queue.Queue()
-        self.restart: RestartStrategy = pipeline.restart or DEFAULT_RESTART
         self._use_graph(graph)
         modes = {op.uid: OperatorStateMode(
             OperatorStateMode.UNION if op.kind == OperatorKind.SINK
@@ -125,25 +126,25 @@ class JobMaster(RestartHandler):
         """What the pipeline's user code is made of: the roots of its script's
         classes (sent to the tasks) and functions (tracebacks)."""
         self.script_classes = script_classes(*self._user_code)
+        self._started_from = started_from
+        """The checkpoint or savepoint the user started the job from."""
+        restart: RestartStrategy = pipeline.restart or DEFAULT_RESTART
+        self.restarts = Restarts(self.job_id, restart, self._task_name, self._user_code,
+                                 other_job(started_from.metadata if started_from else None,
+                                           pipeline.name))
+        """Failures, the restart strategy's decisions, recovery times."""
         self.launcher: Launcher | None = None
         self.records: dict[int, metadata.Progress] = {}
         """Per task of this attempt: the records it read and wrote, as it last reported."""
-        self.failures: list[str] = []
-        self.failed_at_checkpoints: list[int] = []
         self._reported = 0
         self._started = time.monotonic()
         self._started_wall = time.time()
         self._running: set[int] = set()
-        self._failed_at: float | None = None
-        self._started_from = started_from
-        """The checkpoint or savepoint the user started the job from."""
         self._registered: dict[int, tuple[str, int]] = {}
         self._finished: set[int] = set()
         self.exit_codes: dict[int, int | None] = {}
-        self.recovery_times: list[float] = []
         self.local_restores: list[LocalRestoreRecord] = []
         """What local recovery did at each restore of a keyed operator."""
-        """Seconds from detecting a failure until every task of the next attempt runs."""
         self.state = JobStatus.CREATED
         self.startup = StartupLog()
         """When each start-up step of each attempt happened (cold start, recoveries)."""
@@ -198,7 +199,7 @@ class JobMaster(RestartHandler):
         totals = self._totals()
         return {
             "job_id": self.job_id, "name": self.pipeline.name, "status": self.state.value,
-            "attempt": self.attempt, "restarts": len(self.failures),
+            "attempt": self.attempt, "restarts": len(self.restarts.failures),
             "records_read": totals.read, "records_written": totals.written,
             "started_at": self._started_wall, "launcher": self.options.launcher,
             "parallelism": max(v.parallelism for v in self.graph.vertices),
@@ -268,13 +269,13 @@ class JobMaster(RestartHandler):
         return JobResult(
             job_id=self.job_id, status=status, guarantee=self.guarantee,
             savepoint=self.commands.savepoint_path,
-            restarts=len(self.failures), failures=list(self.failures),
+            restarts=len(self.restarts.failures), failures=list(self.restarts.failures),
             checkpoints=list(self.coordinator.history),
             latest_checkpoint=str(latest.path) if latest else None,
             records_in=totals.read,
             records_out=totals.written,
             duration=time.monotonic() - started,
-            recovery_times=list(self.recovery_times),
+            recovery_times=list(self.restarts.recovery_times),
             local_restores=list(self.local_restores),
         )
 
@@ -303,9 +304,10 @@ class JobMaster(RestartHandler):
             except (AttemptFailed, CheckpointFailureError) as e:
                 self.startup.mark("failed")
                 if isinstance(e, AttemptFailed):
-                    e = self._root_cause(e)
+                    e = self.restarts.root_cause(e, self._events_for(ROOT_CAUSE_WAIT),
+                                                 self._finished)
                 self.startup.mark("cause")
-                self._failed_at = time.monotonic()
+                self.restarts.detected()
                 self._end_attempt(failed=True)
                 self.startup.mark("stopped")
                 rescale = self.commands.attempt_failed()
@@ -410,9 +412,8 @@ class JobMaster(RestartHandler):
                         self.autoscaling.running()
                 self.startup.task_running(task, steps, len(self._running) == self.graph.num_tasks,
                                           getattr(self.launcher, "steps", None))
-                if len(self._running) == self.graph.num_tasks and self._failed_at is not None:
-                    self.recovery_times.append(time.monotonic() - self._failed_at)
-                    self._failed_at = None
+                if len(self._running) == self.graph.num_tasks:
+                    self.restarts.all_running()
             case Ack():
                 self._count(task, msg.read, msg.written)
                 self.coordinator.on_ack(task, msg.checkpoint_id, msg.handles,
@@ -439,7 +440,7 @@ class JobMaster(RestartHandler):
                 self._finished.add(task)
             case Failed():
                 failure = reported_failure(task, msg, self._task_name(task))
-                self._log_report(failure)
+                self.restarts.log_report(failure)
                 raise failure
 
     def _local_restores(self, task: int, reports: list[list[Any]]) -> None:
@@ -514,10 +515,6 @@ class JobMaster(RestartHandler):
         except OSError as e:  # the savepoint is whole; a resumed job sends again (ids dedup)
             log.warning("could not mark savepoint %s as committed: %s", fs.redact(path), e)
 
-    def _other_job(self) -> str:
-        return other_job(self._started_from.metadata if self._started_from else None,
-                         self.pipeline.name)
-
     def _report_progress(self) -> None:
         self._reported = self.coordinator.completed_count
         if self.options.on_progress is None:
@@ -534,7 +531,7 @@ class JobMaster(RestartHandler):
             last_checkpoint_id=(record.checkpoint_id if record  # a final savepoint too
                                 else latest.checkpoint_id if latest else None),
             last_checkpoint_duration=record.duration if record else None,
-            restarts=len(self.failures),
+            restarts=len(self.restarts.failures),
             elapsed=time.monotonic() - self._started,
         ))
 
@@ -549,6 +546,28 @@ class JobMaster(RestartHandler):
         """Progress: records read by sources and written by sinks (this attempt;
         after a restart, counts restart from the restored positions)."""
         self.records[task] = metadata.Progress(read, written)
+
+    def _restart_after(self, e: Exception) -> None:
+        """Fail the job, or wait for the restart strategy and count the attempt."""
+        reason = failure_reason(e)
+        self.monitor.on_restart(self.attempt, reason, getattr(e, "task", None), self._task_name)
+        latest = self.coordinator.latest
+        delay = self.restarts.restart_delay(e, reason, self.attempt,
+                                            self.coordinator.completed_count,
+                                            latest.path if latest else None)
+        time.sleep(delay)
+        self.attempt += 1
+
+    def _events_for(self, seconds: float) -> Iterator[TaskEvent]:
+        """This attempt's events as they come, for ``seconds`` at most."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                event = self.events.get(timeout=left)
+            except queue.Empty:
+                return
+            if event.attempt == self.attempt:
+                yield event
 
     def _end_attempt(self, failed: bool) -> None:
         """Kill what is left of the attempt; its checkpoint in flight (if

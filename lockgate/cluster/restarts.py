@@ -1,20 +1,19 @@
-"""Failures and restarts, as a mixin of
+"""Failures and restarts (Flink's ``RestartBackoffTimeStrategy`` with the
+failure handling around it), one collaborator of
 :class:`~lockgate.cluster.jobmaster.JobMaster`: the root cause of a failed
-attempt (waiting a moment for the report of the task whose death broke a
-channel), a task's report in the log, and the restart strategy's decision
-(fail the job, or wait and count the next attempt). The decisions themselves
-are pure (:mod:`lockgate.cluster.failures`)."""
+attempt, a task's report in the log, the restart strategy's decision (fail
+the job, or the seconds to wait before the next attempt) and the recovery
+times. It sleeps, reads events and counts attempts never: the job master
+does. The decisions themselves are pure (:mod:`lockgate.cluster.failures`)."""
 
 from __future__ import annotations
 
 import logging
-import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from lockgate import fs
-from lockgate.cluster.coordinator import CheckpointCoordinator, CheckpointFailureError
 from lockgate.cluster.events import TaskEvent
 from lockgate.cluster.failures import (
     BROKEN_CHANNELS,
@@ -24,10 +23,8 @@ from lockgate.cluster.failures import (
     root_cause,
     streak,
 )
-from lockgate.cluster.metrics import JobMetrics
 from lockgate.config import RestartStrategy
 from lockgate.errors import JobFailedError
-from lockgate.redact import redact
 from lockgate.state.script_classes import script_traceback
 
 log = logging.getLogger("lockgate.driver")
@@ -36,56 +33,54 @@ ROOT_CAUSE_WAIT = 1.0
 """Seconds a failure seen as a broken channel waits for the failure that broke it."""
 
 
-class RestartHandler:
-    job_id: str
-    attempt: int
-    restart: RestartStrategy
-    failures: list[str]
-    failed_at_checkpoints: list[int]
-    """The count of completed checkpoints at each failure (the back-off's streak)."""
-    events: queue.Queue[TaskEvent]
-    coordinator: CheckpointCoordinator
-    monitor: JobMetrics
-    _finished: set[int]
-    _user_code: list[tuple[Any, Any, Any]]
-    _task_name: Callable[[int], str]
-    _other_job: Callable[[], str]
+class Restarts:
+    """One job's failures and what they lead to (see the module).
 
-    def _restart_after(self, e: AttemptFailed | CheckpointFailureError) -> None:
-        """Fail the job, or wait for the restart strategy and count the attempt."""
-        reason = e.reason if isinstance(e, AttemptFailed) else redact(str(e))
-        self.failures.append(reason)
-        self.monitor.on_restart(self.attempt, reason, getattr(e, "task", None), self._task_name)
-        if isinstance(e, AttemptFailed) and e.fatal:
-            raise JobFailedError(f"job {self.job_id} failed: {reason}.{self._other_job()} "
-                                 "Restarting cannot help; nothing committed was lost") from None
-        self.failed_at_checkpoints.append(self.coordinator.completed_count)
-        delay = restart_delay(self.restart, self.failures,
-                              isinstance(e, AttemptFailed) and e.reported,
-                              streak(self.failed_at_checkpoints))
-        if delay is None:
-            raise JobFailedError(
-                f"job {self.job_id} failed after {len(self.failures)} failure(s) "
-                f"({len(self.failures) - 1} restarts); last: {reason}") from None
-        n = repeats(self.failures)
-        if n > 1:  # the traceback and the input were printed already
-            log.warning("attempt %d failed the same way again (%d in a row): %s; "
-                        "restart %d of at most %s in %.2f s", self.attempt, n, reason,
-                        len(self.failures), getattr(self.restart, "max_attempts", "?"), delay)
-        else:
-            latest = self.coordinator.latest
-            log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
-                        self.attempt, reason, delay,
-                        fs.redact(latest.path) if latest else "the beginning")
-        time.sleep(delay)
-        self.attempt += 1
+    ``task_name``: a task's name in the attempt now running (it changes with
+    a rescale); ``hint``: what to add to a fatal failure's message (which
+    other job's checkpoint the job started from, if it did);
+    ``user_code``: the roots of the pipeline's user code, whose frames a
+    task's traceback shows (:func:`script_traceback`)."""
 
-    def _log_report(self, failure: AttemptFailed) -> None:
+    def __init__(self, job_id: str, strategy: RestartStrategy, task_name: Callable[[int], str],
+                 user_code: Sequence[tuple[Any, Any, Any]] = (), hint: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id = job_id
+        self.strategy = strategy
+        self.task_name = task_name
+        self.user_code = list(user_code)
+        self.hint = hint
+        self.clock = clock
+        self.failures: list[str] = []
+        """Why each failed attempt failed, oldest first (one restart each but the last)."""
+        self.failed_at_checkpoints: list[int] = []
+        """The count of completed checkpoints at each failure (the back-off's streak)."""
+        self.recovery_times: list[float] = []
+        """Seconds from detecting a failure until every task of the next attempt runs."""
+        self._failed_at: float | None = None
+
+    # ------------------------------------------------------ an attempt fails
+    def detected(self) -> None:
+        """A failure of the attempt was seen: its recovery time starts."""
+        self._failed_at = self.clock()
+
+    def root_cause(self, failure: AttemptFailed, events: Iterable[TaskEvent],
+                   finished: Collection[int]) -> AttemptFailed:
+        """The failure to report for ``failure``, from what the attempt's
+        tasks said next (``events``, until the caller's deadline; ``finished``:
+        the tasks that ended normally); a cause found there is logged
+        (:func:`root_cause`)."""
+        cause = root_cause(failure, events, finished, self.task_name)
+        if cause is not failure and cause.report is not None:
+            self.log_report(cause)
+        return cause
+
+    def log_report(self, failure: AttemptFailed) -> None:
         """Show a task's report of its failure: a broken channel (most often a
         peer's death) in one line, a user function's traceback once."""
         report = failure.report
         assert report is not None and failure.task is not None
-        name = self._task_name(failure.task)
+        name = self.task_name(failure.task)
         if report.error_type in BROKEN_CHANNELS:
             log.warning("task %s: %s", name, report.error)
         elif self.failures and self.failures[-1] == failure.reason:
@@ -94,25 +89,42 @@ class RestartHandler:
         else:
             log.error("task %s failed%s:\n%s", name,
                       f" at {report.where}" if report.where else "",
-                      script_traceback(report.traceback, *self._user_code))
+                      script_traceback(report.traceback, *self.user_code))
 
-    def _root_cause(self, failure: AttemptFailed) -> AttemptFailed:
-        """Wait a moment for the report of the task whose death broke a
-        channel, or of a task whose exit came first, and name it if it comes
-        (:func:`root_cause`)."""
-        cause = root_cause(failure, self._events_for(ROOT_CAUSE_WAIT), self._finished,
-                           self._task_name)
-        if cause is not failure and cause.report is not None:
-            self._log_report(cause)
-        return cause
+    def restart_delay(self, failure: Exception, reason: str, attempt: int,
+                      completed_checkpoints: int, restores: str | None) -> float:
+        """Record attempt ``attempt``'s failure (``reason``), and return the
+        seconds to wait before the next attempt; raises
+        :class:`~lockgate.errors.JobFailedError` when the job fails instead (a
+        fatal error, or the strategy gives up). ``completed_checkpoints``: the
+        job's count so far (the back-off's streak); ``restores``: the
+        checkpoint the next attempt restores (None: the beginning)."""
+        self.failures.append(reason)
+        if isinstance(failure, AttemptFailed) and failure.fatal:
+            raise JobFailedError(f"job {self.job_id} failed: {reason}.{self.hint} "
+                                 "Restarting cannot help; nothing committed was lost") from None
+        self.failed_at_checkpoints.append(completed_checkpoints)
+        delay = restart_delay(self.strategy, self.failures,
+                              isinstance(failure, AttemptFailed) and failure.reported,
+                              streak(self.failed_at_checkpoints))
+        if delay is None:
+            raise JobFailedError(
+                f"job {self.job_id} failed after {len(self.failures)} failure(s) "
+                f"({len(self.failures) - 1} restarts); last: {reason}") from None
+        n = repeats(self.failures)
+        if n > 1:  # the traceback and the input were printed already
+            log.warning("attempt %d failed the same way again (%d in a row): %s; "
+                        "restart %d of at most %s in %.2f s", attempt, n, reason,
+                        len(self.failures), getattr(self.strategy, "max_attempts", "?"), delay)
+        else:
+            log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
+                        attempt, reason, delay,
+                        fs.redact(restores) if restores else "the beginning")
+        return delay
 
-    def _events_for(self, seconds: float) -> Iterator[TaskEvent]:
-        """This attempt's events as they come, for ``seconds`` at most."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                event = self.events.get(timeout=left)
-            except queue.Empty:
-                return
-            if event.attempt == self.attempt:
-                yield event
+    # ------------------------------------------------- the next one runs
+    def all_running(self) -> None:
+        """Every task of an attempt runs: a recovery in progress is over."""
+        if self._failed_at is not None:
+            self.recovery_times.append(self.clock() - self._failed_at)
+            self._failed_at = None

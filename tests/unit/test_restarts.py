@@ -1,0 +1,102 @@
+"""The job master's ``Restarts`` alone: what each failure leads to (the
+restart strategy's delay, backed off, or the job's failure), the root cause
+logged once, and the recovery times, with a fake clock and no processes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lockgate.cluster.events import TaskDisconnected, TaskMessage
+from lockgate.cluster.failures import AttemptFailed, reported_failure
+from lockgate.cluster.restarts import Restarts
+from lockgate.config import FixedDelayRestart, NoRestart
+from lockgate.errors import JobFailedError
+from lockgate.protocol import Failed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+THREE = FixedDelayRestart(max_attempts=3, delay_s=0.25)
+
+
+def restarts(strategy: FixedDelayRestart | NoRestart = THREE,
+             clock: Clock | None = None) -> Restarts:
+    return Restarts("job-1", strategy, lambda t: f"t{t}", hint=" (hint)",
+                    clock=clock or Clock())
+
+
+def report(task: int, error_type: str, error: str) -> Failed:
+    return Failed(f"{error_type}: {error}", error_type, None, "Traceback: ...")
+
+
+def test_the_strategys_delay_until_it_gives_up() -> None:
+    r = restarts()
+    deaths = [AttemptFailed(f"task t{t} was killed by SIGKILL", t) for t in range(4)]
+    delays = [r.restart_delay(e, e.reason, n, n, None) for n, e in enumerate(deaths[:3])]
+    assert delays == [0.25] * 3
+    with pytest.raises(JobFailedError, match=r"after 4 failure\(s\) \(3 restarts\); last: task t3"):
+        r.restart_delay(deaths[3], deaths[3].reason, 3, 3, None)
+    assert r.failures == [e.reason for e in deaths]
+
+
+def test_a_fatal_failure_fails_the_job_at_once_with_the_hint() -> None:
+    r = restarts()
+    fatal = AttemptFailed("task t0 failed: bad state", 0, "CheckpointCorruptError", reported=True)
+    with pytest.raises(JobFailedError, match=r"bad state\. \(hint\) Restarting cannot help"):
+        r.restart_delay(fatal, fatal.reason, 0, 5, None)
+    assert r.failures == [fatal.reason] and r.failed_at_checkpoints == []
+
+
+def test_reported_failures_without_a_checkpoint_in_between_back_off() -> None:
+    """Errors in turn with no checkpoint completed in between back off; one
+    completed checkpoint starts the streak again; a death never backs off."""
+    r = restarts(FixedDelayRestart(max_attempts=10, delay_s=0.0))
+    errors = [reported_failure(t % 2, report(t % 2, "ValueError", f"x{t}"), f"t{t % 2}")
+              for t in range(4)]
+    assert [r.restart_delay(e, e.reason, n, 7, None) for n, e in enumerate(errors[:3])] == [
+        0.0, 0.5, 1.0]
+    assert r.restart_delay(errors[3], errors[3].reason, 3, 8, None) == 0.0  # a checkpoint
+    death = AttemptFailed("task t1 was killed by SIGKILL", 1)
+    assert r.restart_delay(death, death.reason, 4, 8, None) == 0.0
+
+
+def test_no_restart_fails_on_the_first_failure() -> None:
+    r = restarts(NoRestart())
+    e = RuntimeError("3 checkpoints failed in a row")
+    with pytest.raises(JobFailedError, match=r"after 1 failure\(s\) \(0 restarts\)"):
+        r.restart_delay(e, str(e), 0, 0, None)
+
+
+def test_recovery_time_from_detection_to_every_task_running() -> None:
+    clock = Clock()
+    r = restarts(clock=clock)
+    r.all_running()  # the first attempt: no recovery
+    r.detected()
+    clock.now += 2.5
+    r.all_running()
+    clock.now += 1.0
+    r.all_running()  # a rescale's attempt later: no failure before it
+    assert r.recovery_times == [2.5]
+
+
+def test_the_root_cause_is_logged_once_and_a_repeat_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    r = restarts()
+    broken = AttemptFailed("task t2 failed: ConnectionError: channel broke", 2, "ConnectionError")
+    events = [TaskMessage(0, 1, report(1, "ValueError", "bad record")), TaskDisconnected(0, 1)]
+    with caplog.at_level(logging.DEBUG, "lockgate.driver"):
+        cause = r.root_cause(broken, events, set())
+        assert cause.task == 1 and "bad record" in cause.reason
+        r.restart_delay(cause, cause.reason, 0, 0, None)
+        r.log_report(cause)  # the next attempt fails the same way
+    levels = [rec.levelno for rec in caplog.records
+              if rec.getMessage().startswith("task t1 failed")]
+    assert levels == [logging.ERROR, logging.DEBUG]
