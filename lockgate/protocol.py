@@ -383,10 +383,12 @@ class KillTask(ControlMessage):
 
 @dataclass(frozen=True, slots=True)
 class Release(ControlMessage):
-    """To a host: the job is over; end the child, if any, and return the
-    Spark task."""
+    """To a host: end the child, if any, and return the Spark task. ``job_over``:
+    the job ended (the host deletes the job's local copies on its machine);
+    False: the job goes on in a stage of another size (a rescale)."""
 
     tag: ClassVar[str] = "release"
+    job_over: bool = True
 
 
 @dataclass(frozen=True, slots=True)

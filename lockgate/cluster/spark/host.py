@@ -16,7 +16,8 @@ failover the same way.
 
 The host stays single-threaded (it forks), SIGKILLs its child on
 :class:`~lockgate.protocol.KillTask`, and ends it before returning
-(:class:`~lockgate.protocol.Release`, or the driver gone). A child dies with
+(:class:`~lockgate.protocol.Release`: the job's end, or a rescale whose next
+attempt needs a stage of another size; or the driver gone). A child dies with
 its host (``PR_SET_PDEATHSIG``): when Spark kills the host's Python worker (a
 cancelled stage, a lost executor), no task outlives it.
 """
@@ -81,8 +82,8 @@ def serve(job: dict[str, Any]) -> int:
         log.warning("the Spark task hosting slot %d runs %d threads: forking its task "
                     "children may deadlock", slot, threading.active_count())
     with process_name(f"{HOST_PROCESS_PREFIX}{job['generation']}-{slot}"[:15]):
-        released = _loop(channel, link)
-    if released:  # the job ended: its local copies on this machine go (local recovery)
+        job_over = _loop(channel, link)
+    if job_over:  # the job ended: its local copies on this machine go (local recovery)
         from lockgate.state.factory import remove_local_copies
 
         try:
@@ -94,8 +95,9 @@ def serve(job: dict[str, Any]) -> int:
 
 
 def _loop(channel: wire.ControlChannel, link: wire.Link) -> bool:
-    """Serve the driver's messages; True when released (the job ended),
-    False when the driver went away."""
+    """Serve the driver's messages; True when released at the job's end,
+    False when released for a stage of another size (a rescale) or when the
+    driver went away."""
     child: _Child | None = None
     try:
         while True:
@@ -121,8 +123,8 @@ def _loop(channel: wire.ControlChannel, link: wire.Link) -> bool:
                 case KillTask():
                     if child is not None:
                         child.kill()
-                case Release():
-                    return True
+                case Release(job_over):
+                    return job_over
     finally:
         if child is not None:
             child.kill()

@@ -5,7 +5,9 @@ per task slot (:mod:`lockgate.cluster.spark.host`), kept across attempts.
 running stage when every one of them is connected (one
 :class:`~lockgate.protocol.RunTask` each: a fork on the executor, no Spark
 scheduling), else on a new stage (a new *generation*: the old stage, if any,
-is cancelled first, and its hosts that connect late are refused). Spark never
+ends first, and its hosts that connect late are refused). A whole old stage of
+another size (a rescale) is released: its hosts return their Spark tasks and
+the slots are free at once; one that lost a host is cancelled. Spark never
 relaunches a barrier stage one of whose tasks died, so a lost host (its
 executor or Python worker killed) costs a new stage; a lost task costs a
 fork. :func:`release` ends the stage when the job is over.
@@ -36,8 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("lockgate.driver")
 
 RELEASE_TIMEOUT = 10.0
-"""Seconds :meth:`BarrierStage.close` waits for released hosts to return
-before it cancels the stage."""
+"""Seconds a released stage's hosts have to return (the job's end, or a
+rescale's new stage) before the stage is cancelled."""
 
 ABORT_TIMEOUT = 30.0
 """Seconds a new stage waits for the cancelled one's Spark job to end."""
@@ -114,7 +116,7 @@ class BarrierStage:
                 for slot, host in self._hosts.items():
                     self._send(slot, host, RunTask(watcher.attempt, payloads[slot]))
                 return True
-        self._abort()
+        self._retire()
         with self._lock:
             self._generation += 1
             self.generations += 1
@@ -168,17 +170,7 @@ class BarrierStage:
             self._closed = True
             hosts = list(self._hosts.values())
             job = self._job
-        for host in hosts:
-            try:
-                host.channel.send(Release())
-            except OSError:
-                pass
-        if job is not None:
-            job.join(RELEASE_TIMEOUT)
-            if job.is_alive():
-                log.warning("the hosts of the job's Spark stage did not return %.0f s after "
-                            "they were released; cancelling it", RELEASE_TIMEOUT)
-                self._abort()
+        self._release(hosts, job, job_over=True)
         handshake.close_listener(self._listener)
 
     # ------------------------------------------------------------ internals
@@ -188,14 +180,55 @@ class BarrierStage:
         except OSError:
             host.alive = False  # its reader reports the loss
 
-    def _abort(self) -> None:
+    def _retire(self) -> None:
+        """Before a new stage: end the running one. Hosts that all run (a
+        rescale: the next attempt needs a stage of another size) are released
+        and return their Spark tasks, whose slots are then free at once; a
+        cancelled stage keeps them up to ~2 s more (Spark's Python runner
+        looks at a cancelled task every 2 s before it kills the worker). A
+        stage whose hosts are not all there, or that does not end when
+        released, is cancelled."""
         with self._lock:
-            job, group, sc = self._job, self._group, self._sc
-            # hosts of the old stage connecting late are refused, and those
-            # connected are no longer the stage's (their end is no news)
+            hosts = list(self._hosts.values())
+            whole = (self._job is not None and self._job.is_alive() and not self._pending
+                     and len(hosts) == self._slots and all(h.alive for h in hosts))
+        if not whole:
+            self._abort()
+            return
+        self._release(hosts, self._detach(), job_over=False)
+
+    def _release(self, hosts: list[_Host], job: threading.Thread | None,
+                 job_over: bool) -> None:
+        """Release ``hosts`` (each ends its child and returns its Spark task) and
+        wait for the stage's Spark job to end, else cancel it."""
+        for host in hosts:
+            try:
+                host.channel.send(Release(job_over))
+            except OSError:
+                pass
+        if job is None:
+            return
+        job.join(RELEASE_TIMEOUT)
+        if job.is_alive():
+            log.warning("the hosts of the job's Spark stage did not return %.0f s after "
+                        "they were released; cancelling it", RELEASE_TIMEOUT)
+            self._abort()
+
+    def _detach(self) -> threading.Thread | None:
+        """The running stage is no longer the job's: hosts of it connecting
+        late are refused, and those connected are no longer the stage's
+        (their end is no news). Returns its Spark job's thread."""
+        with self._lock:
+            job = self._job
             self._generation += 1
             self._hosts = {}
             self._pending = {}
+        return job
+
+    def _abort(self) -> None:
+        with self._lock:
+            group, sc = self._group, self._sc
+        job = self._detach()
         if job is None or not job.is_alive():
             return
         try:
