@@ -73,12 +73,11 @@ import socket
 import stat
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from lockgate.fs import private
-from lockgate.fs.checked import CHUNK
+from lockgate.fs.checked import copy_checked
 from lockgate.state.incremental import IncrementalState, SharedFile
 from lockgate.state.rocksdb.local import listdir, make_marked, marked, remove_folder, rmtree
 
@@ -379,49 +378,14 @@ def link_checked(source: str, target: str, ref: SharedFile, link: bool) -> None:
     """Make the new local file ``target`` hold the local copy's file
     ``source``, a regular file (never followed if a link) of ``ref``'s size
     and CRC-32: the checked file itself hard-linked (``link``, where the
-    filesystem allows) or copied. :class:`CopyUnusable` if it is not."""
+    filesystem allows) or copied (:func:`lockgate.fs.checked.copy_checked`).
+    :class:`CopyUnusable` naming the file and what is wrong if it is not."""
     name = os.path.basename(source)
     try:
-        fd = os.open(source, _OPEN_FLAGS)
+        copy_checked(source, target, "local copy's file", size=ref.size, crc32=ref.crc32,
+                     link=link, refuse=lambda problem: CopyUnusable(f"{name} {problem}"))
     except FileNotFoundError:
         raise CopyUnusable(f"{name} is missing") from None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise CopyUnusable(f"{name} is a symbolic link") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CopyUnusable(f"{name} is not a regular file")
-        if st.st_size != ref.size:
-            raise CopyUnusable(f"{name} has {st.st_size} bytes, the checkpoint recorded "
-                               f"{ref.size}")
-        linked = False
-        if link:
-            crc = _crc(fd, ref.size)
-            _check_crc(name, crc, ref)
-            try:
-                os.link(f"/proc/self/fd/{fd}", target, follow_symlinks=True)
-                linked = True
-            except OSError:
-                os.lseek(fd, 0, os.SEEK_SET)  # another device, no /proc: a copy
-        if not linked:
-            try:
-                crc, got = 0, 0
-                with private.open_new(target) as out:
-                    while got <= ref.size and (chunk := os.read(fd, CHUNK)):
-                        out.write(chunk)
-                        got += len(chunk)
-                        crc = zlib.crc32(chunk, crc)
-                if got != ref.size:
-                    raise CopyUnusable(f"{name} changed while it was read")
-                _check_crc(name, crc, ref)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.remove(target)
-                raise
-    finally:
-        os.close(fd)
 
 
 def remove_job(directory: str, job_id: str) -> None:
@@ -496,19 +460,6 @@ def _check_files(folder: str, expected: dict[str, SharedFile]) -> None:
         if st.st_size != ref.size:
             raise CopyUnusable(f"{name} has {st.st_size} bytes, the checkpoint recorded "
                                f"{ref.size}")
-
-
-def _crc(fd: int, size: int) -> int:
-    crc, left = 0, size + 1
-    while left > 0 and (chunk := os.read(fd, min(CHUNK, left))):
-        crc = zlib.crc32(chunk, crc)
-        left -= len(chunk)
-    return crc
-
-
-def _check_crc(name: str, crc: int, ref: SharedFile) -> None:
-    if ref.crc32 is not None and crc != ref.crc32:
-        raise CopyUnusable(f"{name} does not match its checksum")
 
 
 # --------------------------------------------------- folders and marks
