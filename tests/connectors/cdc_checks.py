@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 
 from lockgate.connectors import CollectSink
 from lockgate.connectors.base import Source, TaskInfo
+from tests.fault.checks import RandomKiller, task_processes
 
 
 class Writer(threading.Thread):
@@ -88,27 +90,74 @@ class Writer(threading.Thread):
 
 
 class Stopper(threading.Thread):
-    """Stops ``writer`` once at least ``after`` seconds passed and the job's
-    committed output (a ``CollectSink`` folder) holds ``changes`` events of
-    the stream (the writer runs past the snapshot, whatever the restarts
-    cost), or after ``limit`` seconds."""
+    """Stops ``writer`` (the job reads its changes until its stop message)
+    once the driven job is where the test needs it (a :class:`Watcher` of
+    ``drive``): at least ``after`` seconds of writes, every kill of ``drive``'s
+    random killer landed and the attempt after the last one running, attempt
+    ``attempt`` running (the named faults' restarts done), and, with ``out``
+    (a ``CollectSink`` folder), ``changes`` events of the stream committed.
+    The writer so runs past the snapshot and across every kill, whatever the
+    restarts cost. After ``limit`` seconds it is stopped anyway, and
+    :meth:`check` fails naming what the stopper still waited for."""
 
-    def __init__(self, writer: Writer, out: Path, after: float, changes: int = 20,
-                 limit: float = 180.0) -> None:
+    def __init__(self, writer: Writer, *, after: float, attempt: int = 0,
+                 out: Path | None = None, changes: int = 0, limit: float = 240.0) -> None:
         super().__init__(daemon=True)
-        self.writer, self.out, self.after, self.changes, self.limit = (
-            writer, out, after, changes, limit)
+        self.writer, self.after, self.attempt, self.out, self.changes, self.limit = (
+            writer, after, attempt, out, changes, limit)
+        self.driver: subprocess.Popen | None = None
+        self.killer: RandomKiller | None = None
+        self.failure: str | None = None
+
+    def watch(self, driver: subprocess.Popen, killer: RandomKiller) -> None:
+        self.driver, self.killer = driver, killer
+        self.start()
+
+    def waiting_for(self, elapsed: float) -> str | None:
+        """What the writer still has to wait for, or None."""
+        assert self.driver is not None and self.killer is not None
+        killer = self.killer
+        if elapsed < self.after:
+            return f"{self.after:.0f} s of writes"
+        if not killer.landed():
+            return (f"the random killer's kills ({killer.kills} of {killer.kills_planned} "
+                    "landed; it strikes a running attempt once all its tasks run)")
+        need = max(self.attempt, killer.last_attempt + 1 if killer.kills_planned else 0)
+        newest = max((a for a, _ in task_processes(self.driver.pid).values()), default=-1)
+        if newest < need:
+            return f"attempt {need} to run (the newest running is {newest})"
+        if self.out is not None and self.changes:
+            got = sum(1 for e in CollectSink(str(self.out)).results() if e[0] != "read")
+            if got < self.changes:
+                return f"{self.changes} committed changes of the stream ({got} so far)"
+        return None
 
     def run(self) -> None:
+        assert self.driver is not None
         start = time.monotonic()
-        while not self.writer.stop.is_set():
-            took = time.monotonic() - start
-            if took > self.limit or (took > self.after and sum(
-                    1 for e in CollectSink(str(self.out)).results() if e[0] != "read")
-                    >= self.changes):
-                break
-            time.sleep(0.5)
-        self.writer.stop.set()
+        try:
+            while not self.writer.stop.is_set():
+                elapsed = time.monotonic() - start
+                waiting = self.waiting_for(elapsed)
+                if waiting is None:
+                    return
+                if self.driver.poll() is not None:
+                    self.failure = f"the job ended while the writer waited for {waiting}"
+                    return
+                if elapsed > self.limit:
+                    self.failure = (f"the writer was stopped after {self.limit:.0f} s, "
+                                    f"still waiting for {waiting}")
+                    return
+                self.writer.stop.wait(0.2)
+        except BaseException as e:
+            self.failure = f"the stopper failed: {e!r}"
+        finally:
+            self.writer.stop.set()
+
+    def check(self) -> None:
+        self.join(30)
+        assert not self.is_alive(), "the stopper did not end within 30 s of the job"
+        assert self.failure is None, self.failure
 
 
 def check(events: list[tuple], table_rows: list[tuple]) -> None:

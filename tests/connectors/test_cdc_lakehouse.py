@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -28,9 +26,10 @@ from typing import Any
 
 import pytest
 
+from tests.connectors.cdc_checks import Stopper
 from tests.connectors.postgres_server import execute, query
 from tests.connectors.test_postgres_cdc import Writer
-from tests.fault.checks import drive, task_processes
+from tests.fault.checks import drive
 
 deltalake = pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
@@ -94,25 +93,13 @@ def fill(dsn: str, table: str, n: int) -> None:
                  f"(ARRAY['eu', 'us', 'apac'])[i % 3 + 1], 0, 0 FROM generate_series(1, {n}) i")
 
 
-def stop_after(writer: Writer, attempt: int, at_least_s: float, at_most_s: float) -> None:
-    """Stop ``writer`` once the job's attempt ``attempt`` has tasks running
-    (every kill before it struck while the writer wrote) and ``at_least_s``
-    passed, or after ``at_most_s``."""
-    start = time.monotonic()
-    while not writer.stop.is_set():
-        elapsed = time.monotonic() - start
-        newest = max((a for a, _ in task_processes(os.getpid()).values()), default=-1)
-        if elapsed >= at_most_s or (elapsed >= at_least_s and newest >= attempt):
-            writer.stop.set()
-        writer.stop.wait(0.2)
-
-
 def run_flagship(tmp: Path, dsn: str, table: str, slot: str, launcher: str, *, n: int,
                  write_s: float, faults: list | None = None, kills: int = 0,
                  seed: int = 0) -> tuple[dict, int]:
     """Fill the table, start the writer and run the job to the writer's stop
     message under the faults and random kills. The writer writes at least
-    ``write_s`` seconds and until the attempt after the last kill runs."""
+    ``write_s`` seconds, until every random kill landed and the attempt
+    after the last kill (random, or one per attempt at the named points) runs."""
     from lockgate.connectors import PostgresCdcSource
 
     fill(dsn, table, n)
@@ -123,20 +110,10 @@ def run_flagship(tmp: Path, dsn: str, table: str, slot: str, launcher: str, *, n
            "--faults", json.dumps(faults or []), "--launcher", launcher]
     # the slot first (the job finds it): it holds every change of the writer
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
-    writer = CustomerWriter(dsn, table, n + 1, seed=seed)
-    writer.start()
-    last = len(faults or []) + kills
-    stopper = threading.Thread(target=stop_after, args=(writer, last, write_s, write_s + 240),
-                               daemon=True)
-    stopper.start()
-    try:
+    with CustomerWriter(dsn, table, n + 1, seed=seed).running() as writer:
+        stopper = Stopper(writer, after=write_s, attempt=len(faults or []), limit=write_s + 240)
         result, done = drive(cmd, kills=kills, tasks=TASKS, seed=seed,
-                             kill_delays=(0.5, 2.5), timeout=600)
-    finally:
-        writer.stop.set()
-        stopper.join(10)
-        writer.join(60)
-    assert writer.error is None, writer.error
+                             kill_delays=(0.5, 2.5), timeout=600, watcher=stopper)
     assert writer.ops > 20
     assert result["status"] == "finished", result
     return result, done

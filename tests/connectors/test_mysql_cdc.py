@@ -289,12 +289,11 @@ def test_cdc_job_under_kills(tmp_path, mysql_binlog, names, launcher):
            "--rate", "4000", "--faults", json.dumps(faults),
            "--kill-marker", str(tmp_path / "killed-after-chunk"), "--launcher", launcher]
     with Writer(dsn, table, stop, n + 1, seed=7).running() as writer:
-        # the writer goes on until the job has committed a few hundred changes
-        # of the stream: the attempt after the named points' restarts lives long
-        # enough for the random kill, however long restarts take
-        Stopper(writer, out, 25 if SOAK else 12, changes=300).start()
+        # the writer goes on until the random kill landed and the job recovered
+        # from it, and the job has committed a few hundred changes of the stream
+        stopper = Stopper(writer, after=25 if SOAK else 12, out=out, changes=300)
         result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.3, 1.5),
-                             timeout=400)
+                             timeout=400, watcher=stopper)
     assert writer.ops > 20
     assert done == kills and result["status"] == "finished", result
     assert result["restarts"] >= 2, result["failures"]

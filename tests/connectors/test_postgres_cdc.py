@@ -296,9 +296,11 @@ def test_cdc_job_under_kills(tmp_path, postgres_logical, names, launcher):
     # the slot first (the job finds it): it holds every change of the writer
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
     with Writer(dsn, table, n + 1, seed=7).running() as writer:
-        Stopper(writer, out, 25 if SOAK else 12).start()
+        # the writer goes on until the random kill landed and the job recovered
+        # from it, and the job has committed changes of the stream
+        stopper = Stopper(writer, after=25 if SOAK else 12, out=out, changes=20)
         result, done = drive(cmd, kills=kills, tasks=p, seed=5, kill_delays=(0.5, 2.0),
-                             timeout=400)
+                             timeout=400, watcher=stopper)
     assert done == kills and result["status"] == "finished", result
     assert result["restarts"] >= 2, result["failures"]
     assert (tmp_path / "killed-after-chunk").exists()
@@ -323,8 +325,9 @@ def test_cdc_job_spreads_the_snapshot_chunks_over_its_tasks(tmp_path, postgres_l
            "--chunk", str(chunk), "--rate", "3000", "--launcher", "local"]
     PostgresCdcSource(dsn, [table], slot=slot).prepare("", "cdc")
     with Writer(dsn, table, n + 1, seed=11).running() as writer:
-        Stopper(writer, out, 3).start()
-        result, _ = drive(cmd, kills=0, tasks=p, seed=0, kill_delays=(1, 1), timeout=300)
+        stopper = Stopper(writer, after=3, out=out, changes=20)
+        result, _ = drive(cmd, kills=0, tasks=p, seed=0, kill_delays=(1, 1), timeout=300,
+                          watcher=stopper)
     assert result["status"] == "finished" and result["restarts"] == 0, result
     events = CollectSink(str(out)).results()
     reads: dict[int, list[int]] = {}

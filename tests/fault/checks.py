@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 from lockgate.cluster.spark.host import HOST_PROCESS_PREFIX
 from lockgate.runtime.spec import TASK_PROCESS_PREFIX
@@ -159,16 +160,21 @@ class RandomKiller(threading.Thread):
         self.rng = random.Random(seed)
         self.delays = (min_delay, max_delay)
         self.kills = 0
+        self.last_attempt = -1
+        """The attempt the last kill struck (set before ``kills`` counts it)."""
         self.stop = threading.Event()
 
+    def landed(self) -> bool:
+        """Every planned kill struck."""
+        return self.kills >= self.kills_planned
+
     def run(self) -> None:
-        last_attempt = -1
         while self.kills < self.kills_planned and not self.stop.is_set():
             # Wait for every task of an attempt after the last victim's.
             tasks = task_processes(self.driver.pid)
             newest = max((a for a, _ in tasks.values()), default=-1)
             running = [pid for pid, (a, _) in tasks.items() if a == newest]
-            if newest <= last_attempt or len(running) < self.n_tasks:
+            if newest <= self.last_attempt or len(running) < self.n_tasks:
                 if self.driver.poll() is not None:
                     return
                 self.stop.wait(0.01)  # polling /proc: no event to await here
@@ -182,8 +188,8 @@ class RandomKiller(threading.Thread):
             victim = self.rng.choice(alive)
             if self.fork_server and self.rng.random() < self.fork_server:
                 if self._kill_fork_server(victim, newest):
+                    self.last_attempt = newest
                     self.kills += 1
-                    last_attempt = newest
                 continue
             if self.hosts and self.rng.random() < self.hosts:
                 host = spark_host_of(victim)
@@ -194,8 +200,8 @@ class RandomKiller(threading.Thread):
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
                 continue
+            self.last_attempt = newest
             self.kills += 1
-            last_attempt = newest
 
     def _kill_fork_server(self, task: int, attempt: int) -> bool:
         """SIGKILL the fork server now, or kill ``task`` and then the fork
@@ -240,24 +246,42 @@ def run_job(tmp: Path, *, n: int, parallelism: int, keys: int = 2, faults: list 
                  timeout=timeout, kill_hosts=kill_hosts, kill_fork_server=kill_fork_server)
 
 
+class Watcher(Protocol):
+    """What watches a driven job beside its killer: e.g. a stopper that ends
+    the load the job reads once the killer's kills landed."""
+
+    def watch(self, driver: subprocess.Popen, killer: RandomKiller) -> None:
+        """Start watching (in a thread of its own); it ends when the driver does."""
+
+    def check(self) -> None:
+        """Once the driver ended: wait for the watcher's end and fail with
+        what went wrong, if anything did."""
+
+
 def drive(cmd: list[str], *, kills: int, tasks: int, seed: int,
           kill_delays: tuple[float, float], timeout: float,
-          kill_hosts: float = 0.0, kill_fork_server: float = 0.0) -> tuple[dict, int]:
+          kill_hosts: float = 0.0, kill_fork_server: float = 0.0,
+          watcher: Watcher | None = None) -> tuple[dict, int]:
     """Run the driver ``cmd`` while a :class:`RandomKiller` SIGKILLs ``kills``
-    of its ``tasks`` tasks; return the JobResult it printed last (as a dict)
-    and how many kills happened."""
+    of its ``tasks`` tasks (and ``watcher`` watches both); return the
+    JobResult it printed last (as a dict) and how many kills happened."""
     driver = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killer = RandomKiller(driver, kills, tasks, seed, *kill_delays, hosts=kill_hosts,
                           fork_server=kill_fork_server)
     if kills:
         killer.start()
     try:
+        if watcher is not None:
+            watcher.watch(driver, killer)
         stdout, stderr = driver.communicate(timeout=timeout)
     finally:
         killer.stop.set()
         if driver.poll() is None:
             driver.kill()
+            driver.wait()
     assert driver.returncode == 0, f"driver failed ({driver.returncode}):\n{stderr[-4000:]}"
+    if watcher is not None:
+        watcher.check()
     result = json.loads(stdout.strip().splitlines()[-1])
     result["host_kills"] = killer.host_kills  # of killer.kills
     result["fork_server_kills"] = killer.fork_server_kills
