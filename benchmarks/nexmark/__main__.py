@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.nexmark.generator import GeneratorConfig
-from benchmarks.nexmark.job import build
+from benchmarks.nexmark.job import QUERIES, build
 from benchmarks.nexmark.measure import JobUsage, StatsSink, read_stats, source_progress, steady
-from benchmarks.nexmark.queries import QUERIES, Windows
+from benchmarks.nexmark.queries import Windows
 
 AT_THE_END = {"q15", "q16", "q17", "q18", "q19"}
 """Queries whose results come at the end of the input (daily windows, the

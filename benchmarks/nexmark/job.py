@@ -6,10 +6,15 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks.nexmark.generator import GeneratorConfig
-from benchmarks.nexmark.queries import QUERIES, Windows
+from benchmarks.nexmark.queries import CORE, Windows
+from benchmarks.nexmark.queries_more import MORE
 from benchmarks.nexmark.source import WATERMARKS, NexmarkSource
-from lockgate import CheckpointConfig, Pipeline
+from lockgate import CheckpointConfig, DataStream, Pipeline
 from lockgate.connectors.base import Sink
+
+QUERIES: dict[str, Callable[[DataStream[Any], Windows], DataStream[Any]]] = dict(
+    sorted({**CORE, **MORE}.items(), key=lambda kv: int(kv[0][1:])))
+"""Every query, in number order."""
 
 
 def build(queries: list[str], events: int, sink_of: Callable[[str], Sink[Any]], *,

@@ -76,6 +76,7 @@ from benchmarks.nexmark.generator import (
     B_TIME,
     B_URL,
 )
+from benchmarks.nexmark.queries import Count
 from lockgate import (
     END_OF_TIME,
     AggregateFunction,
@@ -325,25 +326,11 @@ class BidCount(ProcessWindowFunction):
         return [(key, elements[0], context.window.start, context.window.end)]
 
 
-class CountBids(AggregateFunction):
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Any, acc: int) -> int:
-        return acc + 1
-
-    def get_result(self, acc: int) -> int:
-        return acc
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
-
-
 def q12(events: DataStream[Any], w: Any) -> DataStream[Any]:
     return (_bids(events, "q12.bids").key_by(lambda b: b[B_BIDDER])
             .window(TumblingProcessingTimeWindows.of(w.size))
             .trigger(ClockOrEndOfInput())
-            .aggregate(CountBids(), BidCount(), uid="q12"))
+            .aggregate(Count(), BidCount(), uid="q12"))
 
 
 # ---------------------------------------------------------------- q13

@@ -19,8 +19,8 @@ import time
 from collections import Counter
 
 from benchmarks.nexmark.generator import GeneratorConfig, NexmarkGenerator
-from benchmarks.nexmark.job import build
-from benchmarks.nexmark.queries import QUERIES, Windows
+from benchmarks.nexmark.job import QUERIES, build
+from benchmarks.nexmark.queries import Windows
 from benchmarks.nexmark.reference import reference
 from benchmarks.nexmark.reference_more import q12_on_clock
 from benchmarks.nexmark.source import NexmarkSource
