@@ -36,6 +36,7 @@ from lockgate.api.result import (
 from lockgate.checkpoint import metadata, storage
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.cluster import resume
+from lockgate.cluster.attempt import AttemptTasks, TaskLayout
 from lockgate.cluster.autoscaling import AutoscaleDriver
 from lockgate.cluster.commands import Command, CommandKind, Commands
 from lockgate.cluster.coordinator import (
@@ -134,15 +135,11 @@ class JobMaster:
                                            pipeline.name))
         """Failures, the restart strategy's decisions, recovery times."""
         self.launcher: Launcher | None = None
-        self.records: dict[int, metadata.Progress] = {}
-        """Per task of this attempt: the records it read and wrote, as it last reported."""
+        self.tasks = AttemptTasks(graph.num_tasks)
+        """The tasks of the attempt running (or of the last one)."""
         self._reported = 0
         self._started = time.monotonic()
         self._started_wall = time.time()
-        self._running: set[int] = set()
-        self._registered: dict[int, tuple[str, int]] = {}
-        self._finished: set[int] = set()
-        self.exit_codes: dict[int, int | None] = {}
         self.local_restores: list[LocalRestoreRecord] = []
         """What local recovery did at each restore of a keyed operator."""
         self.state = JobStatus.CREATED
@@ -164,13 +161,7 @@ class JobMaster:
     def _use_graph(self, graph: JobGraph) -> None:
         """Run the next attempts with ``graph`` (the first, or a rescale's)."""
         self.graph = graph
-        self.offsets = graph.task_offsets()
-        self.task_operators = {
-            self.offsets[v.id] + i: (v.id, i, [op.uid for op in v.operators])
-            for v in graph.vertices for i in range(v.parallelism)
-        }
-        self.source_tasks = [self.offsets[v.id] + i for v in graph.vertices if v.is_source
-                             for i in range(v.parallelism)]
+        self.layout = TaskLayout(graph)
 
     # --------------------------------------------------- control (any thread)
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]:
@@ -305,7 +296,7 @@ class JobMaster:
                 self.startup.mark("failed")
                 if isinstance(e, AttemptFailed):
                     e = self.restarts.root_cause(e, self._events_for(ROOT_CAUSE_WAIT),
-                                                 self._finished)
+                                                 self.tasks.finished)
                 self.startup.mark("cause")
                 self.restarts.detected()
                 self._end_attempt(failed=True)
@@ -317,12 +308,7 @@ class JobMaster:
 
     # ------------------------------------------------------------ attempts
     def _run_attempt(self) -> None:
-        n = self.graph.num_tasks
-        self.records = {}
-        self._running = set()
-        self._registered = {}
-        self._finished = set()
-        self.exit_codes = {}
+        self.tasks = tasks = AttemptTasks(self.graph.num_tasks)
         self.monitor.start_attempt()
         if self.autoscaling is not None:
             self.autoscaling.start_attempt()
@@ -337,14 +323,14 @@ class JobMaster:
         self.launcher.start(specs, self.server.address, self.secret)
         start_deadline = time.monotonic() + self.options.start_timeout
         running = False
-        while len(self._finished) < n:
+        while not tasks.all_finished:
             try:
                 event: TaskEvent | None = self.events.get(timeout=TICK)
             except queue.Empty:
                 event = None
             if event is not None and event.attempt == self.attempt:
                 self._on_event(event)
-                if not running and len(self._registered) == n:
+                if not running and tasks.all_registered:
                     self._start_tasks()
                     running = True
             if not running and time.monotonic() > start_deadline:
@@ -367,24 +353,24 @@ class JobMaster:
         match event:
             case TaskMessage(task=task, message=message):
                 self._on_message(task, message)
-            case TaskExited(task=task) | TaskDisconnected(task=task) if task in self._finished:
+            case TaskExited(task=task) | TaskDisconnected(task=task) if task in self.tasks.finished:
                 pass
-            case TaskExited(task=task, exit_code=code) if task in self._registered:
+            case TaskExited(task=task, exit_code=code) if task in self.tasks.registered:
                 # A connected task's messages all arrive before its
                 # disconnection: judge it then, not at its exit.
-                self.exit_codes[task] = code
+                self.tasks.exit_codes[task] = code
             case TaskExited(task=task, exit_code=code):  # not connected, or not heard yet
                 failure = self._gone(task, code)
                 failure.early_exit = True  # its own report may still come
                 raise failure
             case TaskDisconnected(task=task):
-                raise self._gone(task, self.exit_codes.get(task))
+                raise self._gone(task, self.tasks.exit_codes.get(task))
 
     def _stalled(self) -> AttemptFailed:
         """The start-up watchdog: the attempt's tasks did not all register
         within ``start_timeout`` (a task or a host that never came up). The
         launcher drops what the attempt ran on (Spark: its stage)."""
-        missing = [t for t in range(self.graph.num_tasks) if t not in self._registered]
+        missing = self.tasks.missing()
         names = ", ".join(self._task_name(t) for t in missing[:3])
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         assert self.launcher is not None
@@ -402,20 +388,20 @@ class JobMaster:
     def _on_message(self, task: int, msg: ToDriver) -> None:
         match msg:
             case Register(host, port):
-                self._registered[task] = (host, port)
+                self.tasks.registered[task] = (host, port)
             case Running(steps, local_restores):
                 self._local_restores(task, local_restores)
-                self._running.add(task)
-                if len(self._running) == self.graph.num_tasks:
+                self.tasks.running.add(task)
+                if self.tasks.all_running:
                     self._rescale_running()
                     if self.autoscaling is not None:
                         self.autoscaling.running()
-                self.startup.task_running(task, steps, len(self._running) == self.graph.num_tasks,
+                self.startup.task_running(task, steps, self.tasks.all_running,
                                           getattr(self.launcher, "steps", None))
-                if len(self._running) == self.graph.num_tasks:
+                if self.tasks.all_running:
                     self.restarts.all_running()
             case Ack():
-                self._count(task, msg.read, msg.written)
+                self.tasks.count(task, msg.read, msg.written)
                 self.coordinator.on_ack(task, msg.checkpoint_id, msg.handles,
                                         (msg.read, msg.written), msg.finished, msg.alignment,
                                         msg.sync_duration, msg.async_duration)
@@ -431,13 +417,13 @@ class JobMaster:
                     raise failure
                 self.coordinator.on_decline(task, checkpoint_id, reason)
             case InputEnded(read, written):
-                self._count(task, read, written)
+                self.tasks.count(task, read, written)
                 self.coordinator.on_end_of_data(task)
-                if self.autoscaling is not None and task in self.source_tasks:
+                if self.autoscaling is not None and task in self.layout.source_tasks:
                     self.autoscaling.input_ended()
             case Finished(read, written):
-                self._count(task, read, written)
-                self._finished.add(task)
+                self.tasks.count(task, read, written)
+                self.tasks.finished.add(task)
             case Failed():
                 failure = reported_failure(task, msg, self._task_name(task))
                 self.restarts.log_report(failure)
@@ -493,14 +479,14 @@ class JobMaster:
 
     def _start_tasks(self) -> None:
         self.startup.mark("registered")
-        peers = dict(self._registered)
-        for t in self._registered:
+        peers = dict(self.tasks.registered)
+        for t in peers:
             self._send(self.attempt, t, Start(peers))
         self.coordinator.start_attempt(AttemptPlan(
-            self.attempt, self.source_tasks, sorted(self._registered), self.task_operators))
+            self.attempt, self.layout.source_tasks, sorted(peers), self.layout.task_operators))
 
     def _drain_sources(self) -> None:
-        for t in self.source_tasks:
+        for t in self.layout.source_tasks:
             self._send(self.attempt, t, Drain())
 
     def _mark_committed(self) -> None:
@@ -536,16 +522,8 @@ class JobMaster:
         ))
 
     def _totals(self) -> metadata.Progress:
-        """Records read and written since the job started: the restored
-        checkpoint's counts plus what this attempt's tasks last reported."""
-        base, counts = self.coordinator.baseline, self.records.values()
-        return metadata.Progress(base.read + sum(c.read for c in counts),
-                                 base.written + sum(c.written for c in counts))
-
-    def _count(self, task: int, read: int, written: int) -> None:
-        """Progress: records read by sources and written by sinks (this attempt;
-        after a restart, counts restart from the restored positions)."""
-        self.records[task] = metadata.Progress(read, written)
+        """Records read and written since the job started."""
+        return self.tasks.totals(self.coordinator.baseline)
 
     def _restart_after(self, e: Exception) -> None:
         """Fail the job, or wait for the restart strategy and count the attempt."""
@@ -585,8 +563,7 @@ class JobMaster:
         self.server.send(attempt, task, message)
 
     def _task_name(self, task: int) -> str:
-        v, i, uids = self.task_operators[task]
-        return f"{'->'.join(uids)}[{i}] (task {task})"
+        return self.layout.name(task)
 
 
 def _slug(name: str) -> str:
