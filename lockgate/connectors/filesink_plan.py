@@ -155,13 +155,12 @@ class FilePartHandle:
         return state
 
 
-def check_handle(handle: Any, uid: str) -> FilePartHandle:
+def check_handle(handle: dict[str, Any], uid: str) -> FilePartHandle:
     """A restored pre-commit handle of the sink ``uid``, if it names this
-    sink's part files and nothing else (untrusted input: :mod:`lockgate.untrusted`)."""
+    sink's part files and nothing else (untrusted input: :mod:`lockgate.untrusted`;
+    a dict whose checkpoint id and task index the base checked:
+    :func:`~lockgate.connectors.twophase.decode_precommitted`)."""
     what = f"file sink {uid!r}: a pre-committed part's"
-    if not isinstance(handle, dict):
-        raise CheckpointCorruptError(f"{what} handle is {handle!r}, not a mapping: the "
-                                     "checkpoint or savepoint is damaged or was crafted")
     final = plain_name(handle.get("final"), f"{what} final name")
     pending = plain_name(handle.get("pending"), f"{what} pending name")
     part = parse_part_name(final)

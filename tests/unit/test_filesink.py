@@ -410,6 +410,26 @@ def test_folder_is_created(tmp_path: Path) -> None:
     assert os.listdir(out) == []  # the probe file is gone
 
 
+@pytest.mark.parametrize("entry", ["x", ["pending", "final"], 7, None])
+def test_a_restored_entry_that_is_no_mapping_is_refused_by_the_two_phase_base(
+        tmp_path: Path, entry: Any) -> None:
+    """``check_handle`` gets mappings only: the two-phase-commit base refuses
+    anything else first, and nothing in the folder is touched."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep").write_text("x")
+    with pytest.raises(LockgateError, match="is not a two-phase-commit handle"):
+        _writer(tmp_path / "out").restore([entry])
+    assert os.listdir(tmp_path / "out") == ["keep"]
+
+
+def test_a_restored_handle_naming_other_files_is_refused(tmp_path: Path) -> None:
+    final = final_name("other", 0, 0, 0, "jsonl")
+    entry = {"pending": pending_name(final), "final": final, "checkpoint_id": 1,
+             "task_index": 0}
+    with pytest.raises(LockgateError, match="not this sink's part files"):
+        _writer(tmp_path / "out").restore([entry])
+
+
 def test_unwritable_folder_fails_at_restore(tmp_path: Path) -> None:
     if os.geteuid() == 0:
         blocker = tmp_path / "file"
