@@ -265,8 +265,7 @@ def local_recovery(master: MonitoredJob) -> dict[str, int] | None:
     read the checkpoint storage instead; None when the job keeps no copies
     (not RocksDB, or ``local_recovery=False``)."""
     backend = master.pipeline.state_backend
-    if not (isinstance(backend, RocksDBStateBackend) and backend.local_recovery
-            and backend.incremental):
+    if not (isinstance(backend, RocksDBStateBackend) and backend.keeps_local_copies):
         return None
     records = list(master.local_restores)
     local = sum(1 for r in records if r.local)

@@ -98,6 +98,12 @@ class RocksDBStateBackend:
             object.__setattr__(self, "local_dir", os.path.abspath(self.local_dir))
 
     @property
+    def keeps_local_copies(self) -> bool:
+        """Whether tasks keep local copies of their checkpoints (local
+        recovery works with incremental checkpoints only)."""
+        return self.incremental and self.local_recovery
+
+    @property
     def directory(self) -> str:
         import tempfile
 

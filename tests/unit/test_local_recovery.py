@@ -294,6 +294,12 @@ def test_local_recovery_off_keeps_no_copy(tmp_path):
         RocksDBStateBackend(local_recovery="yes")  # type: ignore[arg-type]
 
 
+def test_copies_are_kept_with_incremental_checkpoints_and_local_recovery_only():
+    assert RocksDBStateBackend().keeps_local_copies
+    assert not RocksDBStateBackend(local_recovery=False).keeps_local_copies
+    assert not RocksDBStateBackend(incremental=False).keeps_local_copies
+
+
 def test_the_jobs_clean_up_deletes_only_what_it_made(tmp_path):
     job = tmp_path / "job"
     b, _, _ = two_checkpoints(tmp_path, job)

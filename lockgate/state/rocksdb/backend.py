@@ -167,7 +167,7 @@ class RocksDBKeyedStateBackend:
         materialization taken, the log emptied; ``changelog``: a changelog
         file uploaded, its checkpoint not acknowledged)."""
         self.copies = (LocalCopies(config.directory, scope.job_id, scope.uid, key_group_range)
-                       if config.incremental and config.local_recovery else None)
+                       if config.keeps_local_copies else None)
         """Local recovery: the copies of completed checkpoints on this host."""
 
     def _open(self, db: Any) -> None:
