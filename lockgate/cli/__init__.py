@@ -71,17 +71,9 @@ def _list(args: argparse.Namespace) -> int:
 def _await_operation(job: discovery.JobEndpoint, request_id: str, timeout: float,
                      what: str) -> str:
     """Poll a savepoint or stop request; its savepoint's location."""
-    path = f"/jobs/{job.job_id}/savepoints/{request_id}"
-
-    def poll() -> dict[str, Any] | None:
-        answer = client.call(job, "GET", path)
-        return answer if answer["status"]["id"] == "COMPLETED" else None
-
-    answer = client.wait_for(poll, timeout, f"the {what} of job {job.job_id}")
-    failure = answer["operation"].get("failure-cause")
-    if failure:
-        raise LockgateError(f"the {what} of job {job.job_id} failed: {failure['message']}")
-    return str(answer["operation"]["location"])
+    operation = client.await_operation(job, f"/jobs/{job.job_id}/savepoints/{request_id}",
+                                       timeout, f"the {what} of job {job.job_id}")
+    return str(operation["location"])
 
 
 def _target(folder: str | None) -> str | None:

@@ -34,17 +34,8 @@ def rescale(args: argparse.Namespace) -> int:
     if vertices:
         body["vertices"] = vertices
     answer = client.call(job, "PATCH", f"/jobs/{job.job_id}", body)
-    path = f"/jobs/{job.job_id}/rescales/{answer['request-id']}"
-
-    def poll() -> dict[str, Any] | None:
-        state = client.call(job, "GET", path)
-        return state if state["status"]["id"] == "COMPLETED" else None
-
-    done = client.wait_for(poll, args.timeout, f"the rescale of job {job.job_id}")
-    operation = done["operation"]
-    failure = operation.get("failure-cause")
-    if failure:
-        raise LockgateError(f"the rescale of job {job.job_id} failed: {failure['message']}")
+    operation = client.await_operation(job, f"/jobs/{job.job_id}/rescales/{answer['request-id']}",
+                                       args.timeout, f"the rescale of job {job.job_id}")
     shown = ", ".join(f"{name}: {n}" for name, n in operation["vertices"].items())
     print(f"job {job.job_id} runs at parallelism {shown} (from checkpoint "
           f"{operation['checkpoint_id']}, in {operation['seconds']:.2f} s)", file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Any
 from lockgate.errors import LockgateError
 from lockgate.web.discovery import JobEndpoint
 
-__all__ = ["ENDED", "RestRequestError", "call", "wait_for"]
+__all__ = ["ENDED", "RestRequestError", "call", "wait_for", "await_operation"]
 
 ENDED = frozenset({"finished", "stopped", "cancelled", "failed"})
 """The statuses of a job that has ended."""
@@ -70,3 +70,20 @@ def wait_for(poll: Callable[[], Any | None], timeout: float, what: str,
                                 "complete: check with `lockgate checkpoints JOB`, or wait "
                                 "longer with --timeout")
         time.sleep(interval)
+
+
+def await_operation(job: JobEndpoint, path: str, timeout: float, what: str) -> dict[str, Any]:
+    """Poll the asynchronous operation at ``path`` (a savepoint, stop or
+    rescale request) until it completed; its ``operation``, or a
+    ``LockgateError`` with its failure's cause (``what`` names it: "the
+    savepoint of job ...")."""
+
+    def poll() -> dict[str, Any] | None:
+        answer: dict[str, Any] = call(job, "GET", path)
+        return answer if answer["status"]["id"] == "COMPLETED" else None
+
+    operation: dict[str, Any] = wait_for(poll, timeout, what)["operation"]
+    failure = operation.get("failure-cause")
+    if failure:
+        raise LockgateError(f"{what} failed: {failure['message']}")
+    return operation
