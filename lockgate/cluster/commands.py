@@ -5,6 +5,7 @@ that the coordinator stays single-threaded."""
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -67,6 +68,9 @@ class Commands:
         self._rescale_id: int | None = None
         self.rescale_checkpoint: int | None = None
         """The id of the rescale's checkpoint, once completed."""
+        self.rescaling: Command | None = None
+        """A rescale whose attempt is starting: answered when its tasks all
+        run (:meth:`rescale_ran`)."""
 
     def submit(self, kind: CommandKind, args: dict[str, Any], accepting: bool,
                status: str) -> Future[dict[str, Any]]:
@@ -190,7 +194,25 @@ class Commands:
         if self.rescale is None or self.rescale_checkpoint is None:
             return None
         cmd, self.rescale = self.rescale, None
+        self.rescaling = cmd
         return cmd
+
+    def rescale_ran(self, value: dict[str, Any]) -> None:
+        """Every task of an attempt runs: the rescale that started it (if
+        any) is done; its request gets ``value`` and the seconds it took."""
+        cmd, self.rescaling = self.rescaling, None
+        if cmd is None or cmd.future.done():
+            return
+        cmd.future.set_result({**value, "seconds": time.time() - cmd.args["requested"]})
+
+    def drained(self) -> None:
+        """The job ends after its tasks all ended: a drain's final checkpoint
+        was its savepoint, answered with its folder (None if it failed)."""
+        if self.drain is None:
+            return
+        final = [r for r in self.coordinator.savepoint_results.values() if isinstance(r, str)]
+        self.savepoint_path = final[-1] if final else None
+        self.end_futures.append((self.drain.future, {"path": self.savepoint_path}))
 
     def serve_cancel(self) -> None:
         """While an attempt starts (its tasks not all registered): a cancel
@@ -238,6 +260,8 @@ class Commands:
             self.drain = None
             self.coordinator.final_checkpoint_is_savepoint(None)
         cmd, self.rescale = self.rescale, None
+        if cmd is not None:
+            self.rescaling = cmd
         return cmd
 
     def job_ended(self, status: str, error: BaseException | None) -> None:
@@ -257,3 +281,6 @@ class Commands:
         if self.rescale is not None and not self.rescale.future.done():
             self.rescale.future.set_exception(LockgateError(
                 f"job {self.job_id} ended ({status}) before the rescale completed"))
+        if self.rescaling is not None and not self.rescaling.future.done():
+            self.rescaling.future.set_exception(LockgateError(
+                f"job {self.job_id} ended ({status}) before the rescaled tasks ran"))

@@ -149,8 +149,6 @@ class JobMaster:
         """The figures of the dashboard and of ``/metrics`` (:meth:`metrics`)."""
         self.dashboard: tuple[str, str] | None = None
         """The dashboard's URL and the token it needs, while the job is served."""
-        self._rescaling: Command | None = None
-        """A rescale whose attempt is starting: answered when its tasks all run."""
         self.autoscaling: AutoscaleDriver | None = None
         """The autoscaler (``Pipeline(autoscale=...)``), or None."""
         if pipeline.autoscale is not None:
@@ -229,13 +227,7 @@ class JobMaster:
                     op.fn.prepare(str(self.job_dir), op.uid)
             status = self._run_attempts()
             self._end_attempt(failed=False)
-            drain = self.commands.drain
-            if drain is not None:  # the final checkpoint was the savepoint
-                final = [r for r in self.coordinator.savepoint_results.values()
-                         if isinstance(r, str)]
-                self.commands.savepoint_path = final[-1] if final else None
-                self.commands.end_futures.append(
-                    (drain.future, {"path": self.commands.savepoint_path}))
+            self.commands.drained()
             self._mark_committed()
             self.state = status
         except BaseException as e:
@@ -251,9 +243,6 @@ class JobMaster:
             self._leave_job_dir()
             self.server.close()
             self.commands.job_ended(status, error)
-            if self._rescaling is not None and not self._rescaling.future.done():
-                self._rescaling.future.set_exception(LockgateError(
-                    f"job {self.job_id} ended ({status}) before the rescaled tasks ran"))
             if served is not None:
                 served.detach()
         latest, totals = self.coordinator.latest, self._totals()
@@ -459,23 +448,20 @@ class JobMaster:
             self.autoscaling.use_graph(graph)
         if next_attempt:
             self.attempt += 1
-        self._rescaling = cmd
         log.info("job %s rescales from %s to %s (attempt %d, from %s)", self.job_id, before,
                  describe(graph), self.attempt,
                  fs.redact(latest.path) if latest else "the beginning")
 
     def _rescale_running(self) -> None:
         """Every task of the attempt runs: a rescale that started it is done."""
-        cmd, self._rescaling = self._rescaling, None
-        if cmd is None or cmd.future.done():
+        if self.commands.rescaling is None:
             return
         latest = self.coordinator.latest
-        cmd.future.set_result({
+        self.commands.rescale_ran({
             "parallelism": max(v.parallelism for v in self.graph.vertices),
             "vertices": describe(self.graph), "attempt": self.attempt,
             "checkpoint_id": self.commands.rescale_checkpoint,
-            "restored": latest.checkpoint_id if latest else None,
-            "seconds": time.time() - cmd.args["requested"]})
+            "restored": latest.checkpoint_id if latest else None})
 
     def _start_tasks(self) -> None:
         self.startup.mark("registered")
