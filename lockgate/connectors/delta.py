@@ -234,19 +234,12 @@ class DeltaSink(Sink[Any]):
         ``partition_by``: the partition columns of a new table (Hive-style
         folders ``col=value/``); an existing table keeps its own, which must
         then be these."""
-        keys = key_columns("DeltaSink", mode, key, delete_column)
+        keys = key_columns("DeltaSink", mode, key, delete_column, schema)
         if fs.local_path(path) is None and staging is None:
             raise ConfigurationError(
                 f"DeltaSink: {fs.redact(path)} is not a local path; give staging=..., a "
                 "Lockgate storage URL in the table's bucket (with its credentials), and "
                 "storage_options for delta-rs")
-        if schema is not None:
-            missing = [k for k in keys + ([delete_column] if delete_column else [])
-                       if k not in schema.names]
-            if missing:
-                raise ConfigurationError(
-                    f"DeltaSink: the schema lacks the column(s) {missing}; add them or fix "
-                    "key/delete_column")
         self.partition_by = partition_columns("DeltaSink", partition_by, keys, delete_column,
                                               schema)
         local = fs.local_path(path)

@@ -321,7 +321,7 @@ class IcebergSink(Sink[Any]):
         if "." not in table:
             raise ConfigurationError(
                 f"IcebergSink: table {table!r} has no namespace; name it \"namespace.name\"")
-        keys = key_columns("IcebergSink", mode, key, delete_column)
+        keys = key_columns("IcebergSink", mode, key, delete_column, schema)
         self.partition_by = partition_columns("IcebergSink", partition_by, keys, delete_column,
                                               schema)
         if staging is None:

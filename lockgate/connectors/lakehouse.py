@@ -197,9 +197,10 @@ def check_columns(sink: str, table: str, names: list[str], schema: pa.Schema,
 
 
 def key_columns(sink: str, mode: str, key: list[str] | str | None,
-                delete_column: str | None) -> list[str]:
+                delete_column: str | None, schema: pa.Schema | None) -> list[str]:
     """``key`` as a list, checked with ``mode`` (one of :data:`LAKE_MODES`;
-    ``merge`` needs a key) and ``delete_column`` (``merge`` only)."""
+    ``merge`` needs a key), ``delete_column`` (``merge`` only) and the
+    records' ``schema`` if one is given (it has the key and delete columns)."""
     if mode not in LAKE_MODES:
         raise ConfigurationError(
             f"{sink}: unknown mode {mode!r}; use \"append\" or \"merge\" (with key=...)")
@@ -209,6 +210,13 @@ def key_columns(sink: str, mode: str, key: list[str] | str | None,
             f"{sink}: mode=\"merge\" needs key=[column, ...]: the columns that identify a row")
     if delete_column and mode != "merge":
         raise ConfigurationError(f"{sink}: delete_column needs mode=\"merge\"")
+    if schema is not None:
+        missing = [k for k in keys + ([delete_column] if delete_column else [])
+                   if k not in schema.names]
+        if missing:
+            raise ConfigurationError(
+                f"{sink}: the schema lacks the column(s) {missing}; add them or fix "
+                "key/delete_column")
     return keys
 
 

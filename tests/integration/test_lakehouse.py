@@ -139,6 +139,22 @@ def test_partition_settings_are_checked(tmp_path):
         DeltaSink(str(tmp_path), schema=pa.schema([("id", pa.int64())]), partition_by=["p"])
 
 
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_given_schema_must_have_the_key_and_delete_columns(tmp_path, kind):
+    """Both sinks refuse a schema without the key or the delete marker at
+    once, naming the missing columns and the fix."""
+    schema = pa.schema([("id", pa.int64()), ("v", pa.int64())])
+    for key, delete_column, missing in (("k", None, ["k"]), ("id", "gone", ["gone"]),
+                                        (["k", "id"], "gone", ["k", "gone"])):
+        with pytest.raises(ConfigurationError) as e:
+            _sink(kind, tmp_path, mode="merge", key=key, delete_column=delete_column,
+                  schema=schema)
+        sink = "DeltaSink" if kind == "delta" else "IcebergSink"
+        assert str(e.value) == (f"{sink}: the schema lacks the column(s) {missing}; add them "
+                                "or fix key/delete_column")
+    _sink(kind, tmp_path, mode="merge", key="id", delete_column="v", schema=schema)
+
+
 # ---------------------------------------------------------------- on S3
 
 
