@@ -157,6 +157,36 @@ def test_the_readers_backlog_is_what_jetstream_has_pending(nats_url):
         reader.close()
 
 
+def test_a_bounded_splits_pending_count_stops_at_its_end(nats_url):
+    """JetStream counts a split's messages published past a bounded read's
+    end as pending too; the split counts them no further than its end, also
+    when a fetch found nothing and the count comes from the consumer."""
+    from lockgate.connectors.nats.client import NatsConnection
+    from lockgate.connectors.nats.source import _SplitFetcher
+
+    name = unique("end")
+    make_stream(nats_url, name, [f"{name}.>"])
+    publish(nats_url, [(f"{name}.a", str(x).encode()) for x in range(1, 11)]
+            + [(f"{name}.b", b"11"), (f"{name}.b", b"12")])
+    source = JetStreamSource(name, subjects=[f"{name}.a"], url=nats_url, bounded=True,
+                             deserializer=int)
+    source.prepare("unused", "numbers")
+    assert source.end_sequence == 12
+    conn = NatsConnection(nats_url)
+    try:
+        fetcher = _SplitFetcher(source, conn, {"stream": name, "subject": f"{name}.a",
+                                               "next": 1, "end": 12})
+        fetcher.future.result(60)  # sequences 1..10, the last with nothing pending: the end
+        assert fetcher.last == 10 and fetcher.pending == 0
+        publish(nats_url, [(f"{name}.a", str(x).encode()) for x in range(13, 53)])
+        consumer = conn.call(lambda: conn.nc.jsm().consumer_info(name, fetcher.consumer), 30)
+        assert consumer.num_pending == 40  # past the end, all of them
+        assert not fetcher._found_nothing(int(consumer.num_pending))
+        assert fetcher.pending == 2  # sequences 11 and 12 at most: the split's end
+    finally:
+        conn.close()
+
+
 def test_source_refuses_a_missing_stream(nats_url):
     with pytest.raises(ConfigurationError, match="no stream"):
         JetStreamSource(unique("absent"), url=nats_url).validate()

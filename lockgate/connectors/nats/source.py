@@ -158,7 +158,10 @@ class _SplitFetcher:
         self.consumer = f"lockgate-{uuid.uuid4().hex[:16]}"
         self.pending: int | None = None
         """Messages of the split in the stream after the last one fetched (as
-        JetStream's last answer said; None before its first)."""
+        JetStream's last answer said, counted no further than a bounded
+        split's end; None before its first)."""
+        self.last = self.start - 1
+        """The stream sequence of the last message fetched."""
         self.future: Future[Any] = conn.spawn(self._run)
 
     async def _run(self) -> None:
@@ -193,8 +196,7 @@ class _SplitFetcher:
             except (TimeoutError, NatsTimeout):
                 if self.end is not None:
                     ci = await sub.consumer_info()
-                    self.pending = int(ci.num_pending or 0)
-                    if ci.num_pending == 0:
+                    if self._found_nothing(int(ci.num_pending or 0)):
                         self.buffer.append(_END)
                         return
                 continue
@@ -211,10 +213,18 @@ class _SplitFetcher:
                     self.buffer.append(_END)
                     return
                 self.buffer.append((seq, self._record(msg, seq)))
+                self.last = seq
                 self.pending = self._until_end(int(md.num_pending or 0), seq)
                 if self.end is not None and (md.num_pending == 0 or seq == self.end):
                     self.buffer.append(_END)
                     return
+
+    def _found_nothing(self, num_pending: int) -> bool:
+        """A bounded split's fetch found nothing and JetStream has
+        ``num_pending`` messages of it after the last one fetched (some may
+        have come since, past the end): whether the split ended."""
+        self.pending = self._until_end(num_pending, self.last)
+        return num_pending == 0
 
     def _until_end(self, pending: int, seq: int) -> int:
         """``pending`` messages after stream sequence ``seq``, no further than
