@@ -30,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lockgate.api.nodes import Node, StreamGraph, add_node
 from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.connectors.base import Sink
 from lockgate.errors import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    from lockgate.api.pipeline import DataStream, Node, Pipeline
+    from lockgate.api.pipeline import DataStream
 
 __all__ = ["AGGREGATIONS", "ArrowStream", "KeyedArrowStream", "ArrowStep", "ArrowAggregate",
            "ColumnKey"]
@@ -86,7 +87,7 @@ class ArrowAggregate:
 class ArrowStream:
     """A stream of ``pyarrow.RecordBatch`` es (see the module docstring)."""
 
-    def __init__(self, pipeline: Pipeline, node: Node,
+    def __init__(self, pipeline: StreamGraph, node: Node,
                  partitioning: Partitioning = Partitioning.FORWARD) -> None:
         self._p = pipeline
         self._node = node
@@ -100,7 +101,7 @@ class ArrowStream:
         p = parallelism or self._p.parallelism
         if part == Partitioning.FORWARD and p != self._node.parallelism:
             part = Partitioning.REBALANCE
-        return self._p._add(kind, fn, uid, parallelism, self._node, part, key)
+        return add_node(self._p, kind, fn, uid, parallelism, self._node, part, key)
 
     def map_arrow(self, fn: Callable[[Any], Any], *, uid: str | None = None,
                   parallelism: int | None = None) -> ArrowStream:
@@ -159,7 +160,7 @@ class ArrowStream:
 class KeyedArrowStream:
     """An Arrow stream partitioned by a key column."""
 
-    def __init__(self, pipeline: Pipeline, node: Node, key: ColumnKey) -> None:
+    def __init__(self, pipeline: StreamGraph, node: Node, key: ColumnKey) -> None:
         self._p = pipeline
         self._node = node
         self._key = key
@@ -198,8 +199,8 @@ class KeyedArrowStream:
                     f"aggregate_arrow: the output {name!r} would hide the key column")
             outputs.append((name, spec[0], spec[1]))
         plan = ArrowAggregate(self._key.column, tuple(outputs))
-        node = self._p._add(OperatorKind.ARROW_AGGREGATE, plan, uid, parallelism, self._node,
-                            Partitioning.HASH, self._key)
+        node = add_node(self._p, OperatorKind.ARROW_AGGREGATE, plan, uid, parallelism,
+                        self._node, Partitioning.HASH, self._key)
         return ArrowStream(self._p, node)
 
 

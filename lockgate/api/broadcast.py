@@ -182,7 +182,8 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
 
     def process(self, fn: _BroadcastFunction[IN1, IN2, OUT], *, uid: str | None = None,
                 parallelism: int | None = None) -> DataStream[OUT]:
-        from lockgate.api.connected import CoSpec, StreamInput, _input_of, add_node
+        from lockgate.api.connected import CoSpec, _input_of
+        from lockgate.api.nodes import StreamInput, add_multi_input_node
         from lockgate.api.pipeline import DataStream, KeyedStream
 
         keyed = isinstance(self._first, KeyedStream)
@@ -194,7 +195,8 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
         a = _input_of(self._first)
         b = self._broadcast._stream
         spec = CoSpec(fn, (a.key_selector, None), self._broadcast.descriptors, "union")
-        node = add_node(self._first._p, OperatorKind.BROADCAST_PROCESS, spec, uid, parallelism,
-                        [a, StreamInput(b._node, Partitioning.BROADCAST, None, b._tag)])
+        node = add_multi_input_node(
+            self._first._p, OperatorKind.BROADCAST_PROCESS, spec, uid, parallelism,
+            [a, StreamInput(b._node, Partitioning.BROADCAST, None, b._tag)])
         node.name = type(fn).__name__
         return DataStream(self._first._p, node)

@@ -35,18 +35,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from lockgate.api.functions import RuntimeContext
+from lockgate.api.nodes import StreamInput, add_multi_input_node
 from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.errors import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    from lockgate.api.pipeline import DataStream, KeyedStream, Node, Pipeline
+    from lockgate.api.pipeline import DataStream, KeyedStream
 
-__all__ = ["CoProcessFunction", "ConnectedStreams", "CoSpec", "StreamInput", "union",
-           "connect", "add_node"]
+__all__ = ["CoProcessFunction", "ConnectedStreams", "CoSpec", "union", "connect"]
 
 IN1 = TypeVar("IN1")
 IN2 = TypeVar("IN2")
@@ -106,16 +105,6 @@ class CoSpec(NamedTuple):
         return self.key_selectors[0] is not None
 
 
-@dataclass(frozen=True)
-class StreamInput:
-    """One input of a multi-input operator, as the API holds it."""
-
-    node: Node
-    partitioning: Partitioning
-    key_selector: Callable[[Any], Any] | None
-    tag: str | None
-
-
 def _input_of(stream: DataStream[Any] | KeyedStream[Any]) -> StreamInput:
     from lockgate.api.pipeline import DataStream, KeyedStream
 
@@ -124,30 +113,6 @@ def _input_of(stream: DataStream[Any] | KeyedStream[Any]) -> StreamInput:
     if isinstance(stream, DataStream):
         return StreamInput(stream._node, stream._partitioning, None, stream._tag)
     raise PipelineDefinitionError(f"expected a stream, got {stream!r}")
-
-
-def add_node(p: Pipeline, kind: OperatorKind, fn: Any, uid: str | None,
-             parallelism: int | None, inputs: Sequence[StreamInput]) -> Node:
-    """A node reading ``inputs`` (input ``i`` is ``inputs[i]``)."""
-    from lockgate.api.pipeline import NodeInput
-
-    par = parallelism or p.parallelism
-    resolved = []
-    for i in inputs:
-        if i.node.kind == OperatorKind.SINK:
-            raise PipelineDefinitionError("a sink has no output stream")
-        if i.node not in p.nodes:
-            raise PipelineDefinitionError("streams of different pipelines cannot be combined")
-        part = i.partitioning
-        if part == Partitioning.FORWARD and par != i.node.parallelism:
-            part = Partitioning.REBALANCE
-        resolved.append((i, part))
-    first, part0 = resolved[0]
-    node = p._add(kind, fn, uid, parallelism, first.node, part0, first.key_selector, first.tag)
-    for i, part in resolved[1:]:
-        node.extra_inputs.append(NodeInput(i.node.id, part, i.key_selector, i.tag))
-        i.node.consumers.append(node.id)
-    return node
 
 
 def union(first: DataStream[Any], others: Sequence[DataStream[Any]]) -> DataStream[Any]:
@@ -160,7 +125,7 @@ def union(first: DataStream[Any], others: Sequence[DataStream[Any]]) -> DataStre
         if not isinstance(s, DataStream):
             raise PipelineDefinitionError(
                 f"union takes DataStreams (key the union afterwards), got {s!r}")
-    node = add_node(first._p, OperatorKind.UNION, None, None,
+    node = add_multi_input_node(first._p, OperatorKind.UNION, None, None,
                     max(s._node.parallelism for s in streams),
                     [_input_of(s) for s in streams])
     node.name = "union"
@@ -206,7 +171,7 @@ class ConnectedStreams(Generic[IN1, IN2]):
             raise PipelineDefinitionError(f"{fn!r} is not a CoProcessFunction")
         a, b = _input_of(self._first), _input_of(self._second)
         spec = CoSpec(fn, (a.key_selector, b.key_selector))
-        node = add_node(self._first._p, OperatorKind.CO_PROCESS, spec, uid, parallelism,
-                        [a, b])
+        node = add_multi_input_node(self._first._p, OperatorKind.CO_PROCESS, spec, uid,
+                                    parallelism, [a, b])
         node.name = type(fn).__name__
         return DataStream(self._first._p, node)

@@ -41,7 +41,8 @@ from lockgate.api.windows import ProcessWindowFunction, WindowAssigner, WindowCo
 from lockgate.errors import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    from lockgate.api.pipeline import DataStream, KeyedStream, Node
+    from lockgate.api.nodes import Node
+    from lockgate.api.pipeline import DataStream, KeyedStream
 
 __all__ = ["ProcessJoinFunction", "JoinContext", "IntervalJoin", "IntervalJoined",
            "IntervalJoinSpec", "JoinedStreams", "event_timestamps"]
@@ -171,7 +172,8 @@ class IntervalJoined(Generic[L, R]):
 
     def process(self, fn: ProcessJoinFunction[L, R, OUT], *, uid: str | None = None,
                 parallelism: int | None = None) -> DataStream[OUT]:
-        from lockgate.api.connected import CoSpec, _input_of, add_node
+        from lockgate.api.connected import CoSpec, _input_of
+        from lockgate.api.nodes import add_multi_input_node
         from lockgate.api.pipeline import DataStream
 
         if not isinstance(fn, ProcessJoinFunction):
@@ -181,7 +183,7 @@ class IntervalJoined(Generic[L, R]):
         a, b = _input_of(self._left), _input_of(self._right)
         spec = CoSpec(fn, (a.key_selector, b.key_selector), self._spec, "union")
         p = self._left._p
-        node = add_node(p, OperatorKind.INTERVAL_JOIN, spec, uid, parallelism, [a, b])
+        node = add_multi_input_node(p, OperatorKind.INTERVAL_JOIN, spec, uid, parallelism, [a, b])
         node.name = type(fn).__name__
         return DataStream(p, node)
 

@@ -1,5 +1,6 @@
-"""Building pipelines: ``Pipeline`` and the graph's ``Node``s (``DataStream``
-and ``KeyedStream`` live in :mod:`lockgate.api.stream`; importable from here too).
+"""Building pipelines: ``Pipeline`` (``DataStream`` and ``KeyedStream`` live
+in :mod:`lockgate.api.stream`, importable from here too; the graph's
+``Node``s in :mod:`lockgate.api.nodes`).
 
 Example::
 
@@ -18,13 +19,12 @@ Example::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lockgate.api.plan import OperatorKind, Partitioning
+from lockgate.api.nodes import Node, add_node
+from lockgate.api.plan import OperatorKind
 from lockgate.api.stream import DataStream, KeyedStream
 from lockgate.api.watermarks import WatermarkStrategy
 from lockgate.config import AutoscalerConfig, CheckpointConfig, RestartStrategy, RestConfig
@@ -41,8 +41,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["Pipeline", "DataStream", "KeyedStream", "Node", "NodeInput", "launched_by",
-           "set_runner"]
+__all__ = ["Pipeline", "DataStream", "KeyedStream", "launched_by", "set_runner"]
 
 LaunchHook = Callable[["Pipeline", dict[str, Any], bool], Any]
 """Who runs a pipeline whose ``run()``/``start()`` is called (the pipeline,
@@ -71,45 +70,6 @@ def launched_by(hook: LaunchHook) -> Iterator[None]:
         yield
     finally:
         _launch_hook.remove(hook)
-
-_UID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-@dataclass
-class Node:
-    """One operator of the logical pipeline (before chaining)."""
-
-    id: int
-    kind: OperatorKind
-    fn: Any
-    uid: str | None
-    parallelism: int
-    input: int | None = None
-    partitioning: Partitioning = Partitioning.FORWARD
-    """How records reach this node from its input."""
-    key_selector: Callable[[Any], Any] | None = None
-    name: str = ""
-    consumers: list[int] = field(default_factory=list)
-    watermarks: WatermarkStrategy | None = None
-    """Sources only: how the source stamps its stream with watermarks."""
-    side_tag: str | None = None
-    """Which output of its input it reads: None for the main output, else the
-    name of a side output (``OutputTag``)."""
-    extra_inputs: list[NodeInput] = field(default_factory=list)
-    """Inputs 1, 2, ... of an operator with several (``union``, ``connect``,
-    joins); input 0 is ``input``, ``partitioning``, ``key_selector``, ``side_tag``."""
-
-
-@dataclass
-class NodeInput:
-    """One more input of a node: which node, which of its outputs, how records
-    reach the node (and by which key, hash-partitioned)."""
-
-    node: int
-    partitioning: Partitioning
-    key_selector: Callable[[Any], Any] | None = None
-    side_tag: str | None = None
-
 
 class Pipeline:
     """A dataflow program: sources, operators and sinks.
@@ -184,7 +144,7 @@ class Pipeline:
         if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
             raise PipelineDefinitionError(
                 f"watermarks= takes a WatermarkStrategy, got {type(watermarks).__name__}")
-        node = self._add(OperatorKind.SOURCE, source, uid, parallelism, None)
+        node = add_node(self, OperatorKind.SOURCE, source, uid, parallelism, None)
         node.watermarks = watermarks
         return DataStream(self, node)
 
@@ -223,32 +183,8 @@ class Pipeline:
             source = DataFrameSource(source)
         if not isinstance(source, ArrowSource):
             source = ArrowSource(source, batch_rows=batch_rows, rate=rate)
-        return ArrowStream(self, self._add(OperatorKind.SOURCE, source, uid, parallelism, None))
-
-    def _add(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
-             upstream: Node | None, partitioning: Partitioning = Partitioning.FORWARD,
-             key_selector: Callable[[Any], Any] | None = None,
-             side_tag: str | None = None) -> Node:
-        if uid is not None and not _UID_RE.match(uid):
-            raise PipelineDefinitionError(
-                f"uid {uid!r} may only contain letters, digits, '_', '-' and '.'"
-            )
-        if uid is not None and any(n.uid == uid for n in self.nodes):
-            raise PipelineDefinitionError(
-                f"uid {uid!r} is used twice; every operator needs its own"
-            )
-        p = parallelism or self.parallelism
-        if p < 1 or p > self.max_parallelism:
-            raise PipelineDefinitionError(
-                f"parallelism {p} of {kind} must be in 1..max_parallelism ({self.max_parallelism})"
-            )
-        node = Node(len(self.nodes), kind, fn, uid, p,
-                    upstream.id if upstream else None, partitioning, key_selector,
-                    name=getattr(fn, "__name__", kind), side_tag=side_tag)
-        if upstream is not None:
-            upstream.consumers.append(node.id)
-        self.nodes.append(node)
-        return node
+        return ArrowStream(self, add_node(self, OperatorKind.SOURCE, source, uid, parallelism,
+                                           None))
 
     # -- running ----------------------------------------------------------
     def run(self, *, launcher: str = "spark", from_checkpoint: str | None = None,

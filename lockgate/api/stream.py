@@ -9,13 +9,13 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import KeyedProcessFunction, OutputTag
+from lockgate.api.nodes import Node, StreamGraph, add_node
 from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.connectors.base import Sink
 from lockgate.errors import PipelineDefinitionError
 
 if TYPE_CHECKING:
     from lockgate.api.arrow import ArrowStream
-    from lockgate.api.pipeline import Node, Pipeline
     from lockgate.api.windowed import WindowedStream
     from lockgate.api.windows import WindowAssigner
 
@@ -28,7 +28,7 @@ __all__ = ["DataStream", "KeyedStream"]
 class DataStream(Generic[T]):
     """A stream of records of type ``T``."""
 
-    def __init__(self, pipeline: Pipeline, node: Node,
+    def __init__(self, pipeline: StreamGraph, node: Node,
                  partitioning: Partitioning = Partitioning.FORWARD,
                  tag: str | None = None) -> None:
         self._p = pipeline
@@ -46,8 +46,8 @@ class DataStream(Generic[T]):
         p = parallelism or self._p.parallelism
         if part == Partitioning.FORWARD and p != self._node.parallelism:
             part = Partitioning.REBALANCE
-        return self._p._add(kind, fn, uid, parallelism, self._node, part, key_selector,
-                            self._tag)
+        return add_node(self._p, kind, fn, uid, parallelism, self._node, part, key_selector,
+                        self._tag)
 
     def map(self, fn: Callable[[T], U], *, uid: str | None = None,
             parallelism: int | None = None) -> DataStream[U]:
@@ -169,7 +169,7 @@ class DataStream(Generic[T]):
 class KeyedStream(Generic[T]):
     """A stream partitioned by key; its operators see keyed state."""
 
-    def __init__(self, pipeline: Pipeline, node: Node, key_selector: Callable[[T], Any],
+    def __init__(self, pipeline: StreamGraph, node: Node, key_selector: Callable[[T], Any],
                  tag: str | None = None) -> None:
         self._p = pipeline
         self._node = node
@@ -178,8 +178,8 @@ class KeyedStream(Generic[T]):
 
     def _keyed(self, kind: OperatorKind, fn: Any, uid: str | None,
                parallelism: int | None) -> Node:
-        return self._p._add(kind, fn, uid, parallelism, self._node, Partitioning.HASH, self._key,
-                            self._tag)
+        return add_node(self._p, kind, fn, uid, parallelism, self._node, Partitioning.HASH,
+                        self._key, self._tag)
 
     def window(self, assigner: WindowAssigner, *,
                timestamp_of: Callable[[T], int] | None = None) -> WindowedStream[T]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from lockgate.api.functions import OutputTag
+from lockgate.api.nodes import Node, StreamGraph, add_node
 from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.api.windows import (
     AggregateFunction,
@@ -22,7 +23,7 @@ from lockgate.api.windows import (
 from lockgate.errors import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    from lockgate.api.pipeline import DataStream, Node, Pipeline
+    from lockgate.api.pipeline import DataStream
 
 __all__ = ["WindowedStream"]
 
@@ -34,7 +35,7 @@ U = TypeVar("U")
 class WindowedStream(Generic[T]):
     """Windows of a keyed stream; each builder method returns a new one."""
 
-    _p: Pipeline
+    _p: StreamGraph
     _node: Node
     _key: Callable[[T], Any]
     _tag: str | None
@@ -156,8 +157,8 @@ class WindowedStream(Generic[T]):
                                           "reduce and aggregate keep no records to evict")
         spec = WindowSpec(self._assigner, kind, fn, window_function, self._timestamps(),
                           self._lateness, self._late_tag, self._trigger, self._evictor)
-        node = self._p._add(OperatorKind.WINDOW, spec, uid, parallelism, self._node,
-                            Partitioning.HASH, self._key, self._tag)
+        node = add_node(self._p, OperatorKind.WINDOW, spec, uid, parallelism, self._node,
+                        Partitioning.HASH, self._key, self._tag)
         return DataStream(self._p, node)
 
     def _timestamps(self) -> Callable[[Any], int] | None:

@@ -22,7 +22,8 @@ from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.errors import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    from lockgate.api.pipeline import Node, Pipeline
+    from lockgate.api.nodes import Node
+    from lockgate.api.pipeline import Pipeline
 
 __all__ = ["OperatorSpec", "InputEdge", "OutputEdge", "JobVertex", "JobGraph", "build_job_graph"]
 
