@@ -12,6 +12,7 @@ from lockgate.api.functions import KeyedProcessFunction, OutputTag, RuntimeConte
 from lockgate.api.joins import ProcessJoinFunction
 from lockgate.api.pipeline import DataStream, KeyedStream, Pipeline
 from lockgate.api.pipeline import set_runner as _set_runner
+from lockgate.api.stream import WindowedStream
 from lockgate.api.triggers import (
     ContinuousEventTimeTrigger,
     CountTrigger,
@@ -29,7 +30,6 @@ from lockgate.api.watermarks import (
     TimeDomain,
     WatermarkStrategy,
 )
-from lockgate.api.windowed import WindowedStream
 from lockgate.api.windows import (
     AggregateFunction,
     EventTimeSessionWindows,

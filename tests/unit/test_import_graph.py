@@ -134,7 +134,6 @@ def describe(component: list[str], edges: dict[str, set[str]]) -> str:
 # once it is gone). Empty once the house is a DAG.
 KNOWN_FILE_EDGES: set[tuple[str, str]] = {
     ("api.arrow", "api.pipeline"),
-    ("api.windowed", "api.pipeline"),
     ("api.connected", "api.pipeline"),
     ("api.joins", "api.pipeline"),
     ("api.broadcast", "api.pipeline"),
