@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from lockgate.api.nodes import Node, add_node
 from lockgate.api.plan import OperatorKind
-from lockgate.api.stream import DataStream, KeyedStream
+from lockgate.api.stream import ArrowStream, DataStream, KeyedStream
 from lockgate.api.watermarks import WatermarkStrategy
 from lockgate.config import AutoscalerConfig, CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Source
@@ -35,7 +35,6 @@ from lockgate.state.backends import state_backend as resolve_state_backend
 from lockgate.state.keygroups import DEFAULT_MAX_PARALLELISM
 
 if TYPE_CHECKING:
-    from lockgate.api.arrow import ArrowStream
     from lockgate.api.client import JobClient
     from lockgate.api.result import JobResult, Progress
 
@@ -173,9 +172,8 @@ class Pipeline:
         Parquet format, a ``DataFrameSource`` or a Spark DataFrame, read as
         batches of at most ``batch_rows`` rows, with the same splits and
         checkpointed positions (file, row) as when read as rows. Returns an
-        :class:`~lockgate.api.arrow.ArrowStream` (``map_arrow``,
+        :class:`~lockgate.api.stream.ArrowStream` (``map_arrow``,
         ``key_by_column(...).aggregate_arrow(...)``, ...; docs/arrow.md)."""
-        from lockgate.api.arrow import ArrowStream
         from lockgate.connectors.dataframe import DataFrameSource
         from lockgate.connectors.parquet import ArrowSource
 

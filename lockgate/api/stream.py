@@ -2,7 +2,9 @@
 side outputs, sinks), ``KeyedStream`` (keyed state: ``reduce``, ``process``,
 windows, interval joins) and ``WindowedStream`` (a keyed stream grouped into
 windows, before its window function makes it a ``DataStream`` of results
-again). They return one another, so they live together.
+again), and the Arrow path's ``ArrowStream`` and ``KeyedArrowStream``
+(``DataStream.to_arrow``, ``ArrowStream.to_rows``; :mod:`lockgate.api.arrow`
+has their steps). They return one another, so they live together.
 :mod:`lockgate.api.pipeline` re-exports the first two; a ``Pipeline``'s
 ``source`` gives the first one."""
 
@@ -10,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from lockgate.api.arrow import AGGREGATIONS, ArrowAggregate, ArrowStep, ColumnKey, to_arrow_step
 from lockgate.api.functions import KeyedProcessFunction, OutputTag
 from lockgate.api.nodes import Node, StreamGraph, add_node
 from lockgate.api.plan import OperatorKind, Partitioning
@@ -27,13 +30,10 @@ from lockgate.api.windows import (
 from lockgate.connectors.base import Sink
 from lockgate.errors import PipelineDefinitionError
 
-if TYPE_CHECKING:
-    from lockgate.api.arrow import ArrowStream
-
 T = TypeVar("T")
 U = TypeVar("U")
 
-__all__ = ["DataStream", "KeyedStream", "WindowedStream"]
+__all__ = ["DataStream", "KeyedStream", "WindowedStream", "ArrowStream", "KeyedArrowStream"]
 
 
 class DataStream(Generic[T]):
@@ -104,9 +104,7 @@ class DataStream(Generic[T]):
                  parallelism: int | None = None) -> ArrowStream:
         """Each batch of records as one ``pyarrow.RecordBatch`` (dict records
         become columns, ``schema`` if given; other records one column
-        ``value``): an :class:`~lockgate.api.arrow.ArrowStream`."""
-        from lockgate.api.arrow import ArrowStream, to_arrow_step
-
+        ``value``): an :class:`ArrowStream`."""
         return ArrowStream(self._p, self._then(OperatorKind.ARROW, to_arrow_step(schema), uid,
                                                parallelism))
 
@@ -409,3 +407,121 @@ class WindowedStream(Generic[T]):
         raise PipelineDefinitionError(
             "event-time windows need each record's timestamp, and records changed since the "
             "source stamped them: pass window(..., timestamp_of=lambda r: ...)")
+
+
+class ArrowStream:
+    """A stream of ``pyarrow.RecordBatch`` es (see the module docstring)."""
+
+    def __init__(self, pipeline: StreamGraph, node: Node,
+                 partitioning: Partitioning = Partitioning.FORWARD) -> None:
+        self._p = pipeline
+        self._node = node
+        self._partitioning = partitioning
+
+    def _then(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
+              partitioning: Partitioning | None = None, key: ColumnKey | None = None) -> Node:
+        if self._node.kind == OperatorKind.SINK:
+            raise PipelineDefinitionError("a sink has no output stream")
+        part = partitioning or self._partitioning
+        p = parallelism or self._p.parallelism
+        if part == Partitioning.FORWARD and p != self._node.parallelism:
+            part = Partitioning.REBALANCE
+        return add_node(self._p, kind, fn, uid, parallelism, self._node, part, key)
+
+    def map_arrow(self, fn: Callable[[Any], Any], *, uid: str | None = None,
+                  parallelism: int | None = None) -> ArrowStream:
+        """``fn(batch)`` returns a ``pyarrow.RecordBatch`` (any schema, any
+        number of rows; a ``pyarrow.Table`` is combined into one batch)."""
+        if not callable(fn):
+            raise PipelineDefinitionError(f"map_arrow takes a function, got {fn!r}")
+        return ArrowStream(self._p, self._then(OperatorKind.ARROW, ArrowStep("map", fn), uid,
+                                               parallelism))
+
+    def filter_arrow(self, fn: Callable[[Any], Any], *, uid: str | None = None,
+                     parallelism: int | None = None) -> ArrowStream:
+        """Keep the rows where ``fn(batch)`` is true: ``fn`` returns a boolean
+        mask as long as the batch (a ``pyarrow`` boolean array, a
+        ``pyarrow.compute`` expression's result, or a numpy ``bool`` array);
+        a null in the mask drops its row, as in ``RecordBatch.filter``.
+
+        >>> big = stream.filter_arrow(lambda b: pc.greater(b["amount"], 100))
+        """
+        if not callable(fn):
+            raise PipelineDefinitionError(f"filter_arrow takes a function, got {fn!r}")
+        return ArrowStream(self._p, self._then(OperatorKind.ARROW, ArrowStep("filter", fn), uid,
+                                               parallelism))
+
+    def rebalance(self) -> ArrowStream:
+        """Spread whole batches round-robin over the next operator's tasks."""
+        return ArrowStream(self._p, self._node, Partitioning.REBALANCE)
+
+    def key_by_column(self, column: str) -> KeyedArrowStream:
+        """Partition by the values of ``column``: rows with equal keys go to the
+        same task, by the same key group as ``key_by(lambda r: r[column])`` on
+        the rows gives."""
+        if not isinstance(column, str) or not column:
+            raise PipelineDefinitionError(f"key_by_column takes a column name, got {column!r}")
+        return KeyedArrowStream(self._p, self._node, ColumnKey(column))
+
+    def to_rows(self, *, uid: str | None = None,
+                parallelism: int | None = None) -> DataStream[dict[str, Any]]:
+        """The rows of every batch as dicts (``RecordBatch.to_pylist``), for
+        the row operators (``map``, ``key_by``, ``process``, windows...)."""
+        return DataStream(self._p, self._then(OperatorKind.ARROW, ArrowStep("to_rows"), uid,
+                                              parallelism))
+
+    def sink(self, sink: Sink[Any], *, uid: str | None = None,
+             parallelism: int | None = None) -> ArrowStream:
+        """Write the batches to ``sink``. A ``FileSink(format="parquet")``
+        writes them as they are, without rows; any other sink gets the rows
+        (dicts)."""
+        if not isinstance(sink, Sink):
+            raise PipelineDefinitionError(f"{sink!r} is not a lockgate Sink")
+        return ArrowStream(self._p, self._then(OperatorKind.SINK, sink, uid, parallelism))
+
+
+class KeyedArrowStream:
+    """An Arrow stream partitioned by a key column."""
+
+    def __init__(self, pipeline: StreamGraph, node: Node, key: ColumnKey) -> None:
+        self._p = pipeline
+        self._node = node
+        self._key = key
+
+    def aggregate_arrow(self, *, uid: str | None = None, parallelism: int | None = None,
+                        **aggregations: tuple[str, str]) -> ArrowStream:
+        """Running aggregates per key, vectorized: ``name=(column, how)`` per
+        output column, ``how`` one of ``sum``, ``count``, ``min``, ``max``,
+        ``mean`` (pandas' named aggregation)::
+
+            .aggregate_arrow(total=("amount", "sum"), n=("amount", "count"),
+                             avg=("amount", "mean"), uid="per-user")
+
+        After each input batch it emits one row per key of that batch: the
+        key column, then the named aggregates over everything the key has
+        seen (an upsert stream: a key's last row is its current value). The
+        state is one tuple of accumulators per key (``mean`` keeps a sum and a
+        count), exactly-once through checkpoints like ``reduce``'s.
+        """
+        if not aggregations:
+            raise PipelineDefinitionError(
+                "aggregate_arrow needs at least one name=(column, how), e.g. "
+                "total=('amount', 'sum')")
+        outputs: list[tuple[str, str, str]] = []
+        for name, spec in aggregations.items():
+            if not (isinstance(spec, tuple) and len(spec) == 2
+                    and all(isinstance(s, str) for s in spec)):
+                raise PipelineDefinitionError(
+                    f"aggregate_arrow: {name}= takes (column, how), got {spec!r}")
+            if spec[1] not in AGGREGATIONS:
+                raise PipelineDefinitionError(
+                    f"aggregate_arrow: {name}=({spec[0]!r}, {spec[1]!r}): how must be one of "
+                    f"{', '.join(AGGREGATIONS)}")
+            if name == self._key.column:
+                raise PipelineDefinitionError(
+                    f"aggregate_arrow: the output {name!r} would hide the key column")
+            outputs.append((name, spec[0], spec[1]))
+        plan = ArrowAggregate(self._key.column, tuple(outputs))
+        node = add_node(self._p, OperatorKind.ARROW_AGGREGATE, plan, uid, parallelism,
+                        self._node, Partitioning.HASH, self._key)
+        return ArrowStream(self._p, node)
