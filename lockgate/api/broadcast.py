@@ -21,20 +21,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from lockgate.api.connected import CoSpec
+from lockgate.api.connected import connect as connect_streams
 from lockgate.api.functions import RuntimeContext
+from lockgate.api.nodes import StreamInput, add_multi_input_node
 from lockgate.api.plan import OperatorKind, Partitioning
+from lockgate.api.stream import DataStream, KeyedStream, input_of
 from lockgate.errors import PipelineDefinitionError
 from lockgate.state.backend import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from lockgate.state.values import ATOMIC, private_copy
 
-if TYPE_CHECKING:
-    from lockgate.api.pipeline import DataStream, KeyedStream
-
 __all__ = ["BroadcastStream", "BroadcastConnectedStream", "BroadcastProcessFunction",
            "KeyedBroadcastProcessFunction", "BroadcastState", "ReadOnlyBroadcastState",
-           "BroadcastContext"]
+           "BroadcastContext", "connect"]
 
 IN1 = TypeVar("IN1")
 IN2 = TypeVar("IN2")
@@ -158,8 +159,6 @@ class BroadcastStream(Generic[IN2]):
     """A stream to be broadcast, with the descriptors of its broadcast state."""
 
     def __init__(self, stream: DataStream[IN2], descriptors: tuple[Any, ...]) -> None:
-        from lockgate.api.pipeline import DataStream
-
         if not isinstance(stream, DataStream):
             raise PipelineDefinitionError("broadcast() is a method of a DataStream")
         if not descriptors or not all(isinstance(d, MapStateDescriptor) for d in descriptors):
@@ -182,17 +181,13 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
 
     def process(self, fn: _BroadcastFunction[IN1, IN2, OUT], *, uid: str | None = None,
                 parallelism: int | None = None) -> DataStream[OUT]:
-        from lockgate.api.connected import CoSpec, _input_of
-        from lockgate.api.nodes import StreamInput, add_multi_input_node
-        from lockgate.api.pipeline import DataStream, KeyedStream
-
         keyed = isinstance(self._first, KeyedStream)
         wanted = KeyedBroadcastProcessFunction if keyed else BroadcastProcessFunction
         if not isinstance(fn, wanted):
             raise PipelineDefinitionError(
                 f"{fn!r} is not a {wanted.__name__} (the data stream is "
                 f"{'keyed' if keyed else 'not keyed'})")
-        a = _input_of(self._first)
+        a = input_of(self._first)
         b = self._broadcast._stream
         spec = CoSpec(fn, (a.key_selector, None), self._broadcast.descriptors, "union")
         node = add_multi_input_node(
@@ -200,3 +195,12 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
             [a, StreamInput(b._node, Partitioning.BROADCAST, None, b._tag)])
         node.name = type(fn).__name__
         return DataStream(self._first._p, node)
+
+
+def connect(first: DataStream[Any] | KeyedStream[Any], other: Any) -> Any:
+    """What ``first.connect(other)`` gives: with a ``BroadcastStream`` a
+    ``BroadcastConnectedStream``, with another stream ``ConnectedStreams``
+    (:func:`lockgate.api.connected.connect`)."""
+    if isinstance(other, BroadcastStream):
+        return BroadcastConnectedStream(first, other)
+    return connect_streams(first, other)

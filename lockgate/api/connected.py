@@ -1,8 +1,9 @@
 """Several inputs: ``union`` of streams and ``connect`` of two streams into a
 ``CoProcessFunction``.
 
-* ``a.union(b, c)``: one stream of the records of all (no operator of its
-  own: the next operator reads every input's edges, ``graph/jobgraph.py``).
+* ``a.union(b, c)`` (``DataStream.union``): one stream of the records of
+  all (no operator of its own: the next operator reads every input's
+  edges, ``graph/jobgraph.py``).
 * ``a.connect(b).process(CoProcessFunction)``: records of ``a`` go to
   ``process_element1``, those of ``b`` to ``process_element2``, in one
   operator. Keyed (``a.key_by(ka).connect(b.key_by(kb))``, or
@@ -34,18 +35,16 @@ Example::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from lockgate.api.functions import RuntimeContext
-from lockgate.api.nodes import StreamInput, add_multi_input_node
-from lockgate.api.plan import OperatorKind, Partitioning
+from lockgate.api.nodes import add_multi_input_node
+from lockgate.api.plan import OperatorKind
+from lockgate.api.stream import DataStream, KeyedStream, input_of
 from lockgate.errors import PipelineDefinitionError
 
-if TYPE_CHECKING:
-    from lockgate.api.pipeline import DataStream, KeyedStream
-
-__all__ = ["CoProcessFunction", "ConnectedStreams", "CoSpec", "union", "connect"]
+__all__ = ["CoProcessFunction", "ConnectedStreams", "CoSpec", "connect"]
 
 IN1 = TypeVar("IN1")
 IN2 = TypeVar("IN2")
@@ -105,39 +104,9 @@ class CoSpec(NamedTuple):
         return self.key_selectors[0] is not None
 
 
-def _input_of(stream: DataStream[Any] | KeyedStream[Any]) -> StreamInput:
-    from lockgate.api.pipeline import DataStream, KeyedStream
-
-    if isinstance(stream, KeyedStream):
-        return StreamInput(stream._node, Partitioning.HASH, stream._key, stream._tag)
-    if isinstance(stream, DataStream):
-        return StreamInput(stream._node, stream._partitioning, None, stream._tag)
-    raise PipelineDefinitionError(f"expected a stream, got {stream!r}")
-
-
-def union(first: DataStream[Any], others: Sequence[DataStream[Any]]) -> DataStream[Any]:
-    from lockgate.api.pipeline import DataStream
-
-    if not others:
-        return first
-    streams = [first, *others]
-    for s in streams:
-        if not isinstance(s, DataStream):
-            raise PipelineDefinitionError(
-                f"union takes DataStreams (key the union afterwards), got {s!r}")
-    node = add_multi_input_node(first._p, OperatorKind.UNION, None, None,
-                    max(s._node.parallelism for s in streams),
-                    [_input_of(s) for s in streams])
-    node.name = "union"
-    return DataStream(first._p, node)
-
-
 def connect(first: DataStream[Any] | KeyedStream[Any], other: Any) -> Any:
-    from lockgate.api.broadcast import BroadcastConnectedStream, BroadcastStream
-    from lockgate.api.pipeline import KeyedStream
-
-    if isinstance(other, BroadcastStream):
-        return BroadcastConnectedStream(first, other)
+    """``first.connect(other)`` of two streams (a ``BroadcastStream`` is
+    :func:`lockgate.api.broadcast.connect`'s)."""
     if isinstance(first, KeyedStream) != isinstance(other, KeyedStream):
         raise PipelineDefinitionError(
             "connect a keyed stream with a keyed stream (or a BroadcastStream): key both "
@@ -157,19 +126,15 @@ class ConnectedStreams(Generic[IN1, IN2]):
                key2: Callable[[IN2], Any]) -> ConnectedStreams[IN1, IN2]:
         """Key both inputs (``key1`` for the first, ``key2`` for the second):
         the function then has keyed state and timers shared by both."""
-        from lockgate.api.pipeline import DataStream
-
         if not (isinstance(self._first, DataStream) and isinstance(self._second, DataStream)):
             raise PipelineDefinitionError("these connected streams are keyed already")
         return ConnectedStreams(self._first.key_by(key1), self._second.key_by(key2))
 
     def process(self, fn: CoProcessFunction[IN1, IN2, OUT], *, uid: str | None = None,
                 parallelism: int | None = None) -> DataStream[OUT]:
-        from lockgate.api.pipeline import DataStream
-
         if not isinstance(fn, CoProcessFunction):
             raise PipelineDefinitionError(f"{fn!r} is not a CoProcessFunction")
-        a, b = _input_of(self._first), _input_of(self._second)
+        a, b = input_of(self._first), input_of(self._second)
         spec = CoSpec(fn, (a.key_selector, b.key_selector))
         node = add_multi_input_node(self._first._p, OperatorKind.CO_PROCESS, spec, uid,
                                     parallelism, [a, b])

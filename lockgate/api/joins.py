@@ -33,16 +33,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
+from lockgate.api.connected import CoSpec
 from lockgate.api.functions import OutputTag
+from lockgate.api.nodes import Node, add_multi_input_node
 from lockgate.api.plan import OperatorKind
+from lockgate.api.stream import DataStream, KeyedStream, input_of
 from lockgate.api.windows import ProcessWindowFunction, WindowAssigner, WindowContext
 from lockgate.errors import PipelineDefinitionError
-
-if TYPE_CHECKING:
-    from lockgate.api.nodes import Node
-    from lockgate.api.pipeline import DataStream, KeyedStream
 
 __all__ = ["ProcessJoinFunction", "JoinContext", "IntervalJoin", "IntervalJoined",
            "IntervalJoinSpec", "JoinedStreams", "event_timestamps"]
@@ -127,8 +126,6 @@ class IntervalJoin(Generic[L, R]):
     def __init__(self, left: KeyedStream[L], right: KeyedStream[R],
                  left_ts: Callable[[L], int] | None,
                  right_ts: Callable[[R], int] | None) -> None:
-        from lockgate.api.pipeline import KeyedStream
-
         if not isinstance(right, KeyedStream):
             raise PipelineDefinitionError("interval_join joins two keyed streams: key_by both")
         self._left, self._right = left, right
@@ -172,15 +169,11 @@ class IntervalJoined(Generic[L, R]):
 
     def process(self, fn: ProcessJoinFunction[L, R, OUT], *, uid: str | None = None,
                 parallelism: int | None = None) -> DataStream[OUT]:
-        from lockgate.api.connected import CoSpec, _input_of
-        from lockgate.api.nodes import add_multi_input_node
-        from lockgate.api.pipeline import DataStream
-
         if not isinstance(fn, ProcessJoinFunction):
             raise PipelineDefinitionError(f"{fn!r} is not a ProcessJoinFunction")
         if self._spec.lower > self._spec.upper:
             raise PipelineDefinitionError("the join's interval is empty")
-        a, b = _input_of(self._left), _input_of(self._right)
+        a, b = input_of(self._left), input_of(self._right)
         spec = CoSpec(fn, (a.key_selector, b.key_selector), self._spec, "union")
         p = self._left._p
         node = add_multi_input_node(p, OperatorKind.INTERVAL_JOIN, spec, uid, parallelism, [a, b])
@@ -200,8 +193,6 @@ class JoinedStreams(Generic[L, R]):
     """``a.join(b)``: then ``.where(key_a).equal_to(key_b).window(...)``."""
 
     def __init__(self, left: DataStream[L], right: DataStream[R]) -> None:
-        from lockgate.api.pipeline import DataStream
-
         if not isinstance(right, DataStream) or not isinstance(left, DataStream):
             raise PipelineDefinitionError("join joins two DataStreams (not keyed)")
         self._left, self._right = left, right

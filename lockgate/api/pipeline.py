@@ -23,9 +23,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from lockgate.api.broadcast import BroadcastStream, connect
+from lockgate.api.joins import IntervalJoin, JoinedStreams
 from lockgate.api.nodes import Node, add_node
 from lockgate.api.plan import OperatorKind
-from lockgate.api.stream import ArrowStream, DataStream, KeyedStream
+from lockgate.api.stream import (
+    ArrowStream,
+    DataStream,
+    KeyedStream,
+    TwoStreamBuilders,
+    set_two_stream_builders,
+)
 from lockgate.api.watermarks import WatermarkStrategy
 from lockgate.config import AutoscalerConfig, CheckpointConfig, RestartStrategy, RestConfig
 from lockgate.connectors.base import Source
@@ -46,6 +54,12 @@ LaunchHook = Callable[["Pipeline", dict[str, Any], bool], Any]
 """Who runs a pipeline whose ``run()``/``start()`` is called (the pipeline,
 the call's arguments, whether it waits): ``lockgate run`` while it loads a
 script (:func:`launched_by`)."""
+
+# The operators over two streams are built above the streams (their builders
+# return DataStreams); every stream comes from a Pipeline, so they are handed
+# to the streams here.
+set_two_stream_builders(TwoStreamBuilders(connect=connect, broadcast=BroadcastStream,
+                                          join=JoinedStreams, interval_join=IntervalJoin))
 
 _launch_hook: list[LaunchHook] = []
 _runner: list[LaunchHook] = []

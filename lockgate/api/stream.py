@@ -1,22 +1,30 @@
 """The streams of a pipeline: ``DataStream`` (stateless steps, partitioning,
 side outputs, sinks), ``KeyedStream`` (keyed state: ``reduce``, ``process``,
-windows, interval joins) and ``WindowedStream`` (a keyed stream grouped into
+windows, interval joins), ``WindowedStream`` (a keyed stream grouped into
 windows, before its window function makes it a ``DataStream`` of results
 again), and the Arrow path's ``ArrowStream`` and ``KeyedArrowStream``
 (``DataStream.to_arrow``, ``ArrowStream.to_rows``; :mod:`lockgate.api.arrow`
-has their steps). They return one another, so they live together.
-:mod:`lockgate.api.pipeline` re-exports the first two; a ``Pipeline``'s
-``source`` gives the first one."""
+holds their steps). They return one another, so they live together. A
+``Pipeline``'s ``source`` gives the first stream; :mod:`lockgate.api.pipeline`
+re-exports ``DataStream`` and ``KeyedStream``.
+
+The operators over two streams (``connect``, ``broadcast``, ``join``,
+``interval_join``) are built in the modules above this one
+(:mod:`~lockgate.api.connected`, :mod:`~lockgate.api.broadcast`,
+:mod:`~lockgate.api.joins`), whose builders return ``DataStream``s: a stream
+reaches them through :class:`TwoStreamBuilders`, which
+:mod:`lockgate.api.pipeline` hands over (every stream comes from a
+``Pipeline``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from lockgate.api.arrow import AGGREGATIONS, ArrowAggregate, ArrowStep, ColumnKey, to_arrow_step
 from lockgate.api.functions import KeyedProcessFunction, OutputTag
-from lockgate.api.nodes import Node, StreamGraph, add_node
+from lockgate.api.nodes import Node, StreamGraph, StreamInput, add_multi_input_node, add_node
 from lockgate.api.plan import OperatorKind, Partitioning
 from lockgate.api.windows import (
     AggregateFunction,
@@ -33,7 +41,8 @@ from lockgate.errors import PipelineDefinitionError
 T = TypeVar("T")
 U = TypeVar("U")
 
-__all__ = ["DataStream", "KeyedStream", "WindowedStream", "ArrowStream", "KeyedArrowStream"]
+__all__ = ["DataStream", "KeyedStream", "WindowedStream", "ArrowStream", "KeyedArrowStream",
+           "TwoStreamBuilders", "set_two_stream_builders", "input_of"]
 
 
 class DataStream(Generic[T]):
@@ -140,32 +149,35 @@ class DataStream(Generic[T]):
     def union(self, *others: DataStream[T]) -> DataStream[T]:
         """One stream of this stream's records and those of ``others`` (same
         type), in no particular order between them (:mod:`lockgate.api.connected`)."""
-        from lockgate.api.connected import union
-
-        return union(self, others)
+        if not others:
+            return self
+        streams: Sequence[DataStream[T]] = [self, *others]
+        for s in streams:
+            if not isinstance(s, DataStream):
+                raise PipelineDefinitionError(
+                    f"union takes DataStreams (key the union afterwards), got {s!r}")
+        node = add_multi_input_node(self._p, OperatorKind.UNION, None, None,
+                                    max(s._node.parallelism for s in streams),
+                                    [input_of(s) for s in streams])
+        node.name = "union"
+        return DataStream(self._p, node)
 
     def connect(self, other: Any) -> Any:
         """Two streams into one operator: ``ConnectedStreams`` (then
         ``.process(CoProcessFunction)``), or with a ``BroadcastStream`` a
         ``BroadcastConnectedStream`` (``.process(BroadcastProcessFunction)``)."""
-        from lockgate.api.connected import connect
-
-        return connect(self, other)
+        return _builders().connect(self, other)
 
     def broadcast(self, *descriptors: Any) -> Any:
         """This stream sent to every task of the operator it is connected to,
         with broadcast state ``descriptors`` (``MapStateDescriptor``s):
         a ``BroadcastStream`` (:mod:`lockgate.api.broadcast`)."""
-        from lockgate.api.broadcast import BroadcastStream
-
-        return BroadcastStream(self, descriptors)
+        return _builders().broadcast(self, descriptors)
 
     def join(self, other: DataStream[Any]) -> Any:
         """A window join: ``a.join(b).where(ka).equal_to(kb).window(assigner)
         .apply(fn)`` (:mod:`lockgate.api.joins`)."""
-        from lockgate.api.joins import JoinedStreams
-
-        return JoinedStreams(self, other)
+        return _builders().join(self, other)
 
     def sink(self, sink: Sink[T], *, uid: str | None = None,
              parallelism: int | None = None) -> DataStream[T]:
@@ -242,19 +254,53 @@ class KeyedStream(Generic[T]):
         """With another ``KeyedStream``: keyed ``ConnectedStreams`` (both
         inputs share this operator's keyed state and timers); with a
         ``BroadcastStream``: ``.process(KeyedBroadcastProcessFunction)``."""
-        from lockgate.api.connected import connect
-
-        return connect(self, other)
+        return _builders().connect(self, other)
 
     def interval_join(self, other: KeyedStream[Any], *,
                       timestamp_of: Callable[[T], int] | None = None,
                       other_timestamp_of: Callable[[Any], int] | None = None) -> Any:
         """An event-time interval join with ``other``: ``.between(lower,
         upper).process(ProcessJoinFunction)`` (:mod:`lockgate.api.joins`)."""
-        from lockgate.api.joins import IntervalJoin
+        return _builders().interval_join(self, other, timestamp_of, other_timestamp_of)
 
-        return IntervalJoin(self, other, timestamp_of, other_timestamp_of)
 
+
+def input_of(stream: DataStream[Any] | KeyedStream[Any]) -> StreamInput:
+    """A stream as one input of a multi-input operator (keyed: hash-partitioned)."""
+    if isinstance(stream, KeyedStream):
+        return StreamInput(stream._node, Partitioning.HASH, stream._key, stream._tag)
+    if isinstance(stream, DataStream):
+        return StreamInput(stream._node, stream._partitioning, None, stream._tag)
+    raise PipelineDefinitionError(f"expected a stream, got {stream!r}")
+
+
+@dataclass(frozen=True)
+class TwoStreamBuilders:
+    """What ``connect``, ``broadcast``, ``join`` and ``interval_join`` of a
+    stream build: the builders of :mod:`lockgate.api.connected`,
+    :mod:`~lockgate.api.broadcast` and :mod:`~lockgate.api.joins`, above
+    this module (see the module docstring)."""
+
+    connect: Callable[[DataStream[Any] | KeyedStream[Any], Any], Any]
+    broadcast: Callable[[DataStream[Any], tuple[Any, ...]], Any]
+    join: Callable[[DataStream[Any], DataStream[Any]], Any]
+    interval_join: Callable[[KeyedStream[Any], KeyedStream[Any], Callable[[Any], int] | None,
+                             Callable[[Any], int] | None], Any]
+
+
+_two_stream_builders: list[TwoStreamBuilders] = []
+
+
+def set_two_stream_builders(builders: TwoStreamBuilders) -> None:
+    """Who builds the operators over two streams (:mod:`lockgate.api.pipeline` sets them)."""
+    _two_stream_builders[:] = [builders]
+
+
+def _builders() -> TwoStreamBuilders:
+    if not _two_stream_builders:
+        raise RuntimeError("no two-stream builders: import lockgate (lockgate.api.pipeline "
+                           "sets them)")
+    return _two_stream_builders[-1]
 
 @dataclass(frozen=True)
 class WindowedStream(Generic[T]):

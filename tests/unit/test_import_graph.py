@@ -133,10 +133,6 @@ def describe(component: list[str], edges: dict[str, set[str]]) -> str:
 # the graph is a DAG, and each must still be there (take it out of the list
 # once it is gone). Empty once the house is a DAG.
 KNOWN_FILE_EDGES: set[tuple[str, str]] = {
-    ("api.connected", "api.pipeline"),
-    ("api.joins", "api.pipeline"),
-    ("api.broadcast", "api.pipeline"),
-    ("api.connected", "api.broadcast"),
 }
 KNOWN_PACKAGE_EDGES: set[tuple[str, str]] = {
 }
