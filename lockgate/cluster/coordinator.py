@@ -14,6 +14,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lockgate import fs
@@ -86,7 +87,12 @@ class CheckpointCoordinator:
         clock: Callable[[], float] = time.monotonic,
         job_name: str | None = None,
         locations: dict[str, str] | None = None,
+        background_cleanup: bool = False,
     ) -> None:
+        """``background_cleanup``: what retention drops is deleted by a
+        thread of its own (Flink's checkpoint cleaner on its I/O executor),
+        so that the next checkpoint never waits for it; :meth:`close` waits
+        for it. Without it, deletion happens in :meth:`_complete`."""
         self.job_id = job_id
         self.job_dir = os.fspath(job_dir)
         """The job's checkpoint folder: a local path or a URL (:mod:`lockgate.fs`)."""
@@ -120,6 +126,15 @@ class CheckpointCoordinator:
         """Checkpoints and savepoints that failed (history keeps the newest only)."""
         self.baseline = Progress()
         """Records read and written before this attempt (from the restored checkpoint)."""
+        self._cleaner = (ThreadPoolExecutor(1, thread_name_prefix="checkpoint-cleanup")
+                         if background_cleanup else None)
+
+    def close(self) -> None:
+        """Wait until every deletion retention asked for is done (the job's
+        folder is tidy when the job ends)."""
+        if self._cleaner is not None:
+            self._cleaner.shutdown(wait=True)
+            self._cleaner = None
 
     # ------------------------------------------------------------ attempts
     def start_attempt(self, plan: AttemptPlan) -> None:
@@ -324,28 +339,46 @@ class CheckpointCoordinator:
             self._retain()
 
     def _retain(self) -> None:
+        """Drop what retention no longer keeps: decided here, deleted by
+        :meth:`_delete` (in the background with ``background_cleanup``: a
+        deletion is never on the path of the next checkpoint; one thread, so
+        deletions stay in order)."""
         keep = checkpoints_to_discard([c.checkpoint_id for c in self.completed],
                                       self.config.retained)
         doomed = set(keep)
         savepoints = {c.checkpoint_id for c in self.completed if c.savepoint}
         self.completed = [c for c in self.completed if c.checkpoint_id not in doomed]
-        for n in doomed - savepoints:  # a savepoint is the user's: never deleted
-            self._discard(n)
-        # folders of failed checkpoints older than the newest completed one
         latest = self.completed[-1].checkpoint_id
-        # shared files of incremental checkpoints that no retained _metadata
-        # names any more (their checkpoints' _metadata went first)
-        delete_unreferenced(self.job_dir, referenced_shared(
-            h.incremental for c in self.completed for _, h in c.metadata.state_files()), latest)
-        try:
-            folders = storage.checkpoint_folders(self.job_dir)
-        except OSError as e:
-            log.warning("cannot list %s to clean up failed checkpoints: %s",
-                        fs.redact(self.job_dir), e)
+        referenced = referenced_shared(
+            h.incremental for c in self.completed for _, h in c.metadata.state_files())
+        discard = sorted(doomed - savepoints)  # a savepoint is the user's: never deleted
+        if self._cleaner is None:
+            self._delete(discard, referenced, latest)
             return
-        for n, completed in folders.items():
-            if not completed and n < latest:
+        self._cleaner.submit(self._delete, discard, referenced, latest)
+
+    def _delete(self, discard: list[int], referenced: set[str], latest: int) -> None:
+        """Delete the checkpoints ``discard``, then the shared files of
+        incremental checkpoints that no retained ``_metadata`` names any more
+        (``referenced``; their checkpoints' ``_metadata`` went first), then
+        the folders of failed checkpoints older than ``latest``, the newest
+        completed one. Never raises: what is left behind the next call (or
+        the job's end) deletes."""
+        try:
+            for n in discard:
                 self._discard(n)
+            delete_unreferenced(self.job_dir, referenced, latest)
+            try:
+                folders = storage.checkpoint_folders(self.job_dir)
+            except OSError as e:
+                log.warning("cannot list %s to clean up failed checkpoints: %s",
+                            fs.redact(self.job_dir), e)
+                return
+            for n, completed in folders.items():
+                if not completed and n < latest:
+                    self._discard(n)
+        except Exception:
+            log.exception("deleting checkpoints retention dropped failed (left behind)")
 
     def _discard(self, n: int) -> None:
         """Delete checkpoint ``n``; a failure (a flaky store, something else

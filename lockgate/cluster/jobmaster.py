@@ -119,7 +119,7 @@ class JobMaster:
         self.coordinator = CheckpointCoordinator(
             self.job_id, self.job_dir, self.config, graph.operator_parallelism(), modes,
             graph.max_parallelism, self._send, job_name=pipeline.name,
-            locations=sink_locations(graph))
+            locations=sink_locations(graph), background_cleanup=True)
         self.commands = Commands(self.job_id, self.coordinator, self.config.savepoint_dir,
                                  self._drain_sources)
         self.attempt = 0
@@ -240,6 +240,7 @@ class JobMaster:
                 self.launcher = None
             end_job(self.options.launcher, self.job_id)
             remove_local_copies(self.pipeline.state_backend, self.job_id)  # local recovery's
+            self.coordinator.close()  # retention's deletions, before the folder is tidied
             self._leave_job_dir()
             self.server.close()
             self.commands.job_ended(status, error)

@@ -244,3 +244,40 @@ def test_a_checkpoint_in_flight_when_its_attempt_ends_says_why(env, end, failure
     assert record.status == "failed" and record.failure.startswith(failure)
     assert c.consecutive_failures == 0 and c.failed_count == 1
     assert not any(isinstance(m, NotifyAborted) for _, _, m in sent)
+
+
+def test_background_cleanup_keeps_deletion_off_the_next_checkpoints_path(tmp_path, monkeypatch):
+    """With ``background_cleanup`` a stalled deletion holds up neither the
+    notification of the checkpoint that superseded it nor the next trigger;
+    ``close`` waits for it, and the folder is as retention wants it."""
+    import threading
+
+    clock = Clock()
+    sent: list[tuple[int, int, object]] = []
+    config = CheckpointConfig(interval=1.0, storage=str(tmp_path), timeout=5.0, retained=1)
+    c = CheckpointCoordinator("job", tmp_path / "job", config, {"src": 1, "sum": 2},
+                              {"src": "split", "sum": "split"}, 128,
+                              lambda a, t, m: sent.append((a, t, m)), clock,
+                              background_cleanup=True)
+    c.start_attempt(AttemptPlan(0, [0], [0, 1, 2], TASK_OPERATORS))
+    release, deleting = threading.Event(), threading.Event()
+    discard = storage.discard
+
+    def stalled(chk):
+        deleting.set()
+        assert release.wait(10)
+        discard(chk)
+
+    monkeypatch.setattr(storage, "discard", stalled)
+    for n in (1, 2, 3):
+        clock.now += 1.0
+        c.tick()
+        ack_all(c, n)
+    assert deleting.wait(10)  # chk-1's deletion is stalled...
+    assert [m for _, _, m in sent if isinstance(m, TriggerCheckpoint)] == [
+        TriggerCheckpoint(n) for n in (1, 2, 3)]  # ...yet checkpoints 2 and 3 went on
+    assert sent[-1][2] == NotifyComplete(3)
+    assert (tmp_path / "job" / "chk-1").exists()
+    release.set()
+    c.close()
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == ["chk-3"]
