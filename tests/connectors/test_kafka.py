@@ -219,8 +219,8 @@ def _info(job: str, task: int = 0, parallelism: int = 1, attempt: int = 0) -> Ta
 
 
 def test_read_committed_sees_a_checkpoint_only_when_it_completes(kafka_broker):
-    """Pre-committed records are on the broker (read_uncommitted sees them)
-    but not visible to read_committed until the completion notice; a
+    """Pre-committed records are not visible to read_committed until the
+    completion notice (they go out as they come, the commit flushes them); a
     recovery that finds the marker committed sends nothing again, one that
     does not re-sends the handle's records once."""
     topic = new_topic(kafka_broker, "visible", 2)
@@ -230,8 +230,9 @@ def test_read_committed_sees_a_checkpoint_only_when_it_completes(kafka_broker):
     writer.write_batch([(str(i), str(i)) for i in range(100)])
     state1 = writer.snapshot_state(1)
     writer.write_batch([(str(i), str(i)) for i in range(100, 150)])  # waits: txn 1 is open
-    assert read_all(kafka_broker, topic) == []
+    writer.producer.flush(30)  # on the broker, in the open transaction
     assert len(read_all(kafka_broker, topic, committed=False)) == 100
+    assert read_all(kafka_broker, topic) == []
     writer.notify_checkpoint_complete(1)
     assert sorted(int(v) for *_, v in read_all(kafka_broker, topic)) == list(range(100))
     state2 = writer.snapshot_state(2)

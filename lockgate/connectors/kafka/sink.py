@@ -290,9 +290,11 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
             _produce(self.producer, self.sink.topic, pairs)
 
     def pre_commit(self, txn: _Txn) -> KafkaTxnHandle:
-        """Step 3: flush; the handle keeps the records to redo the transaction."""
-        if txn is self.live:
-            self.delivery.flush(self.producer, "a pre-commit flush")
+        """Step 3: the handle keeps the records to redo the transaction, which
+        makes it durable with the checkpoint (write-ahead). No flush here:
+        the records already sent are delivered while the checkpoint
+        completes, and the commit flushes (a delivery error fails it, and
+        recovery redoes the transaction from this handle)."""
         records = txn.records
         return KafkaTxnHandle(self.tid, self.nonce, txn.seq, [k for k, _ in records],
                               [v for _, v in records])
