@@ -17,6 +17,11 @@ __all__ = [
 ]
 
 
+MAX_INLINE_THRESHOLD = 1 << 20
+"""The largest ``CheckpointConfig.inline_threshold`` (what a reader of
+``_metadata`` accepts inline: ``lockgate.checkpoint.metadata.MAX_INLINE``)."""
+
+
 class CheckpointingMode(StrEnum):
     """How barriers are handled by tasks with several inputs."""
 
@@ -66,6 +71,11 @@ class CheckpointConfig:
             unaligned once it is older than this many seconds (measured from
             its trigger) at a task (Flink's aligned checkpoint timeout); 0 is
             unaligned from the start. Implies ``unaligned``.
+        inline_threshold: a task's state file of at most this many bytes is
+            not written as a file but kept in the checkpoint's ``_metadata``
+            (Flink's ``state.storage.fs.memory-threshold``): small state then
+            costs no file and no fsync of its own, and is exactly as durable
+            as ``_metadata``. 0 writes every state file; at most 1 MiB.
     """
 
     interval: float | None = 1.0
@@ -80,6 +90,7 @@ class CheckpointConfig:
     encrypt_traffic: bool = False
     unaligned: bool = False
     aligned_timeout: float | None = None
+    inline_threshold: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", CheckpointingMode(self.mode))
@@ -97,6 +108,9 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint interval must be > 0 seconds, got {self.interval}")
         if self.retained < 1:
             raise ValueError(f"retained must be >= 1, got {self.retained}")
+        if not 0 <= self.inline_threshold <= MAX_INLINE_THRESHOLD:
+            raise ValueError(f"inline_threshold must be 0 to {MAX_INLINE_THRESHOLD} bytes, got "
+                             f"{self.inline_threshold}")
 
 
 @dataclass(frozen=True)

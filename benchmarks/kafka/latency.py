@@ -2,7 +2,7 @@
 
     python -m benchmarks.kafka.latency [--intervals 1.0 0.2 0.1] [--rounds 2]
         [--n 1000000] [--rate R] [--seconds 20] [--warmup 5]
-        [--launchers local] [--bootstrap host:port] [--record]
+        [--launchers local] [--bootstrap host:port] [--inline-threshold B] [--record]
 
 Two phases on one private noida-db broker (or ``--bootstrap``):
 
@@ -21,6 +21,10 @@ Two phases on one private noida-db broker (or ``--bootstrap``):
    ``--seconds`` seconds; p50, p99 and max per interval (median over
    rounds), with the job's checkpoint history (duration, alignment, the
    synchronous and asynchronous parts) summarized.
+
+``--inline-threshold``: the latency job's ``CheckpointConfig.inline_threshold``
+(state files of at most that many bytes kept in ``_metadata``; default:
+the configuration's default).
 
 ``--record`` appends one line per interval to
 ``benchmarks/results/kafka_latency.jsonl`` (date, commit, load average).
@@ -69,12 +73,14 @@ def serialize(kst: tuple[int, int, int]) -> tuple[str, str]:
 
 
 def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys: int,
-                storage: str, interval: float) -> Any:
+                storage: str, interval: float, inline_threshold: int | None = None) -> Any:
     from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
     from lockgate.connectors.kafka import KafkaSink, KafkaSource
 
+    inline = {} if inline_threshold is None else {"inline_threshold": inline_threshold}
     p = Pipeline("kafka-latency", parallelism=parallelism,
-                 checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0),
+                 checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0,
+                                             **inline),
                  restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
     (p.source(KafkaSource(bootstrap, source), uid="numbers")
        .map(stamped(keys), uid="pairs")
@@ -179,7 +185,8 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
     out = new_topic(bootstrap, "lat-out", PARTITIONS)
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-lat-"))
     p = latency_job(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
-                    storage=str(tmp / "chk"), interval=interval)
+                    storage=str(tmp / "chk"), interval=interval,
+                    inline_threshold=args.inline_threshold)
     job = p.start(launcher=args.launcher, progress=False)
     try:
         ready = ctx.Event()
@@ -247,6 +254,8 @@ def main() -> None:
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
     ap.add_argument("--no-throughput", dest="throughput", action="store_false")
     ap.add_argument("--bootstrap", default=os.environ.get("LOCKGATE_KAFKA"))
+    ap.add_argument("--inline-threshold", type=int,
+                    help="the latency job's CheckpointConfig.inline_threshold (bytes)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     loads = [os.getloadavg()[0]]
@@ -287,7 +296,8 @@ def main() -> None:
                     "launcher": args.launcher, "parallelism": args.parallelism,
                     "interval_s": i, "records_per_s": tp, "throughput_records": args.n,
                     "latency_rate": round(rate), "latency_seconds": args.seconds,
-                    "rounds": args.rounds, "stat": "median", **row}
+                    "rounds": args.rounds, "stat": "median",
+                    "inline_threshold": args.inline_threshold, **row}
             record("kafka_latency", [line])
 
 

@@ -13,6 +13,9 @@ field.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -29,6 +32,9 @@ CHANNEL_STATE_KEY = "#channels"
 acknowledgement (an unaligned checkpoint's in-flight data; no operator uid
 starts with ``#``)."""
 
+MAX_INLINE = 1 << 20
+"""The most bytes of state a handle may keep inline (in ``_metadata``)."""
+
 
 @dataclass(frozen=True)
 class StateHandle:
@@ -37,7 +43,12 @@ class StateHandle:
     The file holds a block per key group of keyed state (``key_groups``: key
     group -> offset and length, relative to ``keyed_offset``; ``states``:
     state name -> kind) and then the operator state (``op_state``: offset
-    and length), checked by ``size`` and ``crc32`` when it is read."""
+    and length), checked by ``size`` and ``crc32`` when it is read.
+
+    ``inline``: the file's bytes themselves, kept in ``_metadata`` instead of
+    a file of their own (state no larger than
+    ``CheckpointConfig.inline_threshold``, as Flink's memory threshold): no
+    file ``file`` exists, and the state is as durable as ``_metadata``."""
 
     file: str
     size: int
@@ -49,10 +60,13 @@ class StateHandle:
     incremental: IncrementalState | None = None
     """Keyed state as the files of an incremental checkpoint (RocksDB), in
     place of key-group blocks."""
+    inline: bytes | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "size": self.size, "crc32": self.crc32,
                                "keyed_offset": self.keyed_offset}
+        if self.inline is not None:
+            out["inline"] = base64.b64encode(self.inline).decode("ascii")
         if self.incremental is not None:
             out["incremental"] = self.incremental.to_json()
         if self.key_groups:
@@ -96,7 +110,8 @@ class StateHandle:
         return cls(name, size, crc, keyed_offset, groups, dict(states),
                    None if op_state is None else _span(op_state, f"{what}: op_state"),
                    None if incremental is None else IncrementalState.from_json(
-                       incremental, what, max_parallelism))
+                       incremental, what, max_parallelism),
+                   _inline(data.get("inline"), size, crc, what))
 
 
 @dataclass(frozen=True)
@@ -268,6 +283,27 @@ class CheckpointMetadata:
                 _count(progress.get("written", 0), f"{shown} has progress.written"))
             if isinstance(progress, dict) else Progress(),
             job_name=job_name if isinstance(job_name, str) else None)
+
+
+def _inline(value: object, size: int, crc: int, what: str) -> bytes | None:
+    """The inline bytes of a handle (base64, untrusted): at most
+    :data:`MAX_INLINE`, of the handle's size and CRC-32."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > (MAX_INLINE + 2) // 3 * 4:
+        raise CheckpointCorruptError(
+            f"{what}: its inline state is not base64 text of at most {MAX_INLINE} bytes: "
+            "it is corrupt")
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise CheckpointCorruptError(
+            f"{what}: its inline state is not valid base64: it is corrupt") from None
+    if len(data) != size or zlib.crc32(data) != crc:
+        raise CheckpointCorruptError(
+            f"{what}: its inline state has {len(data)} bytes (CRC-32 {zlib.crc32(data)}), "
+            f"the checkpoint recorded {size} (CRC-32 {crc}): it is damaged")
+    return data
 
 
 def _count(value: object, what: str) -> int:

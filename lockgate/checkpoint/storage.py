@@ -23,7 +23,7 @@ import re
 import secrets
 import zlib
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from lockgate import fs
 from lockgate.checkpoint.kinds import CheckpointKind
@@ -169,6 +169,8 @@ def verify_files(chk_dir: Location, files: Iterable[tuple[str, StateHandle]]) ->
     folder), and is a regular file (no link, pipe or device)."""
     sizes = fs.list_sizes(chk_dir)
     for uid, handle in files:
+        if handle.inline is not None:  # in _metadata: no file
+            continue
         p = fs.redact(fs.join(chk_dir, handle.file))
         size = sizes.get(handle.file)
         if handle.file in sizes:
@@ -189,21 +191,72 @@ def verify_files(chk_dir: Location, files: Iterable[tuple[str, StateHandle]]) ->
 def write_state_file(chk_dir: Location, name: str,
                      write: Callable[[ChecksumWriter], object]) -> tuple[int, int]:
     """Write the state file ``name`` durably: ``write(out)`` writes its bytes
-    into a :class:`ChecksumWriter`; returns ``(size, crc32)``. Local: fsynced.
-    Object store: one object, visible only once complete."""
-    f = fs.open_write(fs.join(chk_dir, name), private=True)
+    into a :class:`ChecksumWriter`; returns ``(size, crc32)``. Local:
+    fsynced. Object store: one object, visible only once complete."""
+    size, crc, _ = write_state(chk_dir, name, write, 0)
+    return size, crc
+
+
+def write_state(chk_dir: Location, name: str, write: Callable[[ChecksumWriter], object],
+                inline_limit: int) -> tuple[int, int, bytes | None]:
+    """:func:`write_state_file`, but state of at most ``inline_limit`` bytes
+    is not written at all: it is returned as the third item, for
+    ``_metadata`` to keep (Flink's memory threshold; no file, no fsync). The
+    bytes are buffered up to the limit, the file made only once they pass it."""
+    spill = _Spill(fs.join(chk_dir, name), inline_limit)
     try:
-        out = ChecksumWriter(f)
+        out = ChecksumWriter(spill)
         write(out)
     except BaseException:
-        f.close()
+        spill.close()
         raise
-    fs.finish_write(f)
-    return out.size, out.crc
+    return out.size, out.crc, spill.finish()
+
+
+class _Spill:
+    """Bytes kept in memory up to a limit, then in a new file (durable at
+    :meth:`finish`)."""
+
+    def __init__(self, location: str, limit: int) -> None:
+        self.location = location
+        self.limit = limit
+        self.buffer: bytearray | None = bytearray() if limit > 0 else None
+        self.file: IO[bytes] | None = None if limit > 0 else fs.open_write(location,
+                                                                           private=True)
+
+    def write(self, data: bytes) -> int:
+        if self.buffer is not None:
+            if len(self.buffer) + len(data) <= self.limit:
+                self.buffer += data
+                return len(data)
+            self.file = fs.open_write(self.location, private=True)
+            self.file.write(self.buffer)
+            self.buffer = None
+        assert self.file is not None
+        return self.file.write(data)
+
+    def finish(self) -> bytes | None:
+        """The bytes if they stayed within the limit; else None, the file durable."""
+        if self.buffer is not None:
+            return bytes(self.buffer)
+        assert self.file is not None
+        fs.finish_write(self.file)
+        return None
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 def read_state_file(chk_dir: Location, handle: StateHandle) -> bytes:
-    """Read a whole state file, checking its size and CRC-32."""
+    """Read a whole state file (or its bytes kept inline), checking its size
+    and CRC-32."""
+    if handle.inline is not None:
+        if len(handle.inline) != handle.size or zlib.crc32(handle.inline) != handle.crc32:
+            raise CheckpointCorruptError(
+                f"the inline state {handle.file} does not have its recorded size and CRC-32: "
+                "the checkpoint is damaged")
+        return handle.inline
     location = fs.join(chk_dir, handle.file)
     p = fs.redact(location)
     try:
@@ -351,7 +404,7 @@ def write_savepoint(chk_dir: Location, savepoint_dir: Location, job_id: str,
         # Step 1.
         fs.makedirs(staging, private=True)
         # Step 2.
-        files = {h.file: h.size for _, h in metadata.state_files()}
+        files = {h.file: h.size for _, h in metadata.state_files() if h.inline is None}
         for file in files:
             fs_transfer.move_or_copy(fs.join(chk_dir, file), fs.join(staging, file),
                                      private=True)

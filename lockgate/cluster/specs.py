@@ -49,5 +49,6 @@ def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipelin
                 aligned_timeout=pipeline.checkpoint.aligned_timeout,
                 max_data_frame=max_data_frame(),
                 checkpoint_interval=pipeline.checkpoint.interval,
+                inline_threshold=pipeline.checkpoint.inline_threshold,
             ))
     return specs

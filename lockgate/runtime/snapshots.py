@@ -26,7 +26,7 @@ from lockgate.checkpoint.storage import (
     ChecksumWriter,
     checkpoint_dir,
     read_state_file,
-    write_state_file,
+    write_state,
 )
 from lockgate.protocol import Ack, ControlMessage, Decline
 from lockgate.redact import redact
@@ -154,7 +154,9 @@ class SnapshotWriter:
                           checkpoint_id: int = 0, savepoint: bool = False
                           ) -> StateHandle | None:
         """Write one operator's state file (durable: fsynced locally, one
-        completed object on an object store) and return its handle."""
+        completed object on an object store) and return its handle; state
+        of at most the spec's ``inline_threshold`` bytes is no file but
+        kept in the handle, for ``_metadata``."""
         if snap.keyed is None and not snap.operator_state:
             return None
         name = f"{uid}-{self.spec.task_index}.state"
@@ -171,9 +173,9 @@ class SnapshotWriter:
                 op_state = (out.tell(), len(blob))
                 out.write(blob)
 
-        size, crc = write_state_file(chk, name, write)
+        size, crc, inline = write_state(chk, name, write, self.spec.inline_threshold)
         return StateHandle(name, size, crc, 0, keyed.key_groups, keyed.states, op_state,
-                           incremental)
+                           incremental, inline)
 
 
 def _discard(snaps: list[tuple[StreamOperator, OperatorSnapshot]]) -> None:

@@ -62,6 +62,9 @@ class TaskSpec:
     ``LOCKGATE_MAX_DATA_FRAME``, :func:`lockgate.runtime.wire.max_data_frame`)."""
     state_backend: StateBackend | None = None
     """The keyed state backend (``Pipeline(state_backend=...)``; None: heap)."""
+    inline_threshold: int = 0
+    """State files of at most this many bytes are kept in ``_metadata``
+    (``CheckpointConfig.inline_threshold``)."""
     checkpoint_interval: float | None = None
     """Seconds between periodic checkpoints (None: none): when a state
     backend may expect the next one (the RocksDB backend's early flush)."""

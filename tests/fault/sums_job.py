@@ -27,11 +27,12 @@ from lockgate.connectors import FileSink, SequenceSource
 def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval: float | None,
           mode: str = "exactly_once", rate: float | None = None, unaligned: bool = False,
           aligned_timeout: float | None = None, slow_sink: float | None = None,
-          batch_size: int | None = None) -> Pipeline:
+          batch_size: int | None = None, inline_threshold: int = 0) -> Pipeline:
     p = Pipeline("sums", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, mode=mode,
                                              timeout=30.0, unaligned=unaligned,
-                                             aligned_timeout=aligned_timeout),
+                                             aligned_timeout=aligned_timeout,
+                                             inline_threshold=inline_threshold),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0),
                  **({"batch_size": batch_size} if batch_size else {}))
     running_sums(p.source(SequenceSource(1, n, rate=rate), uid="numbers"), keys, out,
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("--aligned-timeout", type=float)
     ap.add_argument("--slow-sink", type=float, help="records/s per sink task")
     ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--inline-threshold", type=int, default=0)
     ap.add_argument("--from-checkpoint")
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
     ap.add_argument("--start-timeout", type=float, default=120.0)
@@ -84,7 +86,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     p = build(args.n, args.parallelism, args.keys, args.out, args.storage, args.interval,
               args.mode, args.rate, args.unaligned, args.aligned_timeout, args.slow_sink,
-              args.batch_size)
+              args.batch_size, args.inline_threshold)
     def progress(pr) -> None:
         print(json.dumps({"progress": dataclasses.asdict(pr)}), flush=True)
 

@@ -9,8 +9,11 @@ Spark Python workers (the job's hosts) fork; one test kills hosts too.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from lockgate.checkpoint import storage
 from tests.fault.checks import run_job
 from tests.fixtures import check_exact_sums
 
@@ -42,6 +45,29 @@ def test_targeted_kills_at_protocol_points(tmp_path, parallelism, launcher):
                         extra=["--rate", "40000"], launcher=launcher)
     _check(tmp_path, result)
     assert result["restarts"] == len(faults), result["failures"]
+
+
+def test_kills_with_state_inline_in_metadata(tmp_path, launcher):
+    """Small state kept in ``_metadata`` (``inline_threshold``): the tasks
+    write no state file, so a task's state exists only in its ack until the
+    driver writes ``_metadata`` (temp file, fsync, rename, folder fsync: it
+    survives a SIGKILL of any process and a power loss once renamed). Kills
+    after the snapshot (``snapshot``), between the ack and the completion
+    (``acked``) and on the completion notice (``commit``) restore exactly."""
+    faults = [
+        {"point": "snapshot", "task": 1, "attempt": 0, "count": 2},
+        {"point": "acked", "task": 3, "attempt": 1, "count": 1},
+        {"point": "commit", "task": 2, "attempt": 2, "count": 2},
+    ]
+    result, _ = run_job(tmp_path, n=N, parallelism=2, faults=faults, interval=0.1,
+                        extra=["--rate", "40000", "--inline-threshold", "65536"],
+                        launcher=launcher)
+    _check(tmp_path, result)
+    assert result["restarts"] == len(faults), result["failures"]
+    latest = result["latest_checkpoint"]
+    assert os.listdir(latest) == ["_metadata"]  # every state file inline
+    handles = [h for _, h in storage.read_metadata(latest).state_files()]
+    assert handles and all(h.inline is not None for h in handles)
 
 
 @pytest.mark.parametrize("parallelism,seed", [(2, 1), (3, 2)])

@@ -421,7 +421,7 @@ def test_a_checkpoint_failing_before_the_keyed_state_leaves_no_gap(tmp_path):
     job = tmp_path / "job"
     b = rocks(tmp_path, job=job)
     sent: list = []
-    spec = SimpleNamespace(job_dir=str(job), task_index=0)
+    spec = SimpleNamespace(job_dir=str(job), task_index=0, inline_threshold=0)
     writer = SnapshotWriter(spec, StateSerializer(), _Faults(), sent.append)
     op = SimpleNamespace(uid="op")
     rng = random.Random(23)

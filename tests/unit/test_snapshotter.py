@@ -52,7 +52,7 @@ class Op(StreamOperator):
 class Harness:
     def __init__(self, tmp_path: Path, *, unaligned_at_source: bool = False) -> None:
         self.spec = SimpleNamespace(job_dir=str(tmp_path), task_index=0, inputs=[[10, 11]],
-                                    outputs=[[20, 21]],
+                                    outputs=[[20, 21]], inline_threshold=0,
                                     vertex=SimpleNamespace(operators=[SimpleNamespace(uid="a")]))
         self.sent: list[Any] = []
         faults = FaultInjector([], 0, 0)
