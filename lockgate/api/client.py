@@ -73,7 +73,9 @@ class JobClient:
         new parallelism from it (docs/elasticity.md). Returns when the tasks
         at the new parallelism run: ``parallelism``, ``vertices``,
         ``attempt``, ``checkpoint_id``, ``seconds``. A bad parallelism, or
-        too few Spark slots, raises at once and the job goes on as it is."""
+        too few Spark slots, raises and the job goes on as it is (on a Spark
+        cluster after waiting ``spark.scheduler.maxRegisteredResourcesWaitingTime``
+        for executors to register)."""
         return self.master.submit("rescale", parallelism=parallelism,
                                   vertices=vertices).result(timeout)
 

@@ -57,14 +57,13 @@ from lockgate.cluster.launcher import Launcher, end_job, make_launcher
 from lockgate.cluster.metrics import JobMetrics, history_entry, overview
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
-from lockgate.cluster.rescale import available_slots, rescale_plan
+from lockgate.cluster.rescale import available_slots, submit_rescale
 from lockgate.cluster.restarts import ROOT_CAUSE_WAIT, Restarts
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.spark.naming import dashboard_of
 from lockgate.cluster.specs import task_specs
 from lockgate.cluster.startup import StartupLog
 from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
-from lockgate.errors import LockgateError
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.rescale import describe
 from lockgate.protocol import (
@@ -167,20 +166,18 @@ class JobMaster:
         ``drain``), a ``rescale`` (``parallelism``, ``vertices``: uid -> N) or
         a ``cancel``; the future resolves when it is done (a stop or a cancel:
         when the job has ended; a rescale: when the tasks at the new
-        parallelism run). A rescale is checked here, before anything happens."""
+        parallelism run). A rescale is checked here, before anything happens
+        (:func:`~lockgate.cluster.rescale.submit_rescale`)."""
         try:
             command = CommandKind(kind)
         except ValueError:
             raise ValueError(f"unknown command {kind!r}") from None
-        if command == CommandKind.RESCALE:
-            try:
-                args = {"graph": rescale_plan(self, args.get("parallelism"),
-                                              args.get("vertices")),
-                        "requested": time.time()}
-            except LockgateError as e:
-                refused: Future[dict[str, Any]] = Future()
-                refused.set_exception(e)
-                return refused
+        if command == CommandKind.RESCALE:  # on a Spark cluster: once the slots are there
+            return submit_rescale(self, args.get("parallelism"), args.get("vertices"),
+                                  lambda rescale: self._hand_over(command, rescale))
+        return self._hand_over(command, args)
+
+    def _hand_over(self, command: CommandKind, args: dict[str, Any]) -> Future[dict[str, Any]]:
         return self.commands.submit(
             command, args, self.state in (JobStatus.CREATED, JobStatus.RUNNING), self.state)
 

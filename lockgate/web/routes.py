@@ -198,7 +198,8 @@ def route(table: JobTable, method: str, target: str,
 def _rescale(table: JobTable, job: ServedJob, query: dict[str, list[str]],
              fields: dict[str, Any]) -> tuple[int, Any]:
     """``PATCH /jobs/<id>``: rescale the job (checked at once: a bad
-    parallelism or too few slots is a 400, a job not running a 409)."""
+    parallelism or too few slots in local mode is a 400, a job not running a
+    409; on a Spark cluster too few slots are waited for, then fail the request)."""
     _check_keys(fields, {"parallelism", "vertices"})
     _check_keys(query, {"parallelism"})
     parallelism = fields.get("parallelism")

@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 
 from tests.fault.checks import spark_host_of, task_processes
 from tests.fixtures import check_exact_sums
+from tests.integration.spark_daemons import spark_env, start_master, start_worker, stop
 
 APP = """
 import sys
@@ -37,77 +36,21 @@ pipeline = Pipeline("standalone-sums", parallelism=2,
     .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
     .sink(FileSink(out, format="jsonl"), uid="out"))
 """
-STARTUP = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _await_line(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> None:
-    """Wait for a daemon to log ``pattern`` (its readiness: there is no other event)."""
-    deadline = time.monotonic() + STARTUP
-    while time.monotonic() < deadline:
-        if re.search(pattern, log.read_text(errors="replace")):
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise AssertionError(f"Spark daemon not ready ({pattern!r}):\n{log.read_text()[-3000:]}")
-
-
-def _env() -> dict[str, str]:
-    import pyspark
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
-    env.update(SPARK_HOME=os.path.dirname(pyspark.__file__), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_NO_DAEMONIZE="1")
-    if "JAVA_HOME" not in env:
-        from lockgate.cluster.spark.java import ensure_java
-
-        ensure_java()
-        env["JAVA_HOME"] = os.environ.get("JAVA_HOME", "")
-    return env
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, Path]]:
     """``spark://127.0.0.1:<port>`` of a Master with one Worker of 4 cores,
     the Worker's pid (its executors' Python workers run the tasks) and its
     work folder (the executors' stdout and stderr)."""
-    env = _env()
-    spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
     logs = tmp_path_factory.mktemp("spark-daemons")
-    port = _free_port()
-    url = f"spark://127.0.0.1:{port}"
-    daemons: list[subprocess.Popen[bytes]] = []
+    url, master = start_master(logs)
     try:
-        with open(logs / "master.log", "wb") as log:
-            master = subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(port), "--webui-port", str(_free_port())],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        daemons.append(master)
-        _await_line(logs / "master.log", r"New state: ALIVE", master)
-        with open(logs / "worker.log", "wb") as log:
-            worker = subprocess.Popen(
-                [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host",
-                 "127.0.0.1", "--cores", "4", "--memory", "2g",
-                 "--webui-port", str(_free_port()), "--work-dir", str(logs / "work")],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        daemons.append(worker)
-        _await_line(logs / "worker.log", r"Successfully registered with master", worker)
-        yield url, worker.pid, logs / "work"
+        worker = start_worker(url, logs, cores=4)
+        try:
+            yield url, worker.pid, logs / "worker-work"
+        finally:
+            stop(worker)
     finally:
-        for proc in reversed(daemons):
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop(master)
 
 
 def test_job_on_a_standalone_cluster_survives_a_killed_task_and_host(
@@ -119,7 +62,7 @@ def test_job_on_a_standalone_cluster_survives_a_killed_task_and_host(
     driver = subprocess.Popen(
         [sys.executable, "-m", "lockgate.cli", "run", "app.py:pipeline", "--master", url,
          str(n), str(out), str(chk)],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path, env=spark_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stderr: list[str] = []
     checkpoints = threading.Semaphore(0)
 
@@ -186,7 +129,7 @@ def test_relative_paths_on_a_cluster_are_the_drivers_and_warned_of(
     result = subprocess.run(
         [sys.executable, "-m", "lockgate.cli", "run", "app.py:pipeline", "--master", url,
          str(n), "out", "chk"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env=spark_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     check_exact_sums(tmp_path / "out", n, 3)
     assert re.search(r"sink 'out' is the plain local path \S*out", result.stderr), \

@@ -344,22 +344,10 @@ def task_slots(sc: Any) -> int:
 
 def check_slots(sc: Any, num_tasks: int) -> None:
     """Fail fast, instead of Spark's ~10 minutes of retries, when the barrier
-    stage cannot get ``num_tasks`` slots at once."""
-    conf = sc.getConf()
-    if not is_local(sc) and conf.get("spark.dynamicAllocation.enabled", "false") == "true":
-        raise ConfigurationError(
-            "Spark barrier stages do not run with dynamic allocation: set "
-            "spark.dynamicAllocation.enabled=false and a fixed number of executors "
-            f"with at least {num_tasks} task slots in all")
-    slots = task_slots(sc)
-    if slots < num_tasks and not is_local(sc):
-        # Executors of a cluster register after the session starts: give them
-        # the time Spark gives them before its first job (no event to await).
-        wait = _seconds(conf.get("spark.scheduler.maxRegisteredResourcesWaitingTime", "30s"))
-        deadline = time.monotonic() + wait
-        while slots < num_tasks and time.monotonic() < deadline:
-            time.sleep(0.5)
-            slots = task_slots(sc)
+    stage cannot get ``num_tasks`` slots at once (on a cluster, after
+    :func:`slot_wait` seconds for executors to register)."""
+    check_dynamic_allocation(sc, num_tasks)
+    slots = await_slots(sc, num_tasks, slot_wait(sc))
     if slots < num_tasks:
         raise ConfigurationError(
             f"the job has {num_tasks} tasks and runs them as one Spark barrier stage, which "
@@ -375,6 +363,66 @@ def check_slots(sc: Any, num_tasks: int) -> None:
             f"the application at least {num_tasks} slots (executors x spark.executor.cores / "
             "spark.task.cpus, e.g. --num-executors and --executor-cores), or lower the job's "
             "parallelism")
+
+
+def check_dynamic_allocation(sc: Any, num_tasks: int) -> None:
+    """Spark refuses to run a barrier stage with dynamic allocation on (its
+    DAGScheduler's ``checkBarrierStageWithDynamicAllocation``, a
+    ``BarrierJobRunWithDynamicAllocationException`` when the job is
+    submitted): say so before anything is submitted."""
+    if not is_local(sc) and \
+            sc.getConf().get("spark.dynamicAllocation.enabled", "false") == "true":
+        raise ConfigurationError(
+            "Spark barrier stages do not run with dynamic allocation (Spark refuses them: "
+            "SPARK-24942): set spark.dynamicAllocation.enabled=false and a fixed number of "
+            f"executors (spark.executor.instances) with at least {num_tasks} task slots in all")
+
+
+WAIT_SETTING = "spark.scheduler.maxRegisteredResourcesWaitingTime"
+
+
+def slot_wait(sc: Any) -> float:
+    """Seconds to wait for task slots the application does not have yet: on a
+    cluster, executors register after the session starts, or join later (a
+    worker that starts, executors a cluster manager grants), and Spark's own
+    setting says how long to wait for them before its first job (30 s by
+    default); in local mode none come."""
+    if is_local(sc):
+        return 0.0
+    return _seconds(sc.getConf().get(WAIT_SETTING, "30s"))
+
+
+def await_slots(sc: Any, num_tasks: int, wait: float) -> int:
+    """The application's task slots, once it has ``num_tasks`` or ``wait``
+    seconds passed (there is no event to await: looked at twice a second)."""
+    deadline = time.monotonic() + wait
+    slots = task_slots(sc)
+    while slots < num_tasks and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        slots = task_slots(sc)
+    return slots
+
+
+def rescale_slots_problem(sc: Any, num_tasks: int, slots: int, waited: float,
+                          vertices: int) -> str:
+    """Why a running job cannot be rescaled to ``num_tasks`` tasks (of
+    ``vertices`` vertices) when the application has ``slots`` task slots, and
+    what to do."""
+    most = f"rescale to at most {slots} tasks in all"
+    if slots >= vertices:
+        most += f" (parallelism {slots // vertices} for every operator of its {vertices} vertices)"
+    head = (f"its barrier stage needs {num_tasks} task slots at once, but the Spark "
+            f"application (master {sc.master}) has {slots}")
+    if is_local(sc):
+        return (f"{head}, and a local session's slots are fixed when it starts: run the job "
+                f"with master 'local[{num_tasks}]' or more (lockgate run --master "
+                f"'local[{num_tasks}]' or Pipeline.run(master=...); slots need not match "
+                f"cores), or {most}")
+    return (f"{head}, and no more registered within {waited:g} s ({WAIT_SETTING}). Give the "
+            "application more executors (standalone: start another worker, or raise "
+            "spark.cores.max; YARN or Kubernetes: spark.executor.instances, or "
+            f"--num-executors), then ask again; raise {WAIT_SETTING} to wait longer for "
+            f"them; or {most}")
 
 
 def _seconds(value: str) -> float:
