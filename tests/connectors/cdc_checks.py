@@ -108,6 +108,9 @@ class Stopper(threading.Thread):
         self.driver: subprocess.Popen | None = None
         self.killer: RandomKiller | None = None
         self.failure: str | None = None
+        self.stopped_at: tuple[int, int] | None = None
+        """The kills landed and the newest attempt running when it stopped the
+        writer, everything it waited for there."""
 
     def watch(self, driver: subprocess.Popen, killer: RandomKiller) -> None:
         self.driver, self.killer = driver, killer
@@ -130,6 +133,7 @@ class Stopper(threading.Thread):
             got = sum(1 for e in CollectSink(str(self.out)).results() if e[0] != "read")
             if got < self.changes:
                 return f"{self.changes} committed changes of the stream ({got} so far)"
+        self.stopped_at = (killer.kills, newest)
         return None
 
     def run(self) -> None:
