@@ -60,7 +60,7 @@ def latest(a: dict, b: dict) -> dict:
 def test_merge_with_deletes(tmp_path, kind):
     p = Pipeline("merge", parallelism=2,
                  checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp_path / "chk")))
-    (p.source(SequenceSource(1, 200, rate=400), uid="numbers")
+    (p.source(SequenceSource(1, 200, rate=100), uid="numbers")
        .map(change, uid="changes").key_by(lambda r: r["id"])
        .reduce(latest, uid="latest")
        .sink(_sink(kind, tmp_path, mode="merge", key="id", delete_column="gone"), uid="lake"))
