@@ -30,8 +30,6 @@ from lockgate.api.result import (
     Guarantee,
     JobResult,
     JobStatus,
-    LocalRestoreRecord,
-    Progress,
 )
 from lockgate.checkpoint import metadata, storage
 from lockgate.checkpoint.kinds import OperatorStateMode
@@ -54,7 +52,7 @@ from lockgate.cluster.failures import (
     reported_failure,
 )
 from lockgate.cluster.launcher import Launcher, end_job, make_launcher
-from lockgate.cluster.metrics import JobMetrics, history_entry, overview
+from lockgate.cluster.metrics import JobMetrics, ProgressReports, history_entry, overview
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.rescale import available_slots, submit_rescale
@@ -136,11 +134,9 @@ class JobMaster:
         self.launcher: Launcher | None = None
         self.tasks = AttemptTasks(graph.num_tasks)
         """The tasks of the attempt running (or of the last one)."""
-        self._reported = 0
-        self._started = time.monotonic()
         self._started_wall = time.time()
-        self.local_restores: list[LocalRestoreRecord] = []
-        """What local recovery did at each restore of a keyed operator."""
+        self.progress = ProgressReports(self.job_id)
+        """``on_progress`` after completed checkpoints."""
         self.state = JobStatus.CREATED
         self.startup = StartupLog()
         """When each start-up step of each attempt happened (cold start, recoveries)."""
@@ -208,7 +204,8 @@ class JobMaster:
 
     # ------------------------------------------------------------------ run
     def run(self) -> JobResult:
-        started = self._started = time.monotonic()
+        started = time.monotonic()
+        self.progress.start()
         self.state = JobStatus.RUNNING
         status = JobStatus.FINISHED
         if self._started_from is not None:  # loaded and checked by prepare_job
@@ -254,7 +251,7 @@ class JobMaster:
             records_out=totals.written,
             duration=time.monotonic() - started,
             recovery_times=list(self.restarts.recovery_times),
-            local_restores=list(self.local_restores),
+            local_restores=list(self.monitor.local_restores),
         )
 
     def _leave_job_dir(self) -> None:
@@ -333,8 +330,8 @@ class JobMaster:
                     self.autoscaling.tick(self.commands.busy())
             else:
                 self.commands.serve_cancel()
-            if self.coordinator.completed_count != self._reported:
-                self._report_progress()
+            self.progress.update(self.coordinator, self._totals, len(self.restarts.failures),
+                                 self.options.on_progress)
 
     def _on_event(self, event: TaskEvent) -> None:
         match event:
@@ -377,7 +374,8 @@ class JobMaster:
             case Register(host, port):
                 self.tasks.registered[task] = (host, port)
             case Running(steps, local_restores):
-                self._local_restores(task, local_restores)
+                self.monitor.on_local_restores(self.attempt, task, local_restores,
+                                               self._task_name(task))
                 self.tasks.running.add(task)
                 if self.tasks.all_running:
                     self._rescale_running()
@@ -415,20 +413,6 @@ class JobMaster:
                 failure = reported_failure(task, msg, self._task_name(task))
                 self.restarts.log_report(failure)
                 raise failure
-
-    def _local_restores(self, task: int, reports: list[list[Any]]) -> None:
-        """Record and log what a task's keyed operators did about their local
-        copies as they restored (checked by the protocol)."""
-        for uid, checkpoint_id, local, reason in reports:
-            record = LocalRestoreRecord(self.attempt, task, uid, checkpoint_id, local, reason)
-            self.local_restores.append(record)
-            if local:
-                log.info("task %s, operator %s: restored from local copy of checkpoint %d",
-                         self._task_name(task), uid, checkpoint_id)
-            else:  # a copy that failed a check is worth a look at the disk
-                log.log(logging.INFO if reason == "none on this host" else logging.WARNING,
-                        "task %s, operator %s: local copy of checkpoint %d unusable (%s): "
-                        "downloading", self._task_name(task), uid, checkpoint_id, reason)
 
     def _rescale_to(self, cmd: Command, next_attempt: bool = True) -> None:
         """The rescale's checkpoint completed and its tasks committed and
@@ -484,26 +468,6 @@ class JobMaster:
             storage.mark_committed(path, latest.checkpoint_id)
         except OSError as e:  # the savepoint is whole; a resumed job sends again (ids dedup)
             log.warning("could not mark savepoint %s as committed: %s", fs.redact(path), e)
-
-    def _report_progress(self) -> None:
-        self._reported = self.coordinator.completed_count
-        if self.options.on_progress is None:
-            return
-        latest = self.coordinator.latest
-        record = next((r for r in reversed(self.coordinator.history)
-                       if r.status == "completed"), None)
-        totals = self._totals()
-        self.options.on_progress(Progress(
-            job_id=self.job_id,
-            records_read=totals.read,
-            records_written=totals.written,
-            checkpoints_completed=self._reported,
-            last_checkpoint_id=(record.checkpoint_id if record  # a final savepoint too
-                                else latest.checkpoint_id if latest else None),
-            last_checkpoint_duration=record.duration if record else None,
-            restarts=len(self.restarts.failures),
-            elapsed=time.monotonic() - self._started,
-        ))
 
     def _totals(self) -> metadata.Progress:
         """Records read and written since the job started."""

@@ -4,15 +4,20 @@ exposition (``/metrics``, :mod:`lockgate.web.prometheus`).
 
 The job master feeds it from its own loop: each task's
 :class:`~lockgate.protocol.TaskMetrics` (about once a second), the state bytes
-of each task's acknowledgements, restarts with their cause. REST threads read
+of each task's acknowledgements, restarts with their cause, what local
+recovery did at each restore. REST threads read
 :meth:`JobMetrics.snapshot`, a JSON-ready copy taken under a lock. Rates
 (records per second, busy/backpressured/idle milliseconds per second, Flink's
 ``busyTimeMsPerSecond``...) are the difference of a task's last two reports
 over the time between them.
+
+:class:`ProgressReports` calls ``RunOptions.on_progress`` after completed
+checkpoints, from the same loop.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,17 +25,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lockgate.api.plan import OperatorKind
+from lockgate.api.result import LocalRestoreRecord, Progress
+from lockgate.checkpoint import metadata
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.protocol import TaskMetrics
 from lockgate.state.backends import RocksDBStateBackend
 
 if TYPE_CHECKING:
     from lockgate.api.pipeline import Pipeline
-    from lockgate.api.result import LocalRestoreRecord
     from lockgate.checkpoint.history import CheckpointRecord
     from lockgate.cluster.coordinator import CheckpointCoordinator
 
-__all__ = ["JobMetrics", "describe_graph", "history_entry", "overview", "size_hint"]
+__all__ = ["JobMetrics", "ProgressReports", "describe_graph", "history_entry", "overview",
+           "size_hint"]
+
+log = logging.getLogger("lockgate.driver")
 
 MAX_RESTARTS_SHOWN = 100
 """Restarts kept for the dashboard (the count is exact beyond it)."""
@@ -82,6 +91,8 @@ class JobMetrics:
         self._tasks: dict[int, _TaskView] = {}
         self.restarts: list[dict[str, Any]] = []
         self.restart_count = 0
+        self.local_restores: list[LocalRestoreRecord] = []
+        """What local recovery did at each restore of a keyed operator."""
 
     # ----------------------------------------------------- job master's loop
     def use_graph(self, graph: JobGraph) -> None:
@@ -115,6 +126,21 @@ class JobMetrics:
             self.restarts.append({"time": time.time(), "attempt": attempt, "cause": cause,
                                   "task": task, "operator": operator})
             del self.restarts[:-MAX_RESTARTS_SHOWN]
+
+    def on_local_restores(self, attempt: int, task: int, reports: list[list[Any]],
+                          name: str) -> None:
+        """Record and log what ``task``'s (named ``name``) keyed operators did
+        about their local copies as they restored (checked by the protocol)."""
+        for uid, checkpoint_id, local, reason in reports:
+            record = LocalRestoreRecord(attempt, task, uid, checkpoint_id, local, reason)
+            self.local_restores.append(record)
+            if local:
+                log.info("task %s, operator %s: restored from local copy of checkpoint %d",
+                         name, uid, checkpoint_id)
+            else:  # a copy that failed a check is worth a look at the disk
+                log.log(logging.INFO if reason == "none on this host" else logging.WARNING,
+                        "task %s, operator %s: local copy of checkpoint %d unusable (%s): "
+                        "downloading", name, uid, checkpoint_id, reason)
 
     # ------------------------------------------------------- any thread
     def snapshot(self) -> dict[str, Any]:
@@ -220,9 +246,6 @@ class MonitoredJob(Protocol):
     @property
     def pipeline(self) -> Pipeline: ...
 
-    @property
-    def local_restores(self) -> list[LocalRestoreRecord]: ...
-
 
 def overview(master: MonitoredJob) -> dict[str, Any]:
     """``GET /jobs/<id>/metrics``: the job, its vertices and tasks, its
@@ -267,7 +290,7 @@ def local_recovery(master: MonitoredJob) -> dict[str, int] | None:
     backend = master.pipeline.state_backend
     if not (isinstance(backend, RocksDBStateBackend) and backend.keeps_local_copies):
         return None
-    records = list(master.local_restores)
+    records = list(master.monitor.local_restores)
     local = sum(1 for r in records if r.local)
     return {"local": local, "storage": len(records) - local}
 
@@ -285,3 +308,45 @@ def size_hint(graph: JobGraph) -> int | None:
             return None
         total += size
     return total
+
+
+class ProgressReports:
+    """``RunOptions.on_progress``: called from the job master's loop when
+    checkpoints completed since the last call, with the job's figures then."""
+
+    def __init__(self, job_id: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.job_id = job_id
+        self.clock = clock
+        self.reported = 0
+        """The count of completed checkpoints at the last report."""
+        self.started = clock()
+
+    def start(self) -> None:
+        """The job runs: elapsed time counts from now."""
+        self.started = self.clock()
+
+    def update(self, coordinator: CheckpointCoordinator, totals: Callable[[], metadata.Progress],
+               restarts: int, call: Callable[[Progress], None] | None) -> None:
+        """Report to ``call`` if checkpoints completed since the last report
+        (``totals``: the job's records read and written so far; ``restarts``:
+        its count)."""
+        if coordinator.completed_count == self.reported:
+            return
+        self.reported = coordinator.completed_count
+        if call is None:
+            return
+        latest = coordinator.latest
+        record = next((r for r in reversed(coordinator.history)
+                       if r.status == "completed"), None)
+        counts = totals()
+        call(Progress(
+            job_id=self.job_id,
+            records_read=counts.read,
+            records_written=counts.written,
+            checkpoints_completed=self.reported,
+            last_checkpoint_id=(record.checkpoint_id if record  # a final savepoint too
+                                else latest.checkpoint_id if latest else None),
+            last_checkpoint_duration=record.duration if record else None,
+            restarts=restarts,
+            elapsed=self.clock() - self.started,
+        ))

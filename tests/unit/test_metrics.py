@@ -12,7 +12,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lockgate import Pipeline
-from lockgate.cluster.metrics import JobMetrics, size_hint
+from lockgate.api.result import Progress as JobProgress
+from lockgate.checkpoint.metadata import Progress
+from lockgate.cluster.coordinator import AttemptPlan, CheckpointCoordinator
+from lockgate.cluster.metrics import JobMetrics, ProgressReports, size_hint
+from lockgate.config import CheckpointConfig
 from lockgate.connectors import SequenceSource
 from lockgate.connectors.collect import CollectSink
 from lockgate.graph.jobgraph import build_job_graph
@@ -212,3 +216,43 @@ def test_history_shows_the_in_flight_bytes_of_an_unaligned_checkpoint() -> None:
     entry = history_entry(record)
     assert entry["in_flight"] == 1200 and entry["bytes"] == 5000
     assert json.loads(json.dumps(entry)) == entry  # the REST API's JSON
+
+
+def test_progress_is_reported_once_per_completed_checkpoint(tmp_path) -> None:
+    """ProgressReports alone, with a real coordinator and a fake clock: a
+    report when a checkpoint completed since the last one, none in between."""
+    now = [50.0]
+    c = CheckpointCoordinator("job", tmp_path / "job", CheckpointConfig(interval=None,
+                                                                         storage=str(tmp_path)),
+                              {"src": 1}, {"src": "split"}, 128, lambda a, t, m: None,
+                              lambda: now[0])
+    c.start_attempt(AttemptPlan(0, [0], [0], {0: (0, 0, ["src"])}))
+    reports: list[JobProgress] = []
+    progress = ProgressReports("job", lambda: now[0])
+    now[0] = 60.0
+    progress.start()
+
+    def totals() -> Progress:
+        return Progress(12, 3)
+
+    progress.update(c, totals, 0, reports.append)
+    assert reports == []  # nothing completed yet
+    c.on_ack(0, c.trigger(), {"src": None})
+    now[0] = 62.5
+    progress.update(c, totals, 1, reports.append)
+    progress.update(c, totals, 1, reports.append)
+    assert [(r.checkpoints_completed, r.last_checkpoint_id, r.records_read, r.restarts,
+             r.elapsed) for r in reports] == [(1, 1, 12, 1, 2.5)]
+    c.on_ack(0, c.trigger(), {"src": None})
+    progress.update(c, totals, 1, None)  # no callback: counted all the same
+    assert progress.reported == 2 and len(reports) == 1
+
+
+def test_local_restores_are_recorded_and_counted_for_the_dashboard() -> None:
+    p = Pipeline("g")
+    p.source(SequenceSource(1, 10), uid="src").sink(CollectSink(), uid="out")
+    m = JobMetrics(build_job_graph(p))
+    m.on_local_restores(1, 0, [["agg", 4, True, ""], ["win", 4, False, "none on this host"]],
+                        "src->out[0] (task 0)")
+    assert [(r.attempt, r.operator, r.local, r.reason) for r in m.local_restores] == [
+        (1, "agg", True, ""), (1, "win", False, "none on this host")]
