@@ -1,4 +1,5 @@
-"""The job master: runs a job's attempts and decides restarts (in the driver).
+"""The job master: runs a job's attempts (in the driver), composed of small
+collaborators (docs/architecture.md, *The job master*).
 
 One attempt = every task of the job, started by the launcher from the latest
 completed checkpoint. Any task failure (exception, death, lost connection)
@@ -93,6 +94,10 @@ DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
 
 
 class JobMaster:
+    """One job's attempts, its event loop and its collaborators: the tasks
+    (``layout``, ``tasks``), ``coordinator``, ``commands``, ``restarts``,
+    ``monitor``, ``progress``, ``startup`` and ``autoscaling``."""
+
     def __init__(self, pipeline: Pipeline, graph: JobGraph, options: RunOptions,
                  guarantee: Guarantee, started_from: CompletedCheckpoint | None = None) -> None:
         self.pipeline = pipeline
