@@ -93,6 +93,7 @@ from lockgate.state.rocksdb.tables import (
     KeyCodec,
     MapTable,
     ValueTable,
+    WriteBatch,
     kg_bytes,
     state_id,
 )
@@ -176,7 +177,7 @@ class RocksDBKeyedStateBackend:
         for table in self._tables.values():
             table.db = self.db
 
-    def batch(self) -> Any:
+    def batch(self) -> WriteBatch:
         batch = require().WriteBatch(raw_mode=True)
         return LoggedBatch(batch) if self.logged else batch
 

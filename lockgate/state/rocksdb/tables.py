@@ -32,7 +32,7 @@ import hashlib
 import struct
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from lockgate.state.keygroups import fmix32
 from lockgate.state.serde import StateSerializer, key_bytes
@@ -96,17 +96,61 @@ def split_key(entry: bytes) -> tuple[bytes, int]:
     return entry[10:10 + n], 10 + n
 
 
+class WriteBatch(Protocol):
+    """A write batch of a :class:`StateDB` (rocksdict's ``WriteBatch`` in raw
+    mode, or the changelog's ``LoggedBatch`` over one)."""
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+
+class DBIterator(Protocol):
+    """A raw iterator over a :class:`StateDB` (rocksdict's ``RdictIter``)."""
+
+    def seek(self, key: bytes) -> None: ...
+
+    def valid(self) -> bool: ...
+
+    def key(self) -> bytes: ...
+
+    def value(self) -> bytes: ...
+
+    def next(self) -> None: ...
+
+
+class StateDB(Protocol):
+    """What the tables, and the code that reads and filters their entries,
+    use of the database: rocksdict's ``Rdict`` opened in raw mode (keys and
+    values are bytes), or the changelog's ``LoggedDB`` over one."""
+
+    @overload
+    def get(self, key: bytes) -> bytes | None: ...
+
+    @overload
+    def get(self, key: list[bytes]) -> list[bytes | None]: ...
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def write(self, batch: Any) -> None:
+        """Apply ``batch``, one that the backend's ``batch()`` made."""
+
+    def iter(self) -> DBIterator: ...
+
+
 class TableHost(Protocol):
     """What a table uses of its backend (``state.rocksdb.RocksDBKeyedStateBackend``)."""
 
-    db: Any
+    db: StateDB
     serializer: StateSerializer
     codec: KeyCodec
     key_group_range: range
     current_key: Any
     """The key the state handles over a table read and write."""
 
-    def batch(self) -> Any: ...
+    def batch(self) -> WriteBatch: ...
 
 
 class _Table:
@@ -116,7 +160,7 @@ class _Table:
         self.backend = backend
         self.name = name
         self.sid = state_id(name)
-        self.db = backend.db
+        self.db: StateDB = backend.db
         self.dumps: Callable[[Any], bytes] = backend.serializer.dumps
         self.loads: Callable[[bytes], Any] = backend.serializer.loads
         self.codec = backend.codec
@@ -145,7 +189,7 @@ class _Table:
         return iter(self.keys())
 
 
-def prefix_items(db: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+def prefix_items(db: StateDB, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
     """``(key, value)`` of every entry of ``db`` whose key starts with ``prefix``."""
     it = db.iter()
     it.seek(prefix)
@@ -302,7 +346,7 @@ class MapTable(_Table):
         self.backend.db.write(batch)
         self.live.clear()
 
-    def put_entries(self, batch: Any, prefix: bytes, entries: dict[Any, Any],
+    def put_entries(self, batch: WriteBatch, prefix: bytes, entries: dict[Any, Any],
                     old: set[bytes]) -> None:
         """Into ``batch``: ``entries`` as the map of the key at ``prefix``,
         and the deletion of its stored RocksDB keys ``old`` it no longer holds."""
