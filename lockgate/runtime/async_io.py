@@ -108,7 +108,7 @@ class AsyncOperator(StreamOperator):
         if entries:
             self._start([self._enqueue(r) for r in entries])
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         with self._lock:
             entries = self._queue if self.ordered else self._pending.values()
             records = [private_copy(e.record) for e in entries]

@@ -130,8 +130,8 @@ class BroadcastProcessOperator(CoProcessOperator):
                 out.extend(res)
         return out
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
-        keyed = self.backend.snapshot() if self.backend is not None else None
+    def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
+        keyed = self.backend.snapshot(savepoint) if self.backend is not None else None
         entry = (BROADCAST_ENTRY, self.info.task_index, private_copy(self.broadcast_state))
         return OperatorSnapshot(keyed, [entry])
 

@@ -101,7 +101,7 @@ class IntervalJoinOperator(TwoInputOperator):
             if watermark != MAX_WATERMARK:
                 self._finite_inputs[index] = watermark
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         assert self.backend is not None and self.timers is not None
         # the end of input's watermark is no promise about what a resumed job reads
         watermark = self.timers.watermark
@@ -109,7 +109,7 @@ class IntervalJoinOperator(TwoInputOperator):
             watermark = self._finite
         inputs = [w if w != MAX_WATERMARK else f
                   for w, f in zip(self._inputs, self._finite_inputs, strict=True)]
-        return OperatorSnapshot(self.backend.snapshot(), [watermark_entry(
+        return OperatorSnapshot(self.backend.snapshot(savepoint), [watermark_entry(
             self.info.task_index, self.info.parallelism, watermark, inputs)])
 
     def _cleanup(self, side: int, ts: int) -> int:

@@ -94,8 +94,11 @@ class StreamOperator:
     def process(self, batch: list[Any]) -> list[Any]:
         raise NotImplementedError
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
-        return OperatorSnapshot(self.backend.snapshot() if self.backend is not None else None)
+    def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
+        """The synchronous part of checkpoint ``checkpoint_id``'s snapshot
+        (``savepoint``: a savepoint's, whose keyed state is written canonically)."""
+        return OperatorSnapshot(self.backend.snapshot(savepoint) if self.backend is not None
+                                else None)
 
     def notify_complete(self, checkpoint_id: int) -> None:
         pass
@@ -399,7 +402,7 @@ class SinkOperator(StreamOperator):
             self.written += len(batch)
         return []
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         return OperatorSnapshot(None, self.writer.snapshot_state(checkpoint_id))
 
     def notify_complete(self, checkpoint_id: int) -> None:
@@ -443,7 +446,7 @@ class SourceOperator(StreamOperator):
     def process(self, batch: list[Any]) -> list[Any]:
         return batch
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         return OperatorSnapshot(None, self.reader.snapshot_state(checkpoint_id))
 
     def notify_complete(self, checkpoint_id: int) -> None:

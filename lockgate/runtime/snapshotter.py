@@ -103,10 +103,7 @@ class Snapshotter:
         started = time.monotonic()
         checkpoint_id = barrier.checkpoint_id
         savepoint = barrier.kind.is_savepoint  # keyed state written canonically
-        for op in self._ops:  # a RocksDB changelog keeps files for a canonical write
-            if op.backend is not None:
-                op.backend.savepoint_next = savepoint
-        snaps = [(op, op.snapshot(checkpoint_id)) for op in self._ops]
+        snaps = [(op, op.snapshot(checkpoint_id, savepoint)) for op in self._ops]
         for out in self._outputs:
             out.flush()
         for out in self._outputs:

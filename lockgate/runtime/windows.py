@@ -132,9 +132,9 @@ class WindowOperator(KeyedOperator):
         if mark is not None:
             self._floor = self._finite = self.timers.watermark = mark
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot:
+    def snapshot(self, checkpoint_id: int, savepoint: bool = False) -> OperatorSnapshot:
         self._fresh.clear()  # the snapshot shares every stored object from now on
-        keyed = super().snapshot(checkpoint_id).keyed
+        keyed = super().snapshot(checkpoint_id, savepoint).keyed
         watermark = self.timers.watermark
         if watermark == MAX_WATERMARK:  # the end of input: not a promise about what follows
             watermark = self._finite

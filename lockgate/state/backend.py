@@ -258,9 +258,6 @@ class HeapKeyedStateBackend:
         """As read back from a checkpoint: strings."""
         self._handles: dict[str, ValueState | ListState | MapState] = {}
         self._assigner = KeyGroupAssigner(max_parallelism)
-        self.savepoint_next = False
-        """Set by the task before a savepoint's snapshot: every snapshot here
-        is written canonically anyway."""
         self.fault: Callable[[str], None] = _no_fault
         """The heap backend has no protocol points of its own."""
 
@@ -309,7 +306,8 @@ class HeapKeyedStateBackend:
     def state_kinds(self) -> dict[str, str]:
         return {**self._restored_kinds, **self._kinds}
 
-    def snapshot(self) -> KeyedStateSnapshot:
+    def snapshot(self, savepoint: bool = False) -> KeyedStateSnapshot:
+        """Every snapshot here is written canonically: a savepoint's too."""
         tables: dict[str, dict[Any, Any]] = {}
         kinds = self.state_kinds()
         for name, table in self._tables.items():

@@ -117,10 +117,6 @@ class KeyedStateBackend(Protocol):
     key_group_range: range
     serializer: StateSerializer
     current_key: Any
-    savepoint_next: bool
-    """The next snapshot is a savepoint's (the task sets it before every
-    snapshot): a RocksDB changelog then takes a RocksDB checkpoint for the
-    canonical write; the heap backend writes canonically anyway."""
     fault: Callable[[str], None]
     """Fault injection at the backend's own protocol points (the task sets
     it: a RocksDB changelog's ``materialize`` and ``changelog``)."""
@@ -175,7 +171,11 @@ class KeyedStateBackend(Protocol):
         asked again (``inf``: not before the next snapshot)."""
         ...
 
-    def snapshot(self) -> KeyedSnapshot: ...
+    def snapshot(self, savepoint: bool = False) -> KeyedSnapshot:
+        """The synchronous part of a snapshot. ``savepoint``: a savepoint's,
+        written canonically (a RocksDB changelog then takes a RocksDB
+        checkpoint for it; the heap backend writes canonically anyway)."""
+        ...
 
     def restore_block(self, data: bytes, states: dict[str, str]) -> None: ...
 

@@ -80,10 +80,8 @@ def contents(b) -> dict:
 
 def blocks_of(b) -> tuple[bytes, dict, dict]:
     """A savepoint's keyed state (canonical)."""
-    if hasattr(b, "savepoint_next"):
-        b.savepoint_next = True  # as the task does for a savepoint's barrier
     out = Out()
-    blocks = b.snapshot().write(out)
+    blocks = b.snapshot(savepoint=True).write(out)  # as the task does for a savepoint's barrier
     return out.buf.getvalue(), blocks.key_groups, dict(blocks.states)
 
 

@@ -369,8 +369,7 @@ def test_a_savepoint_holds_the_state_at_its_barrier(tmp_path):
     mutate(b, model, rng, 300)
     write_incremental(b, 1)
     mutate(b, model, rng, 300)
-    b.savepoint_next = True  # the task's trigger for a savepoint barrier
-    savepoint = b.snapshot()
+    savepoint = b.snapshot(savepoint=True)  # as the task does for a savepoint barrier
     at_savepoint = copy(model)
     mutate(b, model, rng, 600)
     b.flush()

@@ -73,8 +73,7 @@ def test_filter_keys_in_the_cache_and_in_the_database(tmp_path):
         lst.add_all([k, k + 1])
         m.put("a", k)
         m.put("b", -k)
-    b.savepoint_next = True  # a savepoint's snapshot (canonical), as the task says
-    b.snapshot().write(open(tmp_path / "s", "wb"))  # written back: in the database
+    b.snapshot(savepoint=True).write(open(tmp_path / "s", "wb"))  # written back: in the database
     b.current_key = 1
     v.update(1001)  # in the cache again
     m.put("a", 1001)
@@ -115,8 +114,7 @@ def test_big_blocks_are_restored_by_ingestion(tmp_path, monkeypatch):
         m.put(k, {"n": k})
         m.put("z", 1)
     out = io.BytesIO()
-    a.savepoint_next = True  # a savepoint's snapshot (canonical), as the task says
-    blocks = a.snapshot().write(out)
+    blocks = a.snapshot(savepoint=True).write(out)  # a savepoint's snapshot (canonical)
     data = out.getvalue()
     states = dict(blocks.states)
 

@@ -160,9 +160,6 @@ class RocksDBKeyedStateBackend:
         self._epoch = 0
         """Materializations taken (the chain's epoch once the last is uploaded)."""
         self._log_limit = log_limit(config)
-        self.savepoint_next = False
-        """The next snapshot is a savepoint's (set by the task before it): with
-        a changelog, it takes a RocksDB checkpoint for the canonical write."""
         self.fault: Callable[[str], None] = _no_fault
         """Fault injection at the changelog's points (``materialize``: a
         materialization taken, the log emptied; ``changelog``: a changelog
@@ -336,7 +333,7 @@ class RocksDBKeyedStateBackend:
         require().Checkpoint(self.raw_db).create_checkpoint(path)
         return path
 
-    def snapshot(self) -> RocksDBSnapshot | RocksDBChangelogSnapshot:
+    def snapshot(self, savepoint: bool = False) -> RocksDBSnapshot | RocksDBChangelogSnapshot:
         """The synchronous part: live objects written back, then with a
         changelog the log taken (a RocksDB checkpoint only when the chain
         needs a materialization at once), else a RocksDB checkpoint (memtable
@@ -351,8 +348,7 @@ class RocksDBKeyedStateBackend:
                 self._materialize()  # no chain to extend (or a waiting cut is stale): at once
             self._seq += 1
             cut, self._cut = self._cut, None
-            frozen = self._checkpoint() if self.savepoint_next else None
-            self.savepoint_next = False
+            frozen = self._checkpoint() if savepoint else None
             return RocksDBChangelogSnapshot(self, self._seq, cut, self._epoch, self.db.take(),
                                             frozen, kinds, filters)
         path = self._checkpoint()
