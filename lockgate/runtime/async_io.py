@@ -101,7 +101,8 @@ class AsyncOperator(StreamOperator):
                 _HOOK_TIMEOUT)
 
     # ---------------------------------------------------------------- state
-    def restore_operator_state(self, entries: list[Any] | None) -> None:
+    def restore_operator_state(self, entries: list[Any] | None,
+                               committed: bool = False) -> None:
         """Issue the requests a checkpoint recorded again, before any new one
         (room is not awaited: a restore at a lower parallelism may bring more
         than ``capacity``)."""

@@ -135,7 +135,8 @@ class BroadcastProcessOperator(CoProcessOperator):
         entry = (BROADCAST_ENTRY, self.info.task_index, private_copy(self.broadcast_state))
         return OperatorSnapshot(keyed, [entry])
 
-    def restore_operator_state(self, entries: list[Any] | None) -> None:
+    def restore_operator_state(self, entries: list[Any] | None,
+                               committed: bool = False) -> None:
         if not entries:
             return
         copies: dict[int, Any] = {}

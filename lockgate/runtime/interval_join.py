@@ -87,7 +87,8 @@ class IntervalJoinOperator(TwoInputOperator):
         with user_hook(self.uid, "open"):
             self.fn.open(self.ctx)
 
-    def restore_operator_state(self, entries: list[Any] | None) -> None:
+    def restore_operator_state(self, entries: list[Any] | None,
+                               committed: bool = False) -> None:
         assert self.timers is not None
         restored = restored_watermarks(entries, self.info.task_index, self.info.parallelism,
                                        f"operator {self.uid!r}", inputs=2)

@@ -57,11 +57,6 @@ class StreamOperator:
     """The job's keyed state backend (None: heap); the task sets it, and
     ``job_dir`` and ``wake``, before ``open``."""
     job_dir = ""
-    restored_committed = False
-    """The restored savepoint's output was all committed (its job ended after
-    the commits; the task sets it before restoring): a sink's write-ahead
-    writer does not send it again (its de-duplication ids may be out of the
-    target's window by now). Other operators ignore it."""
     written = 0
     """Records this operator wrote to a sink (a sink's)."""
     wake: Callable[[], None] | None = None
@@ -87,9 +82,13 @@ class StreamOperator:
     def open(self, serializer: StateSerializer) -> None:
         pass
 
-    def restore_operator_state(self, entries: list[Any] | None) -> None:
+    def restore_operator_state(self, entries: list[Any] | None,
+                               committed: bool = False) -> None:
         """``entries`` this task received from the checkpoint; ``None`` on a
-        fresh start."""
+        fresh start. ``committed``: the restored savepoint's output was all
+        committed (its job ended after the commits): a sink's write-ahead
+        writer does not send it again (its de-duplication ids may be out of
+        the target's window by now). Other operators ignore it."""
 
     def process(self, batch: list[Any]) -> list[Any]:
         raise NotImplementedError
@@ -388,8 +387,9 @@ class SinkOperator(StreamOperator):
         super().__init__(spec, info)
         self.writer: SinkWriter[Any] = spec.fn.create_writer(info)
 
-    def restore_operator_state(self, entries: list[Any] | None) -> None:
-        if self.restored_committed:
+    def restore_operator_state(self, entries: list[Any] | None,
+                               committed: bool = False) -> None:
+        if committed:
             self.writer.restore_sent(entries or [])
         else:
             self.writer.restore(entries or [])
@@ -426,7 +426,8 @@ class SourceOperator(StreamOperator):
         super().__init__(spec, info)
         self.reader: SourceReader[Any] = spec.fn.create_reader(info)
 
-    def restore_operator_state(self, entries: list[Any] | None) -> None:
+    def restore_operator_state(self, entries: list[Any] | None,
+                               committed: bool = False) -> None:
         self.reader.restore(entries)
 
     def poll(self, max_records: int) -> list[Any] | None:

@@ -80,9 +80,9 @@ def restore_operators(spec: TaskSpec, ops: list[StreamOperator], serializer: Sta
                 per_subtask.append(serializer.loads(data_of(handle)[off:off + length]))
             else:
                 per_subtask.append([])
-        op.restored_committed = spec.restore_committed  # a sink: what it restores was committed
         op.restore_operator_state(distribute_operator_state(
-            per_subtask, op_meta.operator_state_mode, spec.task_index, p))
+            per_subtask, op_meta.operator_state_mode, spec.task_index, p),
+            committed=spec.restore_committed)  # a sink: what it restores was committed
     return skipped
 
 

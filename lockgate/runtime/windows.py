@@ -126,7 +126,8 @@ class WindowOperator(KeyedOperator):
             with user_hook(self.uid, "open"):
                 self._user.open(self.ctx)
 
-    def restore_operator_state(self, entries: list[Any] | None) -> None:
+    def restore_operator_state(self, entries: list[Any] | None,
+                               committed: bool = False) -> None:
         mark = restored_watermark(entries, self.info.task_index, self.info.parallelism,
                                   f"operator {self.uid!r}")
         if mark is not None:
