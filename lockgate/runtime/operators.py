@@ -53,16 +53,8 @@ class StreamOperator:
     keyed = False
     operator_state_mode = OperatorStateMode.SPLIT  # how entries are redistributed
     has_processing_timers = False
-    state_backend: StateBackend | None = None
-    """The job's keyed state backend (None: heap); the task sets it, and
-    ``job_dir`` and ``wake``, before ``open``."""
-    job_dir = ""
     written = 0
     """Records this operator wrote to a sink (a sink's)."""
-    wake: Callable[[], None] | None = None
-    """Wakes the task's loop from its wait for input (any thread): an operator
-    whose timer became due because of another thread (an async result) calls
-    it; None outside a task."""
 
     def __init__(self, spec: OperatorSpec, info: TaskInfo) -> None:
         self.spec = spec
@@ -70,6 +62,20 @@ class StreamOperator:
         self.info = info
         self.backend: KeyedStateBackend | None = None
         self.side: dict[str, list[Any]] = {}
+        self.state_backend: StateBackend | None = None
+        """The job's keyed state backend (None: heap)."""
+        self.job_dir = ""
+        self.wake: Callable[[], None] | None = None
+        """Wakes the task's loop from its wait for input (any thread): an
+        operator whose timer became due because of another thread (an async
+        result) calls it; None outside a task."""
+
+    def setup(self, state_backend: StateBackend | None, job_dir: str,
+              wake: Callable[[], None] | None = None) -> None:
+        """What the task gives its operators before ``open`` (Flink's
+        ``setup``): the job's keyed state backend (None: heap), its
+        checkpoint folder (``job_dir``) and ``wake``."""
+        self.state_backend, self.job_dir, self.wake = state_backend, job_dir, wake
 
     def emit_side(self, tag: str, value: Any) -> None:
         """Emit ``value`` to the side output named ``tag``."""

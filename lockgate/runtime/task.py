@@ -224,8 +224,7 @@ class Task:
             info = TaskInfo(spec.job_id, op_spec.uid, spec.task_index, spec.vertex.parallelism,
                             spec.max_parallelism, spec.attempt)
             op = OPERATORS[op_spec.kind](op_spec, info)
-            op.state_backend, op.job_dir = spec.state_backend, spec.job_dir
-            op.wake = self.mailbox.wake
+            op.setup(spec.state_backend, spec.job_dir, self.mailbox.wake)
             op.open(self.serializer)
             self.ops.append(op)
         self.chain = OperatorChain(spec, self.ops, self.faults)

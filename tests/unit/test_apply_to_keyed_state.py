@@ -63,9 +63,8 @@ def op(request, tmp_path):
         TaskInfo("job", "b", 0, 1, M, 0))
     if request.param == "rocksdb":
         pytest.importorskip("rocksdict")
-        o.state_backend = RocksDBStateBackend(local_dir=str(tmp_path / "rocks"), memory_mb=16,
-                                              incremental=False)
-        o.job_dir = str(tmp_path / "job")
+        o.setup(RocksDBStateBackend(local_dir=str(tmp_path / "rocks"), memory_mb=16,
+                                    incremental=False), str(tmp_path / "job"))
     o.open(StateSerializer())
     yield o
     if o.backend is not None:

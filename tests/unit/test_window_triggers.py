@@ -305,9 +305,8 @@ def test_triggers_and_sliding_count_windows_on_rocksdb(tmp_path):
     def rocks(window: WindowSpec) -> WindowOperator:
         op = WindowOperator(OperatorSpec("w", OperatorKind.WINDOW, window, lambda r: r[0]),
                             TaskInfo("job", "w", 0, 1, 16, 0))
-        op.state_backend = RocksDBStateBackend(local_dir=str(tmp_path / "rocks"), memory_mb=16,
-                                               incremental=False)
-        op.job_dir = str(tmp_path / "job")
+        op.setup(RocksDBStateBackend(local_dir=str(tmp_path / "rocks"), memory_mb=16,
+                                     incremental=False), str(tmp_path / "job"))
         op.open(StateSerializer())
         return op
 
