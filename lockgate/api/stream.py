@@ -302,6 +302,7 @@ def _builders() -> TwoStreamBuilders:
                            "sets them)")
     return _two_stream_builders[-1]
 
+
 @dataclass(frozen=True)
 class WindowedStream(Generic[T]):
     """Windows of a keyed stream; each builder method returns a new one."""
