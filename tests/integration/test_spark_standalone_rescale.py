@@ -4,7 +4,8 @@ for (a Master and Workers on loopback, started from PySpark's own
 ``spark.scheduler.maxRegisteredResourcesWaitingTime`` for executors; then
 either it is refused with the numbers and the fix (nothing happened to the
 job), or a Worker that joined in the meantime gives the slots and the job
-goes on at the new parallelism. Either way the output is exact."""
+goes on at the new parallelism. Either way the output is exact. A job too
+big for the cluster is refused at its start the same way."""
 
 from __future__ import annotations
 
@@ -35,9 +36,14 @@ from lockgate import CheckpointConfig, Pipeline
 from lockgate.cluster.spark.session import task_slots
 from lockgate.connectors import FileSink
 from lockgate.connectors.sequence import SequenceReader, SequenceSource
+from lockgate.errors import ConfigurationError
 
-url, n, out, chk, gate, wait = sys.argv[1:7]
+url, n, out, chk, gate, wait, probe = sys.argv[1:8]
 n = int(n)
+
+
+def say(**event):
+    print(json.dumps(event), flush=True)
 
 
 class HeldSource(SequenceSource):
@@ -62,10 +68,6 @@ class HeldReader(SequenceReader):
         return super().poll(max_records)
 
 
-def say(**event):
-    print(json.dumps(event), flush=True)
-
-
 sc = SparkContext(conf=SparkConf().setMaster(url).setAppName("standalone-rescale")
                   .set("spark.scheduler.maxRegisteredResourcesWaitingTime", wait)
                   .set("spark.ui.enabled", "false"))
@@ -73,6 +75,15 @@ sc.setLogLevel("ERROR")
 deadline = time.monotonic() + 120
 while task_slots(sc) < 2 and time.monotonic() < deadline:  # the first worker's executor
     time.sleep(0.2)
+
+if probe == "yes":  # a job of 4 tasks does not start on 2 slots: the reason, at once
+    too_big = Pipeline("too-big", parallelism=2)
+    (too_big.source(SequenceSource(1, 10), uid="numbers").key_by(lambda x: x % 2)
+        .reduce(lambda a, b: a + b, uid="sums").sink(FileSink(out + "-too-big"), uid="out"))
+    try:
+        too_big.run(spark=sc)
+    except ConfigurationError as e:
+        say(event="too big", message=str(e))
 
 pipeline = Pipeline("standalone-rescale", parallelism=1,
                     checkpoint=CheckpointConfig(interval=0.3, storage=chk))
@@ -117,6 +128,7 @@ say(event="result", status=result.status.value, restarts=result.restarts)
 N = 20_000
 
 
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A Master with one Worker of 2 cores (2 task slots), and its logs' folder."""
@@ -135,12 +147,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
 class Driver:
     """The app above in a process of its own; its events as they come."""
 
-    def __init__(self, tmp_path: Path, url: str, wait: str) -> None:
+    def __init__(self, tmp_path: Path, url: str, wait: str, probe: bool = False) -> None:
         (tmp_path / "app.py").write_text(APP)
         self.out, self.gate = tmp_path / "out", tmp_path / "gate"
         self.proc = subprocess.Popen(
             [sys.executable, "app.py", url, str(N), str(self.out), str(tmp_path / "chk"),
-             str(self.gate), wait],
+             str(self.gate), wait, "yes" if probe else "no"],
             cwd=tmp_path, env=spark_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
         self.events: list[dict[str, Any]] = []
@@ -187,8 +199,14 @@ class Driver:
 def test_rescale_beyond_the_cluster_is_refused_after_the_wait_and_the_job_runs_on(
         cluster: tuple[str, Path], tmp_path: Path) -> None:
     url, _ = cluster
-    driver = Driver(tmp_path, url, "3s")
+    driver = Driver(tmp_path, url, "3s", probe=True)
     try:
+        # first a job too big for the cluster: refused at its start, naming the slots
+        message = driver.event("too big")["message"]
+        assert f"needs 4 task slots at once, but the Spark application (master {url}) " \
+               "has 2, and no more registered within 3 s (spark.scheduler." \
+               "maxRegisteredResourcesWaitingTime)" in message, message
+        assert "standalone: more workers" in message and "local[" not in message, message
         asking = driver.event("asking")
         assert asking["slots"] == 2 and asking["attempt"] == 0
         refused = driver.event("refused")

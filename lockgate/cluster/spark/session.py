@@ -347,22 +347,31 @@ def check_slots(sc: Any, num_tasks: int) -> None:
     stage cannot get ``num_tasks`` slots at once (on a cluster, after
     :func:`slot_wait` seconds for executors to register)."""
     check_dynamic_allocation(sc, num_tasks)
-    slots = await_slots(sc, num_tasks, slot_wait(sc))
-    if slots < num_tasks:
-        raise ConfigurationError(
-            f"the job has {num_tasks} tasks and runs them as one Spark barrier stage, which "
+    wait = slot_wait(sc)
+    slots = await_slots(sc, num_tasks, wait)
+    if slots >= num_tasks:
+        return
+    head = (f"the job has {num_tasks} tasks and runs them as one Spark barrier stage, which "
             f"needs {num_tasks} task slots at once, but the Spark application "
-            f"(master {sc.master}) has {slots}. In local mode run with master "
-            f"'local[{num_tasks}]' or more (slots need not match cores), e.g. "
-            + ("spark-submit --master "
-               f"'local[{num_tasks}]' (or lockgate run --master 'local[{num_tasks}]')"
-               if "PYSPARK_GATEWAY_PORT" in os.environ else
-               f"lockgate run --master 'local[{num_tasks}]' or "
-               f"Pipeline.run(launcher='spark', master='local[{num_tasks}]')")
-            + "; on a cluster give "
-            f"the application at least {num_tasks} slots (executors x spark.executor.cores / "
-            "spark.task.cpus, e.g. --num-executors and --executor-cores), or lower the job's "
-            "parallelism")
+            f"(master {sc.master}) has {slots}")
+    if not is_local(sc):
+        raise ConfigurationError(
+            f"{head}, and no more registered within {wait:g} s ({WAIT_SETTING}): give the "
+            f"application at least {num_tasks} slots (executors x spark.executor.cores / "
+            "spark.task.cpus; standalone: more workers, or spark.cores.max; YARN or "
+            "Kubernetes: spark.executor.instances or --num-executors, and "
+            "spark.executor.cores), or lower the job's parallelism")
+    raise ConfigurationError(
+        f"{head}. In local mode run with master "
+        f"'local[{num_tasks}]' or more (slots need not match cores), e.g. "
+        + ("spark-submit --master "
+           f"'local[{num_tasks}]' (or lockgate run --master 'local[{num_tasks}]')"
+           if "PYSPARK_GATEWAY_PORT" in os.environ else
+           f"lockgate run --master 'local[{num_tasks}]' or "
+           f"Pipeline.run(launcher='spark', master='local[{num_tasks}]')")
+        + f"; on a cluster give the application at least {num_tasks} slots (executors x "
+        "spark.executor.cores / spark.task.cpus, e.g. --num-executors and --executor-cores), "
+        "or lower the job's parallelism")
 
 
 def check_dynamic_allocation(sc: Any, num_tasks: int) -> None:
