@@ -382,14 +382,11 @@ class JobMaster:
                 self.monitor.on_local_restores(self.attempt, task, local_restores,
                                                self._task_name(task))
                 self.tasks.running.add(task)
-                if self.tasks.all_running:
-                    self._rescale_running()
-                    if self.autoscaling is not None:
-                        self.autoscaling.running()
-                self.startup.task_running(task, steps, self.tasks.all_running,
+                everyone = self.tasks.all_running
+                self.startup.task_running(task, steps, everyone,
                                           getattr(self.launcher, "steps", None))
-                if self.tasks.all_running:
-                    self.restarts.all_running()
+                if everyone:
+                    self._all_running()
             case Ack():
                 self.tasks.count(task, msg.read, msg.written)
                 self.coordinator.on_ack(task, msg.checkpoint_id, msg.handles,
@@ -439,16 +436,19 @@ class JobMaster:
                  describe(graph), self.attempt,
                  fs.redact(latest.path) if latest else "the beginning")
 
-    def _rescale_running(self) -> None:
-        """Every task of the attempt runs: a rescale that started it is done."""
-        if self.commands.rescaling is None:
-            return
-        latest = self.coordinator.latest
-        self.commands.rescale_ran({
-            "parallelism": max(v.parallelism for v in self.graph.vertices),
-            "vertices": describe(self.graph), "attempt": self.attempt,
-            "checkpoint_id": self.commands.rescale_checkpoint,
-            "restored": latest.checkpoint_id if latest else None})
+    def _all_running(self) -> None:
+        """Every task of the attempt runs: a rescale that started it is done,
+        the autoscaler watches the new tasks, a recovery is over."""
+        if self.commands.rescaling is not None:
+            latest = self.coordinator.latest
+            self.commands.rescale_ran({
+                "parallelism": max(v.parallelism for v in self.graph.vertices),
+                "vertices": describe(self.graph), "attempt": self.attempt,
+                "checkpoint_id": self.commands.rescale_checkpoint,
+                "restored": latest.checkpoint_id if latest else None})
+        if self.autoscaling is not None:
+            self.autoscaling.running()
+        self.restarts.all_running()
 
     def _start_tasks(self) -> None:
         self.startup.mark("registered")
