@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from lockgate.protocol import ControlMessage, TaskMetrics
+from lockgate.protocol import ControlMessage, StreamElement, TaskMetrics
 
 if TYPE_CHECKING:
     from lockgate.runtime.chain import OperatorChain
-    from lockgate.runtime.mailbox import Mailbox
+    from lockgate.runtime.mailbox import Mailbox, Overtaking
     from lockgate.runtime.operators import SourceOperator, StreamOperator
     from lockgate.runtime.output import OutputEdgeWriter
     from lockgate.runtime.valve import WatermarkValve
@@ -70,6 +70,15 @@ class TaskMeter:
         """When the current wait began (0: not waiting)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def wait(self, mailbox: Mailbox, timeout: float
+             ) -> tuple[int, StreamElement | ControlMessage | Overtaking] | None:
+        """``mailbox.take(timeout)``: the task thread waits for input, idle."""
+        self.idle_since = waited = time.monotonic()
+        item = mailbox.take(timeout)
+        self.idle += time.monotonic() - waited
+        self.idle_since = 0.0
+        return item
 
     def start(self, task: MeteredTask, send: Callable[[ControlMessage], None],
               interval: float = INTERVAL) -> None:

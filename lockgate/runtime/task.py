@@ -123,8 +123,11 @@ class Task:
         self.drained = False
         """The input ended by ``stop --drain``, not exhausted: a job resumed from
         the final savepoint reads on, so nothing is recorded as finished."""
-        self.valve = WatermarkValve(len(self.channels), now=time.monotonic(),
-                                    input_of=self.input_of)
+        watermarks = spec.vertex.operators[0].watermarks  # a source's strategy, or None
+        self.valve = WatermarkValve(
+            len(self.channels), watermarks.interval if watermarks else 0.0,
+            watermarks.idle_timeout if watermarks else None, now=time.monotonic(),
+            input_of=self.input_of)
         self.done = False
         self.replaying: dict[int, int] = {}
         """Recovered in-flight elements still queued, per input channel."""
@@ -229,10 +232,6 @@ class Task:
             self.ops.append(op)
         self.chain = OperatorChain(spec, self.ops, self.faults)
         self.source = self.chain.source
-        watermarks = self.source.spec.watermarks if self.source else None
-        if watermarks is not None:
-            self.valve.interval = watermarks.interval
-            self.valve.idle_timeout = watermarks.idle_timeout
 
     def _await_start(self) -> dict[int, tuple[str, int]]:
         while True:
@@ -284,11 +283,7 @@ class Task:
             if item is None:
                 for out in outputs:
                     out.flush()
-                meter = self.meter
-                meter.idle_since = waited = time.monotonic()
-                item = mailbox.take(wait)  # <= 1 s; wakes up for the next timer
-                meter.idle += time.monotonic() - waited
-                meter.idle_since = 0.0
+                item = self.meter.wait(mailbox, wait)  # <= 1 s; wakes up for the next timer
                 if item is None:
                     continue
             self._on_item(*item)
@@ -304,11 +299,7 @@ class Task:
             self._source_watermark(source, batch)  # also periodic emission, idleness
         if not batch:
             self._flush_all()
-            meter = self.meter
-            meter.idle_since = waited = time.monotonic()
-            item = self.mailbox.take(0.01)
-            meter.idle += time.monotonic() - waited
-            meter.idle_since = 0.0
+            item = self.meter.wait(self.mailbox, 0.01)
             if item is not None:
                 self._on_item(*item)
 
