@@ -11,6 +11,7 @@ from collections import Counter
 
 from lockgate import (
     BroadcastProcessFunction,
+    CheckpointConfig,
     CoProcessFunction,
     EventTimeSessionWindows,
     KeyedProcessFunction,
@@ -92,8 +93,9 @@ class Pair(ProcessJoinFunction):
         yield (left, right)
 
 
-def test_union_connect_and_broadcast_jobs():
-    p = Pipeline("multi", parallelism=2)
+def test_union_connect_and_broadcast_jobs(tmp_path):
+    p = Pipeline("multi", parallelism=2,
+                 checkpoint=CheckpointConfig(storage=str(tmp_path / "checkpoints")))
     wm_a, wm_b = WatermarkStrategy(ts_a, 20), WatermarkStrategy(ts_b, 30)
     a = p.source(SequenceSource(1, N), uid="a", watermarks=wm_a)
     b = p.source(SequenceSource(1, N // 2), uid="b", parallelism=1, watermarks=wm_b)
@@ -127,8 +129,9 @@ def test_union_connect_and_broadcast_jobs():
     assert sorted(sinks["rules"].results()) == [(i, everything) for i in range(3)]
 
 
-def test_interval_and_window_joins_match_the_reference():
-    p = Pipeline("joins", parallelism=2)
+def test_interval_and_window_joins_match_the_reference(tmp_path):
+    p = Pipeline("joins", parallelism=2,
+                 checkpoint=CheckpointConfig(storage=str(tmp_path / "checkpoints")))
     wm_a, wm_b = WatermarkStrategy(ts_a, 20), WatermarkStrategy(ts_b, 30)
     key_a, key_b = (lambda x: x % 5), (lambda y: y % 5)
     a = p.source(SequenceSource(1, N), uid="a", watermarks=wm_a)
