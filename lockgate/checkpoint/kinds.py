@@ -27,11 +27,22 @@ class BarrierKind(StrEnum):
     completes (sinks commit, the tasks end) or is aborted."""
     FINAL = "final"
     """The final checkpoint of a bounded job or a drain (always aligned)."""
+    RESCALE = "rescale"
+    """A rescale's checkpoint: every task holds still after its snapshot, as
+    for a stop, but keyed state is written as a periodic checkpoint writes it
+    (incrementally on RocksDB: only what changed since the last checkpoint),
+    since it stays in the job's own checkpoint folder."""
 
     @property
     def is_savepoint(self) -> bool:
         """Keyed state is written canonically (a savepoint's, a stop's)."""
         return self in (BarrierKind.SAVEPOINT, BarrierKind.STOP)
+
+    @property
+    def holds(self) -> bool:
+        """Every task holds still after its snapshot until the checkpoint
+        completes (the sinks commit, the tasks end) or is aborted."""
+        return self in (BarrierKind.STOP, BarrierKind.RESCALE)
 
     @property
     def may_be_unaligned(self) -> bool:

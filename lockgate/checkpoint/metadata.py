@@ -23,6 +23,7 @@ from typing import Any
 from lockgate.checkpoint.kinds import CheckpointKind, OperatorStateMode
 from lockgate.errors import CheckpointCorruptError
 from lockgate.state.incremental import IncrementalState
+from lockgate.state.keygroups import key_group_range
 from lockgate.untrusted import plain_name
 
 FORMAT_VERSION = 1
@@ -167,18 +168,48 @@ class OperatorMetadata:
                                          and len(channels) == len(subtasks)):
             raise CheckpointCorruptError(f"{what}: channel_state is not a list of one entry "
                                          "per subtask: it is corrupt")
+        handles = [None if h is None else StateHandle.from_json(
+            h, f"{shown}: the state file of operator {uid!r}, subtask {i},", max_parallelism)
+            for i, h in enumerate(subtasks)]
+        _check_owners(handles, what, max_parallelism)
         return cls(
             parallelism=_count(data.get("parallelism", len(subtasks)), f"{what} has parallelism"),
             operator_state_mode=mode,
-            subtasks=[None if h is None else StateHandle.from_json(
-                h, f"{shown}: the state file of operator {uid!r}, subtask {i},", max_parallelism)
-                for i, h in enumerate(subtasks)],
+            subtasks=handles,
             finished=bool(data.get("finished", False)),
             location=location if isinstance(location, str) else None,
             channel_state=None if channels is None else [
                 None if h is None else StateHandle.from_json(
                     h, f"{shown}: the channel state of operator {uid!r}, subtask {i},")
                 for i, h in enumerate(channels)])
+
+
+def _check_owners(handles: list[StateHandle | None], what: str, max_parallelism: int) -> None:
+    """Subtask ``i`` of ``len(handles)`` owned the key groups of
+    ``key_group_range(i, len(handles), max_parallelism)`` and wrote no
+    other: its canonical blocks lie in that range, and an incremental
+    handle's range is that range. So no two handles claim one key group (a
+    restore would take it twice, a rescale would copy one over the other)
+    and a restore at any parallelism finds each key group where it looks."""
+    n = len(handles)
+    if n > max_parallelism:
+        raise CheckpointCorruptError(f"{what} has {n} subtasks, more than max_parallelism "
+                                     f"({max_parallelism}): it is corrupt")
+    for i, h in enumerate(handles):
+        if h is None:
+            continue
+        owned = key_group_range(i, n, max_parallelism)
+        stray = sorted(kg for kg in h.key_groups if kg not in owned)
+        if stray:
+            raise CheckpointCorruptError(
+                f"{what}: subtask {i} of {n} holds key group {stray[0]}, outside the key "
+                f"groups {owned.start}..{owned.stop - 1} it owned: it is corrupt")
+        inc = h.incremental
+        if inc is not None and inc.key_groups != (owned.start, owned.stop):
+            raise CheckpointCorruptError(
+                f"{what}: the incremental state of subtask {i} of {n} names key groups "
+                f"[{inc.key_groups[0]}, {inc.key_groups[1]}), not the [{owned.start}, "
+                f"{owned.stop}) it owned: it is corrupt")
 
 
 @dataclass(frozen=True)

@@ -189,8 +189,10 @@ class CheckpointCoordinator:
         ``stops``: a stop's savepoint (barrier kind ``stop``): every task holds
         still after its snapshot; on completion the tasks are told, their
         sinks commit, and they end (:meth:`_complete`). Without
-        ``savepoint_dir`` it is a rescale's checkpoint: the same, kept in the
-        job's checkpoint folder as its latest completed checkpoint."""
+        ``savepoint_dir`` it is a rescale's checkpoint (barrier kind
+        ``rescale``): the same, kept in the job's checkpoint folder as its
+        latest completed checkpoint, its keyed state written as a periodic
+        checkpoint's (incrementally on RocksDB)."""
         if self.pending is not None or self.plan is None:
             return None
         if final and self._final_savepoint_dir is not None:
@@ -206,7 +208,7 @@ class CheckpointCoordinator:
         self.history.append(CheckpointRecord(n, kind, CheckpointStatus.IN_PROGRESS, time.time(),
                                              final=final))
         if self.pending.stops:
-            barrier_kind = BarrierKind.STOP
+            barrier_kind = BarrierKind.STOP if savepoint_dir is not None else BarrierKind.RESCALE
         elif savepoint_dir is not None:
             barrier_kind = BarrierKind.SAVEPOINT
         elif final:

@@ -42,6 +42,8 @@ class OperatorChain:
         for op in ops:
             if isinstance(op, SinkOperator):
                 op.writer.fault = faults.hit  # the sink's own protocol points
+            if op.backend is not None:  # the backend's (its restore's, a changelog's)
+                op.backend.fault = faults.hit
         self.outputs: list[OutputEdgeWriter] = []
         """The edges of the last operator's main output."""
         self.side_outputs: dict[str, list[OutputEdgeWriter]] = {}
@@ -67,7 +69,6 @@ class OperatorChain:
                            if op.backend is not None and op.backend.prepares_snapshots]
         for backend in self._preparing:
             backend.expect_checkpoints(self.spec.checkpoint_interval)
-            backend.fault = self.faults.hit  # the changelog's protocol points
 
     @property
     def has_processing_timers(self) -> bool:

@@ -37,6 +37,10 @@ the process runs on (as a read from a storage that never answers). Points:
   checkpoint is to upload
 - ``changelog``: the snapshot writer uploaded a changelog file (and the
   materialization before it, if any); the checkpoint is not acknowledged
+- ``restore_ranges``: a RocksDB task restoring other key groups than one
+  incremental handle holds (a rescale) materialized the base handle and
+  deleted the key groups it does not own; the other handles' key groups are
+  not copied in yet
 - ``table_commit``: a lakehouse sink's committer (Delta, Iceberg) has its
   commit ready (append: the files moved into the table; merge: the changes
   read), the table commit is not made
@@ -57,7 +61,8 @@ from typing import Any
 
 POINTS = ("register", "restore", "batch", "alignment", "snapshot", "acked", "commit",
           "end_of_data", "final_snapshot", "finish", "unaligned_barrier", "channel_state",
-          "replay", "materialize", "changelog", "table_commit", "table_committed")
+          "replay", "materialize", "changelog", "restore_ranges", "table_commit",
+          "table_committed")
 
 
 class FaultInjector:

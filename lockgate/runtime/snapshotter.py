@@ -14,8 +14,8 @@ down:
   ``n`` arrived): every operator's state is captured (a sink pre-commits),
   the outputs flush, the barrier goes out after the records, the writer gets
   the snapshot. A savepoint's keyed state is written canonically; after a
-  stop's savepoint the task holds still (:attr:`Snapshotter.holding`) until
-  it completes or is aborted.
+  stop's savepoint or a rescale's checkpoint the task holds still
+  (:attr:`Snapshotter.holding`) until it completes or is aborted.
 * Unaligned (FLIP-76): :meth:`start_unaligned` at the first barrier (state
   captured, the outputs' unsent records become output channel state, the
   barrier goes out ahead of them); :meth:`record_input` for the input that
@@ -82,8 +82,9 @@ class Snapshotter:
         self._in_flight = InFlightCapture(serializer)
         """The pending unaligned checkpoint's capture."""
         self.holding: int | None = None
-        """The stop's savepoint this task snapshotted and now waits on (None:
-        none): the task reads, emits and fires nothing meanwhile."""
+        """The stop's savepoint (or rescale's checkpoint) this task
+        snapshotted and now waits on (None: none): the task reads, emits and
+        fires nothing meanwhile."""
 
     # ------------------------------------------------------------- trigger
     def trigger(self, checkpoint_id: int, kind: BarrierKind) -> None:
@@ -112,10 +113,11 @@ class Snapshotter:
         self._writer.submit(checkpoint_id, snaps, read=p.read, written=p.written,
                             finished=p.finished, alignment=alignment, final=p.final,
                             sync_duration=time.monotonic() - started, savepoint=savepoint)
-        if barrier.kind is BarrierKind.STOP:
-            # A stop's savepoint is synchronous (as Flink's): nothing more is
-            # read, emitted or fired until it completes (then the sinks
-            # commit and Finish ends the task) or is aborted.
+        if barrier.kind.holds:
+            # A stop's savepoint (a rescale's checkpoint) is synchronous
+            # (as Flink's): nothing more is read, emitted or fired until it
+            # completes (then the sinks commit and Finish ends the task) or
+            # is aborted.
             self.holding = checkpoint_id
 
     # ----------------------------------------------------------- unaligned

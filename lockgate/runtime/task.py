@@ -258,7 +258,7 @@ class Task:
         prepare = self.chain.prepares_snapshots
         snapshotter = self.snapshotter
         while not self.done:
-            if snapshotter.holding is not None:  # a stop's savepoint: control messages only
+            if snapshotter.holding is not None:  # a stop's savepoint, a rescale's: control only
                 msg = mailbox.wait_control(1.0)
                 if msg is not None:
                     self._on_control(msg)

@@ -119,7 +119,8 @@ class KeyedStateBackend(Protocol):
     current_key: Any
     fault: Callable[[str], None]
     """Fault injection at the backend's own protocol points (the task sets
-    it: a RocksDB changelog's ``materialize`` and ``changelog``)."""
+    it before the restore: a RocksDB changelog's ``materialize`` and
+    ``changelog``, a RocksDB restore's ``restore_ranges``)."""
     prepares_snapshots: bool
     """:meth:`prepare_snapshot` has work to do between records (RocksDB:
     the early flush, the materialization); the heap backend's has none."""

@@ -111,6 +111,7 @@ def run_plan(p: Pipeline, args: argparse.Namespace) -> None:
             plan.on_progress(pr)
 
     client = p.start(launcher=args.launcher, on_progress=progress,
+                     fault_injection=json.loads(args.faults),
                      **({"master": args.master} if args.master else {}))
     plan = Plan(client, args.plan.split(","))
     plan.start()

@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.fault.checks import HERE
 from tests.fixtures import check_exact_sums
 
@@ -71,3 +73,50 @@ def test_rescale_beyond_spark_slots_refused(tmp_path):
     refused = result["plan"][0]["refused"]
     assert "6 task slots" in refused and "goes on at its parallelism" in refused
     assert rescales(result)[0]["parallelism"] == 1
+
+
+def _on_rocksdb(monkeypatch, tmp_path) -> None:
+    pytest.importorskip("rocksdict")
+    monkeypatch.setenv("LOCKGATE_STATE_BACKEND", "rocksdb")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "local"))  # the databases' folders
+    (tmp_path / "local").mkdir()
+
+
+def _killed_in_restore(*attempts: int) -> tuple[str, ...]:
+    """Every keyed task of these attempts dies in the middle of its RocksDB
+    restore: its base handle materialized and clipped to its key groups, the
+    other handles' key groups not yet copied in."""
+    return ("--faults", json.dumps([{"point": "restore_ranges", "attempt": a, "count": 1}
+                                    for a in attempts]))
+
+
+def test_rescale_from_incremental_checkpoints_with_kills_local(tmp_path, monkeypatch):
+    """On RocksDB a rescale's checkpoint is incremental and the next attempt
+    restores by key-group ranges: kills before, during and after, and in the
+    middle of two rescaled restores (attempts 2 and 5: the rescales to 3 and
+    to 1, each after a kill), then the restart restores again."""
+    _on_rocksdb(monkeypatch, tmp_path)
+    result = run_plan(tmp_path, "kill,3,kill,1,kill,killing:2,kill", parallelism=2,
+                      extra=_killed_in_restore(2, 5))
+    assert [s["parallelism"] for s in rescales(result)] == [3, 1, 2]
+    assert result["restarts"] in (6, 7)  # the kills and the two restores killed
+    check_incremental(tmp_path / "chk")
+
+
+def test_rescale_from_incremental_checkpoints_with_kills_spark(tmp_path, monkeypatch):
+    _on_rocksdb(monkeypatch, tmp_path)
+    result = run_plan(tmp_path, "kill,3,kill,1", parallelism=2, launcher="spark",
+                      extra=("--master", "local[6]", *_killed_in_restore(2)))
+    assert [s["parallelism"] for s in rescales(result)] == [3, 1]
+    assert result["restarts"] == 3
+    check_incremental(tmp_path / "chk")
+
+
+def check_incremental(storage) -> None:
+    """The keyed operator's retained checkpoints are incremental."""
+    (job_dir,) = storage.iterdir()
+    metas = [json.loads(m.read_text()) for m in job_dir.glob("chk-*/_metadata")]
+    assert metas
+    for meta in metas:
+        assert all(h is not None and "incremental" in h
+                   for h in meta["operators"]["sums"]["subtasks"])

@@ -236,6 +236,54 @@ def test_incremental_checkpoints_upload_only_new_files_and_rescale(tmp_path):
         os.listdir(job / SHARED_DIR))
 
 
+def test_a_rescaled_restore_references_its_base_files_in_the_next_checkpoint(tmp_path):
+    """2 -> 3 in the same job folder: each new task's base handle's files
+    are the job's shared files already; its first checkpoint references
+    them (nothing of the base uploaded again) and holds only its key groups
+    (the clipped ones deleted by range tombstones): restored at 3 and again
+    rescaled to 2 from those checkpoints, the state is exact."""
+    job = tmp_path / "job"
+    (job / "chk-1").mkdir(parents=True)
+    (job / "chk-2").mkdir()
+    old = [rocks(tmp_path / "a", key_group_range(i, 2, M), i, 0, job) for i in range(2)]
+    expected: dict = {"v": {}, "l": {}, "m": {}}
+    for b in old:
+        fill(b, [k for k in range(400) if key_group_for_key(k, M) in b.key_group_range])
+        for name, table in contents(b).items():
+            expected[name].update(table)
+    handles = [write_incremental(b, 1) for b in old]
+    for b in old:
+        b.close()
+    rescaled = []
+    for i in range(3):
+        b = rocks(tmp_path / "b", key_group_range(i, 3, M), i, 1, job)
+        restore_incremental(b, handles, job / "chk-1", i, 3)
+        wanted = b.key_group_range
+        base = max((h.incremental for h, _ in handles),
+                   key=lambda s: min(s.key_groups[1], wanted.stop)
+                   - max(s.key_groups[0], wanted.start))
+        assert b.uploaded == dict(base.shared)
+        b.current_key = next(k for k in range(10_000, 20_000)  # a write after the restore
+                             if key_group_for_key(k, M) in wanted)
+        b.get_state(V).update(7)
+        expected["v"][b.current_key] = 7
+        h, d = write_incremental(b, 2)
+        referenced = set(h.incremental.shared.values()) & set(base.shared.values())
+        assert referenced and all(shared_checkpoint_id(f.name) == 1 for f in referenced)
+        rescaled.append((h, d))
+        b.close()
+    for p in (3, 2):
+        merged: dict = {"v": {}, "l": {}, "m": {}}
+        for i in range(p):
+            b = rocks(tmp_path / f"c{p}", key_group_range(i, p, M), i, 2, job)
+            restore_incremental(b, rescaled, job / "chk-2", i, p)
+            for name, table in contents(b).items():
+                assert all(key_group_for_key(k, M) in b.key_group_range for k in table)
+                merged[name].update(table)
+            b.close()
+        assert merged == expected, p
+
+
 def test_shared_files_go_only_when_no_retained_checkpoint_names_them(tmp_path, monkeypatch):
     from lockgate import fs
 

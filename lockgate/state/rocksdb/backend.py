@@ -434,7 +434,8 @@ class RocksDBKeyedStateBackend:
         parts.sort(key=lambda p: -overlap(p[0]))
         (base, base_data), others = parts[0], parts[1:]
         exact = base.key_groups == (wanted.start, wanted.stop) and not others
-        failover = exact and _same_folder(fs.parent(restore_dir), self.scope.job_dir)
+        same_job = _same_folder(fs.parent(restore_dir), self.scope.job_dir)
+        failover = exact and same_job
         self.raw_db.close()
         note: LocalRestore | None = None
         if failover and self.copies is not None and checkpoint_id is not None:
@@ -447,6 +448,7 @@ class RocksDBKeyedStateBackend:
         if not exact:
             db.delete_range(kg_bytes(0), kg_bytes(wanted.start))
             db.delete_range(kg_bytes(wanted.stop) if wanted.stop < 0xFFFF else META, META)
+            self.fault("restore_ranges")
         for i, (state, data) in enumerate(others):
             tmp = os.path.join(self.folder, f"restore-{i}")
             materialize(state, data, restore_dir, tmp)
@@ -467,8 +469,10 @@ class RocksDBKeyedStateBackend:
         self._check_kinds({name: kind for name, kind in state_names(db).values()})
         for name, kind in self._kinds.items():
             db.put(KIND_PREFIX + name.encode(), kind.encode())
-        if failover:
-            # a failover in the same job: the restored files are uploaded already
+        if same_job:
+            # the base's files are the job's shared files already (a range
+            # deletion writes tombstones, it changes no file): the next
+            # checkpoint references them instead of uploading them again
             self.uploaded = dict(base.shared)
         return note
 
