@@ -26,6 +26,14 @@ Two phases on one private noida-db broker (or ``--bootstrap``):
 (state files of at most that many bytes kept in ``_metadata``; default:
 the configuration's default).
 
+``--split``: the sink also stamps each output record with the time it
+writes it, and each round reports where the latency of its slowest 1% of
+records went (``slow_*_ms``, means): reaching the sink, waiting for the
+trigger of the checkpoint that covers it (a checkpoint in progress finishes
+first: one runs at a time), that checkpoint (trigger to completion), and
+completion to visibility (the notification, the commit, the consumer's
+poll); and ``to_sink_p99_ms``.
+
 ``--record`` appends one line per interval to
 ``benchmarks/results/kafka_latency.jsonl`` (date, commit, load average).
 """
@@ -33,6 +41,7 @@ the configuration's default).
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import multiprocessing as mp
@@ -72,8 +81,14 @@ def serialize(kst: tuple[int, int, int]) -> tuple[str, str]:
     return str(kst[0]), f"{kst[0]},{kst[1]},{kst[2]}"
 
 
+def serialize_split(kst: tuple[int, int, int]) -> tuple[str, str]:
+    """As :func:`serialize`, with the time the sink writes it (ms) last."""
+    return str(kst[0]), f"{kst[0]},{kst[1]},{kst[2]},{int(time.time() * 1000)}"
+
+
 def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys: int,
-                storage: str, interval: float, inline_threshold: int | None = None) -> Any:
+                storage: str, interval: float, inline_threshold: int | None = None,
+                split: bool = False) -> Any:
     from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
     from lockgate.connectors.kafka import KafkaSink, KafkaSource
 
@@ -86,7 +101,8 @@ def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys
        .map(stamped(keys), uid="pairs")
        .key_by(lambda kst: kst[0])
        .reduce(add, uid="sums")
-       .sink(KafkaSink(bootstrap, out, serializer=serialize), uid="out"))
+       .sink(KafkaSink(bootstrap, out, serializer=serialize_split if split else serialize),
+             uid="out"))
     return p
 
 
@@ -116,9 +132,11 @@ def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float,
     producer.flush(30)
 
 
-def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any) -> None:
+def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
+          split: bool = False) -> None:
     """Latencies (ms) of ``topic``'s records produced after ``since_ms``, as
-    a read_committed consumer sees them, until ``stop`` is set."""
+    a read_committed consumer sees them, until ``stop`` is set; ``split``:
+    also ``(produced, written by the sink, visible)`` of each."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "latency-watch",
@@ -126,6 +144,7 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any) -> Non
                          "fetch.wait.max.ms": 5, "fetch.min.bytes": 1})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     lat: list[int] = []
+    rows: list[tuple[int, int, int]] = []
     seen = 0
     while not stop.is_set():
         msgs = consumer.consume(20_000, 0.01)
@@ -134,11 +153,14 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any) -> Non
         since = since_ms.value
         for m in msgs:
             if m.error() is None:
-                t = int(m.value().rpartition(b",")[2])
+                fields = m.value().split(b",")
+                t = int(fields[2])
                 if t >= since:
                     lat.append(now - t)
+                    if split:
+                        rows.append((t, int(fields[3]), now))
     consumer.close()
-    out.put((seen, lat))
+    out.put((seen, lat, rows))
 
 
 # ------------------------------------------------------------------- phases
@@ -179,6 +201,36 @@ def checkpoint_costs(history: list[dict[str, Any]], since: float,
             "size_bytes": int(statistics.median([h["size"] for h in done])) if done else None}
 
 
+def split_latency(rows: list[tuple[int, int, int]],
+                  history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the latency of the slowest 1% of ``rows`` (produced, written by
+    the sink, visible; ms) went, as means: to the sink, waiting for the
+    trigger of the checkpoint that covers the record (the first triggered
+    after the write, or the one before if that completed first, its barrier
+    having reached the sink after the write), that checkpoint from trigger
+    to completion, and completion to visibility."""
+    done = sorted((h for h in history if h["status"] == "completed" and h.get("completed_time")),
+                  key=lambda h: h["trigger_time"])
+    triggers = [h["trigger_time"] * 1000 for h in done]
+    completions = [h["completed_time"] * 1000 for h in done]
+    parts: list[tuple[float, float, float, float, float]] = []
+    for t, s, v in rows:
+        i = bisect.bisect_left(triggers, s)
+        if i > 0 and completions[i - 1] <= v and (i == len(done) or v < completions[i]):
+            i -= 1
+        if i < len(done):
+            parts.append((v - t, s - t, max(0.0, triggers[i] - s),
+                          completions[i] - max(triggers[i], s), v - completions[i]))
+    if not parts:
+        return {}
+    parts.sort()
+    slow = parts[-max(1, len(parts) // 100):]
+    names = ("slow_to_sink_ms", "slow_wait_ms", "slow_checkpoint_ms", "slow_to_visible_ms")
+    return {"to_sink_p99_ms": pct([p[1] for p in parts], 0.99),
+            **{name: round(statistics.mean(p[j + 1] for p in slow), 1)
+               for j, name in enumerate(names)}}
+
+
 def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     source = new_topic(bootstrap, "lat-in", PARTITIONS)
@@ -186,7 +238,7 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-lat-"))
     p = latency_job(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
                     storage=str(tmp / "chk"), interval=interval,
-                    inline_threshold=args.inline_threshold)
+                    inline_threshold=args.inline_threshold, split=args.split)
     job = p.start(launcher=args.launcher, progress=False)
     try:
         ready = ctx.Event()
@@ -196,7 +248,8 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
         producer = ctx.Process(target=produce_at_rate,
                                args=(bootstrap, source, rate, total, ready))
         stop = ctx.Event()
-        watcher = ctx.Process(target=watch, args=(bootstrap, out, since, stop, results))
+        watcher = ctx.Process(target=watch,
+                              args=(bootstrap, out, since, stop, results, args.split))
         producer.start()
         watcher.start()
         _wait_running(job)
@@ -209,7 +262,7 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
         time.sleep(max(3.0, 3 * interval))
         history = job.checkpoints()
         stop.set()
-        seen, lat = results.get(timeout=120)
+        seen, lat, rows = results.get(timeout=120)
         watcher.join(10)
         costs = checkpoint_costs(history, t0 + args.warmup, t1)
     finally:
@@ -218,7 +271,7 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
     expected = int(total * rate)
     return {"interval_s": interval, "rate": rate, "produced": expected, "seen": seen,
             "measured": len(lat), "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99),
-            "max_ms": max(lat) if lat else None, **costs}
+            "max_ms": max(lat) if lat else None, **costs, **split_latency(rows, history)}
 
 
 def _wait_running(job: Any) -> None:
@@ -256,6 +309,8 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=os.environ.get("LOCKGATE_KAFKA"))
     ap.add_argument("--inline-threshold", type=int,
                     help="the latency job's CheckpointConfig.inline_threshold (bytes)")
+    ap.add_argument("--split", action="store_true",
+                    help="report where the slowest records' latency went (see the docstring)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     loads = [os.getloadavg()[0]]
@@ -285,6 +340,9 @@ def main() -> None:
           f"{rate:,.0f} records/s, median of {args.rounds} rounds, load {load}")
     cols = ("p50_ms", "p99_ms", "max_ms", "duration_ms", "alignment_ms", "sync_ms", "async_ms",
             "metadata_ms", "per_s", "size_bytes")
+    if args.split:
+        cols += ("to_sink_p99_ms", "slow_to_sink_ms", "slow_wait_ms", "slow_checkpoint_ms",
+                 "slow_to_visible_ms")
     print(f"{'interval':>9}{'records/s':>11}" + "".join(f"{c[:-3] if c.endswith('_ms') else c:>10}"
                                                     for c in cols))
     for i in args.intervals:
