@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -9,6 +10,8 @@ __all__ = [
     "CheckpointingMode",
     "CheckpointConfig",
     "RestartStrategy",
+    "FailureHistory",
+    "FailureRateRestart",
     "FixedDelayRestart",
     "ExponentialBackoffRestart",
     "NoRestart",
@@ -114,49 +117,181 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class FailureHistory:
+    """What a restart strategy decides from: the job's failures so far,
+    oldest first, the one to decide on last (Flink's failure timestamps and
+    the time since the job last ran stably).
+
+    ``times``: when each failure was seen, in seconds of a monotonic clock
+    (only differences mean anything); ``uptimes``: how long the attempt that
+    failure ended had run with every task running (0: it failed while
+    starting); ``reasons``: each failure in words."""
+
+    times: tuple[float, ...]
+    uptimes: tuple[float, ...]
+    reasons: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.times or not len(self.times) == len(self.uptimes) == len(self.reasons):
+            raise ValueError("a failure history has one time, uptime and reason per failure, "
+                             f"and at least one failure; got {len(self.times)} times, "
+                             f"{len(self.uptimes)} uptimes and {len(self.reasons)} reasons")
+
+    @property
+    def count(self) -> int:
+        """The job's failures so far, this one included."""
+        return len(self.times)
+
+    def within(self, seconds: float) -> int:
+        """The failures less than ``seconds`` before the last one, it included."""
+        last = self.times[-1]
+        return sum(1 for t in self.times if last - t < seconds)
+
+    def since_stable(self, seconds: float) -> int:
+        """The failures since the job last ran ``seconds`` without one: the
+        last failures back to the first that ended an attempt that had run
+        that long, it included."""
+        n = 0
+        for uptime in reversed(self.uptimes):
+            n += 1
+            if uptime >= seconds:
+                break
+        return n
+
+
+def _at_least(owner: object, name: str, value: float, low: float, unit: str = "") -> None:
+    """A clear error unless ``value`` >= ``low`` (NaN included)."""
+    if not value >= low:
+        raise ValueError(f"{type(owner).__name__}: {name} must be >= {low}{unit}, got {value}")
+
+
 class RestartStrategy:
-    """Decides whether, and after which delay, a failed job restarts."""
+    """Decides whether, and after which delay, a failed job restarts (Flink's
+    ``RestartBackoffTimeStrategy``). A strategy is a value: it keeps no state,
+    and decides from the job's :class:`FailureHistory` alone."""
 
-    max_attempts: int = 10
-
-    def delay(self, failures: int) -> float | None:
-        """Seconds to wait before restart number ``failures`` (1-based), or
-        ``None`` to give up."""
+    def delay(self, history: FailureHistory) -> float | None:
+        """Seconds to wait before restarting after the last failure of
+        ``history``, or ``None``: the job fails."""
         raise NotImplementedError
+
+    def gave_up(self, history: FailureHistory) -> str:
+        """Why :meth:`delay` gave up, in words, for the job's failure message."""
+        return f"{self!r} gives up after {history.count} failure(s)"
 
 
 @dataclass(frozen=True)
 class NoRestart(RestartStrategy):
     """Fail the job on the first failure."""
 
-    max_attempts: int = 0
-
-    def delay(self, failures: int) -> float | None:
+    def delay(self, history: FailureHistory) -> float | None:
         return None
+
+    def gave_up(self, history: FailureHistory) -> str:
+        return "NoRestart() never restarts"
 
 
 @dataclass(frozen=True)
 class FixedDelayRestart(RestartStrategy):
-    """Restart up to ``max_attempts`` times, waiting ``delay_s`` each time."""
+    """Restart up to ``max_attempts`` times over the job's whole life,
+    waiting ``delay_s`` each time (Flink's ``fixed-delay``). A long-running
+    job that fails rarely uses its restarts up in the end:
+    :class:`FailureRateRestart` forgets old failures."""
 
+    max_attempts: int = 10
     delay_s: float = 0.0
 
-    def delay(self, failures: int) -> float | None:
-        return self.delay_s if failures <= self.max_attempts else None
+    def __post_init__(self) -> None:
+        _at_least(self, "max_attempts", self.max_attempts, 0, " (0: never restart)")
+        _at_least(self, "delay_s", self.delay_s, 0, " seconds")
+
+    def delay(self, history: FailureHistory) -> float | None:
+        return self.delay_s if history.count <= self.max_attempts else None
+
+    def gave_up(self, history: FailureHistory) -> str:
+        return (f"FixedDelayRestart(max_attempts={self.max_attempts}) restarts "
+                f"{self.max_attempts} time(s) in the job's life")
+
+
+@dataclass(frozen=True)
+class FailureRateRestart(RestartStrategy):
+    """Restart after ``delay_s`` as long as at most
+    ``max_failures_per_interval`` failures happened in the last
+    ``interval_s`` seconds (this one included); one more fails the job
+    (Flink's ``failure-rate``). Old failures are forgotten: a job that fails
+    now and then runs for ever, one that fails in a burst stops."""
+
+    max_failures_per_interval: int = 10
+    interval_s: float = 600.0
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _at_least(self, "max_failures_per_interval", self.max_failures_per_interval, 1,
+                  " (use NoRestart() to fail on the first failure)")
+        if not self.interval_s > 0:
+            raise ValueError(f"FailureRateRestart: interval_s must be > 0 seconds (the window "
+                             f"failures are counted in), got {self.interval_s}")
+        _at_least(self, "delay_s", self.delay_s, 0, " seconds")
+
+    def delay(self, history: FailureHistory) -> float | None:
+        return (self.delay_s if history.within(self.interval_s) <= self.max_failures_per_interval
+                else None)
+
+    def gave_up(self, history: FailureHistory) -> str:
+        n = history.within(self.interval_s)
+        span = history.times[-1] - history.times[-n]
+        recent = "; ".join(history.reasons[-n:])
+        return (f"FailureRateRestart(max_failures_per_interval={self.max_failures_per_interval}, "
+                f"interval_s={self.interval_s:g}) allows {self.max_failures_per_interval} "
+                f"failure(s) in {self.interval_s:g} s, and {n} came within {span:.1f} s: {recent}")
 
 
 @dataclass(frozen=True)
 class ExponentialBackoffRestart(RestartStrategy):
-    """Restart with a delay that grows by ``multiplier`` up to ``max_delay_s``."""
+    """Restart with a delay that starts at ``initial_delay_s`` and grows by
+    ``multiplier`` up to ``max_delay_s``, up to ``max_attempts`` times
+    (Flink's ``exponential-delay``). An attempt that ran ``reset_after_s``
+    seconds before failing starts over: its delay is the initial one again,
+    and the attempts are counted anew. ``jitter``: each delay is moved by a
+    random fraction of at most this much, up or down (never beyond
+    ``max_delay_s``), so that jobs failing together do not restart together."""
 
+    max_attempts: int = 10
     initial_delay_s: float = 0.1
     max_delay_s: float = 30.0
     multiplier: float = 2.0
+    reset_after_s: float = 3600.0
+    jitter: float = 0.0
 
-    def delay(self, failures: int) -> float | None:
-        if failures > self.max_attempts:
+    def __post_init__(self) -> None:
+        _at_least(self, "max_attempts", self.max_attempts, 0, " (0: never restart)")
+        _at_least(self, "initial_delay_s", self.initial_delay_s, 0, " seconds")
+        _at_least(self, "max_delay_s", self.max_delay_s, self.initial_delay_s,
+                  " seconds (initial_delay_s)")
+        _at_least(self, "multiplier", self.multiplier, 1, " (1: a fixed delay)")
+        if not self.reset_after_s > 0:
+            raise ValueError(f"ExponentialBackoffRestart: reset_after_s must be > 0 seconds "
+                             f"(how long a stable run lasts), got {self.reset_after_s}")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"ExponentialBackoffRestart: jitter must be 0 to 1 (a fraction of "
+                             f"the delay), got {self.jitter}")
+
+    def delay(self, history: FailureHistory) -> float | None:
+        n = history.since_stable(self.reset_after_s)
+        if n > self.max_attempts:
             return None
-        return min(self.max_delay_s, self.initial_delay_s * self.multiplier ** (failures - 1))
+        try:
+            delay = min(self.max_delay_s, self.initial_delay_s * self.multiplier ** (n - 1))
+        except OverflowError:  # a very long streak of failures
+            delay = self.max_delay_s
+        if self.jitter:
+            delay = min(self.max_delay_s, delay * (1 + random.uniform(-self.jitter, self.jitter)))
+        return delay
+
+    def gave_up(self, history: FailureHistory) -> str:
+        return (f"ExponentialBackoffRestart(max_attempts={self.max_attempts}, "
+                f"reset_after_s={self.reset_after_s:g}) restarts {self.max_attempts} time(s) "
+                f"without a run of {self.reset_after_s:g} s in between")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import signal
 from collections.abc import Callable, Collection, Iterable
 
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
-from lockgate.config import RestartStrategy
+from lockgate.config import FailureHistory, RestartStrategy
 from lockgate.errors import (
     CheckpointCorruptError,
     ConfigurationError,
@@ -187,15 +187,15 @@ def repeats(failures: list[str]) -> int:
     return n
 
 
-def restart_delay(strategy: RestartStrategy, failures: list[str],
+def restart_delay(strategy: RestartStrategy, history: FailureHistory,
                   reported: bool, in_a_row: int | None = None) -> float | None:
     """Seconds before the next attempt, or None: the job fails. Tasks
     reporting errors (``reported``) again and again, with no checkpoint
     completed in between (``in_a_row`` failures, the same task or others in
     turn; default: the same failure repeated), most likely fail
     deterministically: back off instead of spinning."""
-    delay = strategy.delay(len(failures))
-    n = repeats(failures) if in_a_row is None else in_a_row
+    delay = strategy.delay(history)
+    n = repeats(list(history.reasons)) if in_a_row is None else in_a_row
     if delay is not None and n > 1 and reported:
         delay = max(delay, min(REPEAT_BACKOFF_MAX, REPEAT_BACKOFF * 2 ** (n - 2)))
     return delay

@@ -62,7 +62,7 @@ from lockgate.cluster.server import ControlServer
 from lockgate.cluster.spark.naming import dashboard_of
 from lockgate.cluster.specs import task_specs
 from lockgate.cluster.startup import StartupLog
-from lockgate.config import CheckpointingMode, FixedDelayRestart, RestartStrategy
+from lockgate.config import CheckpointingMode, FailureRateRestart, RestartStrategy
 from lockgate.graph.jobgraph import JobGraph
 from lockgate.graph.rescale import describe
 from lockgate.protocol import (
@@ -90,7 +90,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("lockgate.driver")
 
 TICK = 0.02  # seconds between coordinator ticks
-DEFAULT_RESTART = FixedDelayRestart(max_attempts=10, delay_s=0.0)
+DEFAULT_RESTART = FailureRateRestart(max_failures_per_interval=10, interval_s=600.0)
+"""A job without a restart strategy restarts at once, for ever, unless it
+fails more than 10 times in 10 minutes (Flink's default for a checkpointed
+job forgets old failures too): a broker's blip once a week never uses it up,
+a crash loop (whose delays back off, ``failures.restart_delay``) fails the job."""
 
 
 class JobMaster:

@@ -23,7 +23,7 @@ from lockgate.cluster.failures import (
     root_cause,
     streak,
 )
-from lockgate.config import RestartStrategy
+from lockgate.config import FailureHistory, RestartStrategy
 from lockgate.errors import JobFailedError
 from lockgate.state.script_classes import script_traceback
 
@@ -53,16 +53,25 @@ class Restarts:
         self.clock = clock
         self.failures: list[str] = []
         """Why each failed attempt failed, oldest first (one restart each but the last)."""
+        self.failure_times: list[float] = []
+        """When each failure was seen (the clock's seconds), oldest first."""
+        self.uptimes: list[float] = []
+        """How long each failed attempt ran with every task running, oldest first."""
         self.failed_at_checkpoints: list[int] = []
         """The count of completed checkpoints at each failure (the back-off's streak)."""
         self.recovery_times: list[float] = []
         """Seconds from detecting a failure until every task of the next attempt runs."""
         self._failed_at: float | None = None
+        self._running_since: float | None = None
+        self._seen: tuple[float, float] | None = None
+        """The failure detected and not yet decided on: when, and after how long a run."""
 
     # ------------------------------------------------------ an attempt fails
     def detected(self) -> None:
         """A failure of the attempt was seen: its recovery time starts."""
-        self._failed_at = self.clock()
+        self._failed_at = now = self.clock()
+        self._seen = (now, 0.0 if self._running_since is None else now - self._running_since)
+        self._running_since = None
 
     def root_cause(self, failure: AttemptFailed, events: Iterable[TaskEvent],
                    finished: Collection[int]) -> AttemptFailed:
@@ -99,32 +108,48 @@ class Restarts:
         fatal error, or the strategy gives up). ``completed_checkpoints``: the
         job's count so far (the back-off's streak); ``restores``: the
         checkpoint the next attempt restores (None: the beginning)."""
+        if self._seen is None:  # not detected(): seen now
+            self.detected()
+        assert self._seen is not None
+        (at, uptime), self._seen = self._seen, None
         self.failures.append(reason)
+        self.failure_times.append(at)
+        self.uptimes.append(uptime)
         if isinstance(failure, AttemptFailed) and failure.fatal:
             raise JobFailedError(f"job {self.job_id} failed: {reason}.{self.hint} "
                                  "Restarting cannot help; nothing committed was lost") from None
         self.failed_at_checkpoints.append(completed_checkpoints)
-        delay = restart_delay(self.strategy, self.failures,
+        history = self.history()
+        delay = restart_delay(self.strategy, history,
                               isinstance(failure, AttemptFailed) and failure.reported,
                               streak(self.failed_at_checkpoints))
         if delay is None:
             raise JobFailedError(
                 f"job {self.job_id} failed after {len(self.failures)} failure(s) "
-                f"({len(self.failures) - 1} restarts); last: {reason}") from None
+                f"({len(self.failures) - 1} restarts); last: {reason}. The restart strategy "
+                f"gave up: {self.strategy.gave_up(history)}") from None
         n = repeats(self.failures)
         if n > 1:  # the traceback and the input were printed already
             log.warning("attempt %d failed the same way again (%d in a row): %s; "
-                        "restart %d of at most %s in %.2f s", attempt, n, reason,
-                        len(self.failures), getattr(self.strategy, "max_attempts", "?"), delay)
+                        "restart %d in %.2f s", attempt, n, reason, len(self.failures), delay)
         else:
             log.warning("attempt %d failed (%s); restarting in %.2f s from %s",
                         attempt, reason, delay,
                         fs.redact(restores) if restores else "the beginning")
         return delay
 
+    def history(self) -> FailureHistory:
+        """The job's failures so far, as the restart strategy sees them."""
+        return FailureHistory(tuple(self.failure_times), tuple(self.uptimes),
+                              tuple(self.failures))
+
     # ------------------------------------------------- the next one runs
     def all_running(self) -> None:
-        """Every task of an attempt runs: a recovery in progress is over."""
+        """Every task of an attempt runs: a recovery in progress is over, and
+        the job's stable run starts, unless it runs since before (a rescale's
+        attempt): the strategy's uptime."""
+        if self._running_since is None:
+            self._running_since = self.clock()
         if self._failed_at is not None:
             self.recovery_times.append(self.clock() - self._failed_at)
             self._failed_at = None

@@ -11,7 +11,13 @@ import pytest
 from lockgate.cluster.events import TaskDisconnected, TaskMessage
 from lockgate.cluster.failures import AttemptFailed, reported_failure
 from lockgate.cluster.restarts import Restarts
-from lockgate.config import FixedDelayRestart, NoRestart
+from lockgate.config import (
+    ExponentialBackoffRestart,
+    FailureRateRestart,
+    FixedDelayRestart,
+    NoRestart,
+    RestartStrategy,
+)
 from lockgate.errors import JobFailedError
 from lockgate.protocol import Failed
 
@@ -27,7 +33,7 @@ class Clock:
 THREE = FixedDelayRestart(max_attempts=3, delay_s=0.25)
 
 
-def restarts(strategy: FixedDelayRestart | NoRestart = THREE,
+def restarts(strategy: RestartStrategy = THREE,
              clock: Clock | None = None) -> Restarts:
     return Restarts("job-1", strategy, lambda t: f"t{t}", hint=" (hint)",
                     clock=clock or Clock())
@@ -42,7 +48,8 @@ def test_the_strategys_delay_until_it_gives_up() -> None:
     deaths = [AttemptFailed(f"task t{t} was killed by SIGKILL", t) for t in range(4)]
     delays = [r.restart_delay(e, e.reason, n, n, None) for n, e in enumerate(deaths[:3])]
     assert delays == [0.25] * 3
-    with pytest.raises(JobFailedError, match=r"after 4 failure\(s\) \(3 restarts\); last: task t3"):
+    with pytest.raises(JobFailedError, match=r"after 4 failure\(s\) \(3 restarts\); last: task t3"
+                       r".*gave up: FixedDelayRestart\(max_attempts=3\) restarts 3 time"):
         r.restart_delay(deaths[3], deaths[3].reason, 3, 3, None)
     assert r.failures == [e.reason for e in deaths]
 
@@ -100,3 +107,43 @@ def test_the_root_cause_is_logged_once_and_a_repeat_quietly(
     levels = [rec.levelno for rec in caplog.records
               if rec.getMessage().startswith("task t1 failed")]
     assert levels == [logging.ERROR, logging.DEBUG]
+
+
+def test_the_strategy_sees_when_each_failure_came_and_how_long_the_job_ran() -> None:
+    """The failure's time is its detection; the run is from every task
+    running (a rescale's attempt runs on) until it; failing while starting
+    is no run."""
+    clock = Clock()
+    r = restarts(FailureRateRestart(max_failures_per_interval=2, interval_s=100.0), clock)
+    death = AttemptFailed("task t0 was killed by SIGKILL", 0)
+    r.all_running()
+    clock.now += 30.0
+    r.all_running()  # a rescale's attempt: the run goes on
+    clock.now += 20.0
+    r.detected()
+    clock.now += 1.0  # the root cause and the tasks' end take time
+    r.restart_delay(death, death.reason, 0, 0, None)
+    clock.now += 5.0
+    r.detected()  # the next attempt fails while starting
+    r.restart_delay(death, death.reason, 1, 0, None)
+    h = r.history()
+    assert h.times == (60.0, 66.0) and h.uptimes == (50.0, 0.0)
+    clock.now += 1.0
+    with pytest.raises(JobFailedError, match=r"3 failure\(s\).*allows 2 failure\(s\) in 100 s, "
+                       r"and 3 came within 7.0 s: task t0 was killed"):
+        r.restart_delay(death, death.reason, 2, 0, None)
+
+
+def test_a_rare_failure_never_uses_a_forgetting_strategy_up() -> None:
+    """A failure every week, for years: the failure rate and a backoff that
+    resets after a stable run restart every time; the count did not."""
+    for strategy in (FailureRateRestart(max_failures_per_interval=1, interval_s=3600.0),
+                     ExponentialBackoffRestart(max_attempts=3, reset_after_s=3600.0)):
+        clock = Clock()
+        r = restarts(strategy, clock)
+        for week in range(200):
+            r.all_running()
+            clock.now += 7 * 24 * 3600.0
+            r.detected()
+            e = AttemptFailed(f"broker blip {week}", 0)
+            assert r.restart_delay(e, e.reason, week, week, None) <= 0.1

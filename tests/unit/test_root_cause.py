@@ -6,11 +6,16 @@ from __future__ import annotations
 
 from lockgate.cluster.events import TaskDisconnected, TaskExited, TaskMessage
 from lockgate.cluster.failures import AttemptFailed, restart_delay, root_cause, streak
-from lockgate.config import FixedDelayRestart
+from lockgate.config import FailureHistory, FixedDelayRestart
 from lockgate.protocol import Failed
 
 SOURCE, DOWN_0, DOWN_1 = 1, 2, 3  # parallelism 2: tasks 0-1 read, 2-3 process
 
+
+def history(reasons: list[str]) -> FailureHistory:
+    """``reasons`` one second apart, each after a short run."""
+    return FailureHistory(tuple(float(t) for t in range(len(reasons))), (0.5,) * len(reasons),
+                          tuple(reasons))
 
 def name(task: int) -> str:
     return f"t{task}"
@@ -59,10 +64,10 @@ def test_a_failure_that_is_no_broken_channel_is_its_own_cause() -> None:
 
 def test_the_same_reported_failure_backs_off_doubling_to_a_cap() -> None:
     strategy = FixedDelayRestart(max_attempts=100, delay_s=0.0)
-    delays = [restart_delay(strategy, ["boom"] * n, reported=True) for n in range(1, 8)]
+    delays = [restart_delay(strategy, history(["boom"] * n), reported=True) for n in range(1, 8)]
     assert delays == [0.0, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
-    assert restart_delay(strategy, ["boom"] * 5, reported=False) == 0.0  # a death: at once
-    assert restart_delay(FixedDelayRestart(max_attempts=2, delay_s=0.0), ["a", "b", "c"],
+    assert restart_delay(strategy, history(["boom"] * 5), reported=False) == 0.0  # a death: at once
+    assert restart_delay(FixedDelayRestart(max_attempts=2, delay_s=0.0), history(["a", "b", "c"]),
                          reported=True) is None
 
 
@@ -96,7 +101,8 @@ def test_failures_in_turn_without_a_checkpoint_back_off() -> None:
     a completed checkpoint starts the streak again."""
     strategy = FixedDelayRestart(max_attempts=100, delay_s=0.0)
     reasons = [f"boom {i}" for i in range(6)]
-    delays = [restart_delay(strategy, reasons[:n], True, streak([3] * n)) for n in range(1, 6)]
+    delays = [restart_delay(strategy, history(reasons[:n]), True, streak([3] * n))
+              for n in range(1, 6)]
     assert delays == [0.0, 0.5, 1.0, 2.0, 4.0]
     assert streak([1, 2, 2, 2]) == 3 and streak([2, 2, 3]) == 1
-    assert restart_delay(strategy, reasons[:3], True, streak([1, 2, 3])) == 0.0
+    assert restart_delay(strategy, history(reasons[:3]), True, streak([1, 2, 3])) == 0.0
