@@ -70,6 +70,7 @@ def prepare_job_dir(storage: Location, job_id: str) -> str:
     probe = fs.join(job_dir, ".lockgate-probe-driver")
     try:
         fs.makedirs(job_dir, private=True)
+        fs.sync_dir(fs.parent(job_dir))  # the job folder's entry, once per run
         fs.write_atomic(probe, b"", private=True)
         fs.remove(probe)
     except (OSError, ValueError) as e:
@@ -110,9 +111,14 @@ def committed_marker(savepoint: Location) -> int | None:
 
 def write_metadata(chk_dir: Location, metadata: CheckpointMetadata) -> None:
     """Write ``_metadata`` atomically (see :func:`lockgate.fs.write_atomic`):
-    temp file, fsync, rename, fsync the folder; one object write on S3."""
+    temp file, fsync, rename, fsync the folder; one object write on S3. Then
+    the job's folder is fsynced too: the ``chk-<n>`` folder was made by the
+    first task that wrote into it, and without its own entry made durable a
+    power loss could take the completed checkpoint away after its sinks
+    committed."""
     fs.write_atomic(fs.join(chk_dir, METADATA),
                     json.dumps(metadata.to_json(), sort_keys=True).encode(), private=True)
+    fs.sync_dir(fs.parent(chk_dir))
 
 
 EARLIER = (
