@@ -31,7 +31,7 @@ from lockgate.state.factory import create_keyed_backend
 from lockgate.state.keygroups import key_group_range
 from lockgate.state.serde import StateSerializer
 from lockgate.state.ttl import TtlStates
-from lockgate.state.values import ATOMIC, private_copy
+from lockgate.state.values import ATOMIC, immutable, private_copy
 
 
 @dataclass
@@ -195,7 +195,7 @@ class ReduceOperator(KeyedOperator):
         assert self.backend is not None
         self.backend.get_state(self.STATE)
         self._values = self.backend.raw(self.STATE.name)
-        self._only_atomic: bool | None = None
+        self._only_immutable: bool | None = None
 
     def process(self, batch: list[Any]) -> list[Any]:
         fn, key_of, values = self.spec.fn, self.spec.key_selector, self._values
@@ -205,14 +205,16 @@ class ReduceOperator(KeyedOperator):
         missing = _MISSING
         atomic = ATOMIC
         records = iter(batch)
-        if self._only_atomic is None:  # first batch: what a restore brought
+        if self._only_immutable is None:  # first batch: what a restore brought
             # (a RocksDB view decodes a new object each read: copying it is
             # the only cost, and its values are never all scanned)
-            self._only_atomic = type(values) is dict and all(
-                v.__class__ in atomic for v in values.values())
-        if self._only_atomic:
-            # Every stored value is immutable: nothing to copy until a
-            # function returns a mutable one (one type test a record).
+            self._only_immutable = type(values) is dict and all(
+                map(immutable, values.values()))
+        if self._only_immutable:
+            # Every stored value is immutable (atomic, or a tuple of atomic
+            # values): nothing to copy until a function returns another
+            # value (a type test a record, one per item of a tuple).
+            of_atomic = atomic.issuperset
             for r in records:
                 k = key_of(r)
                 try:
@@ -221,11 +223,12 @@ class ReduceOperator(KeyedOperator):
                     if k in values:
                         raise  # the function's own KeyError
                     v = r
-                if v.__class__ in atomic:
+                c = v.__class__
+                if c in atomic or (c is tuple and of_atomic(map(type, v))):
                     values[k] = v
                     append(v)
                 else:
-                    self._only_atomic = False
+                    self._only_immutable = False
                     values[k] = private_copy(v)
                     append(v)
                     break

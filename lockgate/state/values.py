@@ -19,12 +19,18 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["private_copy", "ATOMIC"]
+__all__ = ["private_copy", "immutable", "ATOMIC"]
 
 ATOMIC: frozenset[type] = frozenset({
     int, float, str, bytes, bool, type(None), complex, range, type(Ellipsis),
 })
 """Types whose values cannot change: shared, never copied."""
+
+
+def immutable(value: Any) -> bool:
+    """``value`` can never change: an atomic value, or a tuple of atomic values."""
+    t = value.__class__
+    return t in ATOMIC or (t is tuple and ATOMIC.issuperset(map(type, value)))
 
 
 def private_copy(value: Any) -> Any:

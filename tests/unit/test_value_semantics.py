@@ -166,3 +166,20 @@ def test_private_copy_shares_nothing_mutable():
     assert nested == {"a": [1, {"b": {2, 3}}], "t": (1, [2]), "p": Point(1), "s": "x",
                       "f": (1, "y")}
     assert c["f"] is nested["f"] and c["s"] is nested["s"]
+
+
+def test_a_reduce_copies_a_tuple_that_holds_a_mutable_value():
+    op = reduce_operator(lambda a, b: (a[0], a[1] + b[1]))
+    out = op.process([("k", [1]), ("k", [2])])
+    assert out == [("k", [1]), ("k", [1, 2])]
+    out[0][1].append(99)  # downstream changes what it got: the state does not
+    out[1][1].append(98)
+    assert op.process([("k", [3])]) == [("k", [1, 2, 3])]
+
+
+def test_a_reduce_restored_with_tuples_of_numbers_copies_nothing():
+    op = reduce_operator(lambda a, b: (a[0], a[1] + b[1]))
+    op._values["k"] = ("k", 5)  # as a restore leaves it
+    out = op.process([("k", 1)])
+    assert out == [("k", 6)] and op._only_immutable
+    assert op._values["k"] is out[0]
