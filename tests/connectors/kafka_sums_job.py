@@ -1,8 +1,9 @@
 """The Kafka fault-injection job: running sums per key, Kafka to Kafka.
 
-A bounded ``KafkaSource`` reads the numbers of ``--input`` (values ``"x"``),
-a keyed reduce keeps a running sum per ``x % keys``, and a ``KafkaSink``
-writes ``[key, sum]`` as JSON to ``--output``. Run as the driver of a fault
+A bounded ``KafkaSource`` reads the numbers of ``--input`` (values ``"x"``,
+read as ints: ``value_format="int"``), a keyed reduce keeps a running sum
+per ``x % keys``, and a ``KafkaSink`` writes ``[key, sum]`` as JSON to
+``--output``. Run as the driver of a fault
 test (``tests/fault/checks.drive``); prints the JobResult as one JSON line.
 """
 
@@ -32,9 +33,10 @@ def build(bootstrap: str, source_topic: str, output: str, *, parallelism: int, k
             time.sleep(len(batch) / per_task)
         return batch
 
-    (p.source(KafkaSource(bootstrap, source_topic, bounded=True), uid="numbers")
+    (p.source(KafkaSource(bootstrap, source_topic, bounded=True, value_format="int"),
+              uid="numbers")
        .map_batch(throttle, uid="throttle")
-       .map(lambda r: (int(r.value) % keys, int(r.value)), uid="pairs")
+       .map(lambda x: (x % keys, x), uid="pairs")
        .key_by(lambda kv: kv[0])
        .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
        .sink(KafkaSink(bootstrap, output, delivery=delivery,

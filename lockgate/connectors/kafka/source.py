@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from typing import Any, NamedTuple
+from bisect import bisect_left
+from typing import Any
 
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.connectors.base import Source, SourceReader, TaskInfo
@@ -24,6 +25,7 @@ from lockgate.connectors.kafka.client import (
     kafka_module,
     topic_partitions,
 )
+from lockgate.connectors.kafka.fetch import Chunk, KafkaRecord, check_value_format, chunks
 from lockgate.errors import CheckpointCorruptError
 
 __all__ = ["KafkaRecord", "KafkaSource", "owner_of"]
@@ -40,21 +42,6 @@ LAG_EVERY = 1.0
 """Seconds between two measures of the consumer lag (``backlog``)."""
 
 
-class KafkaRecord(NamedTuple):
-    """One record read from Kafka (immutable; a named tuple, so that a batch of
-    them is built at the client's speed)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    """Milliseconds since the epoch, as the broker returned it (create or log
-    append time, by the topic's ``message.timestamp.type``)."""
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...] = ()
-
-
 def owner_of(split: Split, parallelism: int) -> int:
     """The task that reads ``split`` at ``parallelism``: a deal that every
     task computes alike and that does not move a partition when others appear."""
@@ -62,7 +49,7 @@ def owner_of(split: Split, parallelism: int) -> int:
     return (zlib.crc32(topic.encode()) + partition) % parallelism
 
 
-class KafkaSource(Source[KafkaRecord]):
+class KafkaSource(Source[Any]):
     """Reads ``topics`` from the brokers ``bootstrap_servers`` (see
     docs/connectors/kafka.md for every setting)."""
 
@@ -74,7 +61,9 @@ class KafkaSource(Source[KafkaRecord]):
                  partition_idle_timeout: float | None = None,
                  discovery_interval: float | None = 10.0,
                  commit_offsets_to_group: bool = False, group_id: str | None = None,
+                 value_format: str | None = None,
                  config: dict[str, Any] | None = None) -> None:
+        check_value_format(value_format)
         if starting_offsets not in ("earliest", "latest"):
             raise ValueError(
                 f"starting_offsets must be 'earliest' or 'latest', not {starting_offsets!r}")
@@ -90,6 +79,7 @@ class KafkaSource(Source[KafkaRecord]):
         self.discovery_interval = discovery_interval
         self.commit_offsets_to_group = commit_offsets_to_group
         self.group_id = group_id
+        self.value_format = value_format
         self.config = dict(config or {})
         self.end_offsets: dict[Split, int] | None = None
         """Bounded: the end offset of every partition, fixed by ``prepare``."""
@@ -144,9 +134,10 @@ def _entry(entry: Any) -> tuple[Split, int]:
     return (entry["topic"], entry["partition"]), entry["next"]
 
 
-class KafkaReader(SourceReader[KafkaRecord]):
+class KafkaReader(SourceReader[Any]):
     """One task's partitions. ``poll`` returns records of one partition at a
-    time (so the task keeps a watermark per partition, ``last_split``)."""
+    time (so the task keeps a watermark per partition, ``last_split``):
+    ``KafkaRecord``s, or the decoded values with a ``value_format``."""
 
     def __init__(self, source: KafkaSource, info: TaskInfo) -> None:
         self.source = source
@@ -155,7 +146,9 @@ class KafkaReader(SourceReader[KafkaRecord]):
         """Per partition this task reads, the offset of the next record to return."""
         self.restored: dict[Split, int] = {}
         self.ended: set[Split] = set()
-        self.buffers: dict[Split, list[Any]] = {}
+        self.buffers: dict[Split, list[Chunk]] = {}
+        """Per partition, the records read and not returned yet, in chunks."""
+        self._buffered = 0
         self.last_record: dict[Split, float] = {}
         self.snapshots: dict[int, dict[Split, int]] = {}
         self._consumer: Any = None
@@ -208,14 +201,14 @@ class KafkaReader(SourceReader[KafkaRecord]):
         log.debug("Kafka source task %d: reads %s", self.info.task_index, new)
 
     # ------------------------------------------------------------- reading
-    def poll(self, max_records: int) -> list[KafkaRecord] | None:
+    def poll(self, max_records: int) -> list[Any] | None:
         source = self.source
         if source.end_offsets is None and source.discovery_interval is not None:
             now = time.monotonic()
             if now >= self._next_discovery:
                 self._next_discovery = now + source.discovery_interval
                 self._discover()
-        buffered = sum(map(len, self.buffers.values()))
+        buffered = self._buffered
         if buffered < max_records and self._unended():
             # Keep about a batch of every partition's records at hand, so
             # that the partitions take turns (the consumer returns a fetch
@@ -265,32 +258,39 @@ class KafkaReader(SourceReader[KafkaRecord]):
     def _fetch(self, max_records: int, timeout: float) -> None:
         """Read what the consumer has into the per-partition buffers."""
         k = kafka_module()
-        ends = self.source.end_offsets
+        messages = self._consumer.consume(max_records, timeout)
         eof = False
-        buffers = self.buffers
-        appends: dict[Split, Any] = {}
-        new = tuple.__new__
-        for msg in self._consumer.consume(max_records, timeout):
-            error = msg.error()
-            if error is not None:
-                if error.code() == k.KafkaError._PARTITION_EOF:
-                    eof = True
-                    continue
-                if error.fatal() or not error.retriable():
-                    raise k.KafkaException(error)
-                continue
-            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            split = (topic, partition)
-            if ends is not None and offset >= ends[split]:
-                continue  # beyond the end offset of a bounded read
-            append = appends.get(split)
-            if append is None:
-                append = appends[split] = buffers.setdefault(split, []).append
-            headers = msg.headers()
-            append(new(KafkaRecord, (topic, partition, offset, msg.timestamp()[1], msg.key(),
-                                     msg.value(), tuple(headers) if headers else ())))
-        if ends is not None and (eof or not self.buffers):
+        if messages:
+            errors = list(map(k.Message.error, messages))
+            if any(errors):
+                records = []
+                for msg, error in zip(messages, errors, strict=True):
+                    if error is None:
+                        records.append(msg)
+                    elif error.code() == k.KafkaError._PARTITION_EOF:
+                        eof = True
+                    elif error.fatal() or not error.retriable():
+                        raise k.KafkaException(error)
+                messages = records
+        if messages:
+            self._buffer(chunks(k.Message, messages, self.source.topics,
+                                self.source.value_format, self.source._what()))
+        if self.source.end_offsets is not None and (eof or not self.buffers):
             self._check_ends()
+
+    def _buffer(self, runs: list[tuple[Split, Chunk]]) -> None:
+        """Append each run to its partition's buffer (a bounded read: up to
+        the partition's end offset)."""
+        ends = self.source.end_offsets
+        buffers = self.buffers
+        for split, chunk in runs:
+            if ends is not None and chunk.offsets[-1] >= ends[split]:
+                keep = bisect_left(chunk.offsets, ends[split])
+                if not keep:
+                    continue  # beyond the end offset of a bounded read
+                chunk = Chunk(chunk.records[:keep], chunk.offsets[:keep])
+            buffers.setdefault(split, []).append(chunk)
+            self._buffered += len(chunk.offsets)
 
     def _check_ends(self) -> None:
         """Bounded: partitions whose consumer position reached the end
@@ -312,7 +312,7 @@ class KafkaReader(SourceReader[KafkaRecord]):
         if done:
             self._consumer.incremental_unassign(done)
 
-    def _take(self, max_records: int) -> list[KafkaRecord]:
+    def _take(self, max_records: int) -> list[Any]:
         """Up to ``max_records`` buffered records of one partition (in turn)."""
         splits = [s for s, b in self.buffers.items() if b]
         if not splits:
@@ -320,12 +320,24 @@ class KafkaReader(SourceReader[KafkaRecord]):
         split = splits[self._turn % len(splits)]
         self._turn += 1
         buffer = self.buffers[split]
-        batch, self.buffers[split] = buffer[:max_records], buffer[max_records:]
-        self.positions[split] = batch[-1].offset + 1
+        first = buffer[0]
+        if len(first.offsets) > max_records:  # a part of the first chunk
+            batch, last = first.records[:max_records], first.offsets[max_records - 1]
+            buffer[0] = Chunk(first.records[max_records:], first.offsets[max_records:])
+        else:  # whole chunks
+            batch, last = first.records, first.offsets[-1]
+            taken = 1
+            while taken < len(buffer) and len(batch) + len(buffer[taken].offsets) <= max_records:
+                batch = batch + buffer[taken].records
+                last = buffer[taken].offsets[-1]
+                taken += 1
+            del buffer[:taken]
+        self._buffered -= len(batch)
+        self.positions[split] = last + 1
         self.last_record[split] = time.monotonic()
         self.last_split = split
         ends = self.source.end_offsets
-        if ends is not None and self.positions[split] >= ends[split] and not self.buffers[split]:
+        if ends is not None and self.positions[split] >= ends[split] and not buffer:
             self.ended.add(split)
         return batch
 
