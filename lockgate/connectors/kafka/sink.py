@@ -123,7 +123,8 @@ class KafkaSink(Sink[Any]):
 
 
 class _Delivery:
-    """Delivery errors of a producer, raised at the next flush."""
+    """Delivery errors of a producer, raised at the next flush (the
+    producer reports failed deliveries only: ``configure``)."""
 
     def __init__(self) -> None:
         self.errors: list[Any] = []
@@ -131,6 +132,13 @@ class _Delivery:
     def __call__(self, error: Any, msg: Any) -> None:
         if error is not None:
             self.errors.append(error)
+
+    def configure(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with this as its delivery callback, called for failed
+        deliveries only (a call per record sent cost as much as the sending)."""
+        config["on_delivery"] = self
+        config["delivery.report.only.error"] = True
+        return config
 
     def flush(self, producer: Any, what: str) -> None:
         left = producer.flush(TXN_TIMEOUT)
@@ -162,8 +170,7 @@ class KafkaAtLeastOnceWriter(SinkWriter[Any]):
         self.producer: Any = None
 
     def restore(self, state: list[Any]) -> None:
-        config = self.sink.producer_config(None)
-        config["on_delivery"] = self.delivery
+        config = self.delivery.configure(self.sink.producer_config(None))
         self.producer = kafka_module().Producer(config)
 
     def write_batch(self, batch: list[Any]) -> None:
@@ -208,8 +215,7 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
     def _producer(self, tid: str) -> Any:
         """A transactional producer with id ``tid``, initialized: any older
         producer of that id is fenced and its open transaction aborted."""
-        config = self.sink.producer_config(tid)
-        config["on_delivery"] = self.delivery
+        config = self.delivery.configure(self.sink.producer_config(tid))
         producer = kafka_module().Producer(config)
         producer.init_transactions(TXN_TIMEOUT)
         return producer
