@@ -93,7 +93,10 @@ class Pipeline:
         max_parallelism: number of key groups; fixes how far keyed state can be
             rescaled for the life of the state.
         checkpoint: checkpointing settings; ``None`` for the defaults.
-        restart: restart strategy on failure.
+        restart: restart strategy on failure; ``None`` for the default,
+            ``FailureRateRestart()``: restart at once unless more than 10
+            failures came in the last 10 minutes (docs/checkpoints.md,
+            *Restart strategies*).
         allow_pickle: let state hold arbitrary objects (pickled). Loading such a
             checkpoint executes code: only for checkpoints you trust.
         state_backend: where keyed state lives: ``"heap"`` (the default, Python
