@@ -165,6 +165,20 @@ def _at_least(owner: object, name: str, value: float, low: float, unit: str = ""
         raise ValueError(f"{type(owner).__name__}: {name} must be >= {low}{unit}, got {value}")
 
 
+def _listed(reasons: tuple[str, ...], most: int = 5) -> str:
+    """``reasons`` in one line: a run of the same one once, with its count;
+    the last ``most`` runs only."""
+    runs: list[tuple[str, int]] = []
+    for reason in reasons:
+        if runs and runs[-1][0] == reason:
+            runs[-1] = (reason, runs[-1][1] + 1)
+        else:
+            runs.append((reason, 1))
+    shown = [reason if n == 1 else f"{reason} ({n} times)" for reason, n in runs[-most:]]
+    earlier = sum(n for _, n in runs[:-most])
+    return "; ".join([f"{earlier} earlier", *shown] if earlier else shown)
+
+
 class RestartStrategy:
     """Decides whether, and after which delay, a failed job restarts (Flink's
     ``RestartBackoffTimeStrategy``). A strategy is a value: it keeps no state,
@@ -240,7 +254,7 @@ class FailureRateRestart(RestartStrategy):
     def gave_up(self, history: FailureHistory) -> str:
         n = history.within(self.interval_s)
         span = history.times[-1] - history.times[-n]
-        recent = "; ".join(history.reasons[-n:])
+        recent = _listed(history.reasons[-n:])
         return (f"FailureRateRestart(max_failures_per_interval={self.max_failures_per_interval}, "
                 f"interval_s={self.interval_s:g}) allows {self.max_failures_per_interval} "
                 f"failure(s) in {self.interval_s:g} s, and {n} came within {span:.1f} s: {recent}")

@@ -53,6 +53,12 @@ def test_failure_rate_forgets_failures_older_than_its_interval() -> None:
     assert ("FailureRateRestart(max_failures_per_interval=2, interval_s=60) allows 2 failure(s) "
             "in 60 s, and 3 came within 59.0 s: boom 1; boom 2; boom 3") == why, why
 
+    # a crash loop: the same failure once with its count, the last five kinds only
+    loop = FailureHistory(tuple(float(t) for t in range(11)), (0.0,) * 11,
+                          ("a", "b", "c", "d", "e") + ("boom",) * 6)
+    why = FailureRateRestart().gave_up(loop)
+    assert why.endswith("and 11 came within 10.0 s: 1 earlier; b; c; d; e; boom (6 times)"), why
+
 
 def test_exponential_backoff_grows_and_starts_over_after_a_stable_run() -> None:
     s = ExponentialBackoffRestart(max_attempts=3, initial_delay_s=1.0, max_delay_s=3.0,
