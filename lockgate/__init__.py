@@ -52,6 +52,7 @@ from lockgate.config import (
     FailureRateRestart,
     FixedDelayRestart,
     NoRestart,
+    RestartStrategy,
     RestConfig,
 )
 from lockgate.errors import LockgateError
@@ -122,6 +123,7 @@ __all__ = [
     "MIN_WATERMARK",
     "MapStateDescriptor",
     "NoRestart",
+    "RestartStrategy",
     "Pipeline",
     "RestConfig",
     "AutoscalerConfig",
