@@ -120,14 +120,22 @@ class Restarts:
                                  "Restarting cannot help; nothing committed was lost") from None
         self.failed_at_checkpoints.append(completed_checkpoints)
         history = self.history()
-        delay = restart_delay(self.strategy, history,
-                              isinstance(failure, AttemptFailed) and failure.reported,
-                              streak(self.failed_at_checkpoints))
+        try:
+            delay = restart_delay(self.strategy, history,
+                                  isinstance(failure, AttemptFailed) and failure.reported,
+                                  streak(self.failed_at_checkpoints))
+            gave_up = None if delay is not None else self.strategy.gave_up(history)
+        except Exception as e:  # a user's own strategy: the job fails, it does not crash
+            raise JobFailedError(
+                f"job {self.job_id} failed: {reason}; its restart strategy "
+                f"{type(self.strategy).__name__} raised {type(e).__name__}: {e}. A "
+                "RestartStrategy's delay(history) and gave_up(history) take a FailureHistory "
+                "(docs/checkpoints.md, Restart strategies); nothing committed was lost") from e
         if delay is None:
             raise JobFailedError(
                 f"job {self.job_id} failed after {len(self.failures)} failure(s) "
                 f"({len(self.failures) - 1} restarts); last: {reason}. The restart strategy "
-                f"gave up: {self.strategy.gave_up(history)}") from None
+                f"gave up: {gave_up}") from None
         n = repeats(self.failures)
         if n > 1:  # the traceback and the input were printed already
             log.warning("attempt %d failed the same way again (%d in a row): %s; "

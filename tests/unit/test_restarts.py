@@ -147,3 +147,18 @@ def test_a_rare_failure_never_uses_a_forgetting_strategy_up() -> None:
             r.detected()
             e = AttemptFailed(f"broker blip {week}", 0)
             assert r.restart_delay(e, e.reason, week, week, None) <= 0.1
+
+
+class OldStyle(RestartStrategy):
+    """A strategy written for a count: ``delay(failures: int)``."""
+
+    def delay(self, failures):  # type: ignore[no-untyped-def, override]
+        return 1.0 if failures <= 3 else None
+
+
+def test_a_strategy_that_raises_fails_the_job_with_what_it_takes() -> None:
+    r = restarts(OldStyle())
+    e = AttemptFailed("task t0 was killed by SIGKILL", 0)
+    with pytest.raises(JobFailedError, match=r"task t0 was killed by SIGKILL; its restart "
+                       r"strategy OldStyle raised TypeError: .*take a FailureHistory"):
+        r.restart_delay(e, e.reason, 0, 0, None)
