@@ -1,7 +1,11 @@
 """Workload W3, Kafka → running sums → Kafka, side by side on one broker:
 Lockgate (exactly-once, both launchers) and the bare confluent-kafka loop
 (``bare_loop.py``, with and without transactions), interleaved round by
-round; medians of the rounds.
+round; medians of the rounds. Beside records/s, the CPU seconds of all the
+system's processes per million records (less sensitive to other work on the
+machine than the rate): for Lockgate the driver, the fork server and the
+tasks (on Spark also its JVM and Python workers), for the bare loop its
+workers; the broker's own CPU is printed apart.
 
     python -m benchmarks.kafka [--n 2000000] [--rounds 3] [--parallelism 2]
         [--interval 1.0] [--launchers local spark] [--bootstrap host:port] [--record]
@@ -25,44 +29,70 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.kafka import bare_loop  # noqa: E402
+from benchmarks.nexmark.measure import JobUsage, _descendants, _stat  # noqa: E402
 from benchmarks.record import record  # noqa: E402
 from tests.connectors.kafka_server import noida_broker  # noqa: E402
 from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, produce_numbers, read_all, sums_of  # noqa: E402
 from tests.fixtures import check_running_sums  # noqa: E402
 
+BROKER = "noida-db"
+
+
+def broker_cpu() -> float:
+    """CPU seconds of the broker this benchmark started (0 for one given)."""
+    return sum(st[1] for pid in _descendants(os.getpid())
+               if (st := _stat(pid)) is not None and st[0] == BROKER)
+
+
+def measured(run: Callable[[], float]) -> tuple[float, float, float]:
+    """``run()``'s wall time, the CPU seconds of this process's other
+    descendants meanwhile (the system's processes: the broker's left out) and
+    the broker's."""
+    usage = JobUsage()
+    usage.start()
+    broker = broker_cpu()
+    wall = run()
+    broker = broker_cpu() - broker
+    return wall, usage.finish(settle=5.0)["cpu_s"] - broker, broker
+
 
 def lockgate_round(args: argparse.Namespace, bootstrap: str, source: str,
-                   launcher: str) -> float:
+                   launcher: str) -> tuple[float, float, float]:
     out = new_topic(bootstrap, f"w3-{launcher}", 4)
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-w3-"))
     try:
         p = build(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
                   storage=str(tmp / "chk"), interval=args.interval)
-        t0 = time.perf_counter()
-        result = p.run(launcher=launcher, progress=False)
-        wall = time.perf_counter() - t0
-        assert result.status == "finished", result
+
+        def job() -> float:
+            t0 = time.perf_counter()
+            result = p.run(launcher=launcher, progress=False)
+            assert result.status == "finished", result
+            return time.perf_counter() - t0
+
+        measures = measured(job)
         if args.check:
             check_running_sums(sums_of(read_all(bootstrap, out, timeout=300)), args.n, args.keys)
-        return wall
+        return measures
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def bare_round(args: argparse.Namespace, bootstrap: str, source: str,
-               transactions: bool) -> float:
+               transactions: bool) -> tuple[float, float, float]:
     out = new_topic(bootstrap, "w3-bare", 4)
     loop = argparse.Namespace(bootstrap=bootstrap, input=source, output=out,
                               workers=args.parallelism, keys=args.keys,
                               interval=args.interval, transactions=transactions)
-    return bare_loop.run(loop)
+    return measured(lambda: bare_loop.run(loop))
 
 
 def main() -> None:
@@ -82,6 +112,8 @@ def main() -> None:
                                        ("bare loop", "none")]
     systems += [(f"lockgate {launcher}", "exactly-once") for launcher in args.launchers]
     walls: dict[str, list[float]] = {name: [] for name, _ in systems}
+    cpus: dict[str, list[float]] = {name: [] for name, _ in systems}
+    brokers: dict[str, list[float]] = {name: [] for name, _ in systems}
     with contextlib.ExitStack() as stack:
         bootstrap = args.bootstrap or stack.enter_context(noida_broker())
         source = new_topic(bootstrap, "w3-in", 4)
@@ -89,22 +121,31 @@ def main() -> None:
         for r in range(args.rounds):
             for name, _ in systems:
                 if name.startswith("bare"):
-                    wall = bare_round(args, bootstrap, source, "transactions" in name)
+                    wall, cpu, broker = bare_round(args, bootstrap, source,
+                                                   "transactions" in name)
                 else:
-                    wall = lockgate_round(args, bootstrap, source, name.split()[-1])
+                    wall, cpu, broker = lockgate_round(args, bootstrap, source,
+                                                       name.split()[-1])
                 walls[name].append(wall)
-                print(f"round {r + 1}: {name}: {args.n / wall:,.0f} records/s", flush=True)
+                cpus[name].append(cpu * 1e6 / args.n)
+                brokers[name].append(broker * 1e6 / args.n)
+                print(f"round {r + 1}: {name}: {args.n / wall:,.0f} records/s, "
+                      f"{cpus[name][-1]:.2f} CPU s per million records (broker "
+                      f"{brokers[name][-1]:.2f}), load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"\nW3: N={args.n:,}, 4 partitions, p={args.parallelism}, keys={args.keys}, "
           f"interval {args.interval} s, median of {args.rounds} rounds")
-    print(f"{'system':<26}{'guarantee':<14}{'records/s':>12}")
+    print(f"{'system':<26}{'guarantee':<14}{'records/s':>12}{'CPU s/M':>9}{'broker':>8}")
     for name, guarantee in systems:
         rate = args.n / statistics.median(walls[name])
-        print(f"{name:<26}{guarantee:<14}{rate:>12,.0f}")
+        cpu, broker = statistics.median(cpus[name]), statistics.median(brokers[name])
+        print(f"{name:<26}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}")
         if args.record:
             record("kafka", [{"workload": "W3", "records": args.n, "partitions": 4,
                               "parallelism": args.parallelism, "interval_s": args.interval,
                               "system": name, "guarantee": guarantee,
                               "records_per_s": round(rate), "rounds": args.rounds,
+                              "cpu_s_per_million": round(cpu, 2),
+                              "broker_cpu_s_per_million": round(broker, 2),
                               "stat": "median"}])
 
 
