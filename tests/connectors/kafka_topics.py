@@ -27,7 +27,12 @@ def produce_numbers(bootstrap: str, topic: str, first: int, last: int,
     """The values ``"first"`` .. ``"last"``, round-robin over the partitions."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     for x in range(first, last + 1):
-        producer.produce(topic, str(x).encode(), partition=x % partitions)
+        while True:
+            try:
+                producer.produce(topic, str(x).encode(), partition=x % partitions)
+                break
+            except BufferError:  # the local queue is full: wait for deliveries
+                producer.poll(0.05)
         if x % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(TIMEOUT) == 0, "records not delivered"
