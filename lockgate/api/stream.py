@@ -45,6 +45,19 @@ __all__ = ["DataStream", "KeyedStream", "WindowedStream", "ArrowStream", "KeyedA
            "TwoStreamBuilders", "set_two_stream_builders", "input_of"]
 
 
+def _edge(pipeline: StreamGraph, node: Node, partitioning: Partitioning,
+          parallelism: int | None) -> Partitioning:
+    """How records go from ``node`` to an operator of ``parallelism`` (None:
+    the pipeline's): forward stays forward only between equal parallelisms,
+    else records are rebalanced. A sink has no output to follow."""
+    if node.kind == OperatorKind.SINK:
+        raise PipelineDefinitionError("a sink has no output stream")
+    p = parallelism or pipeline.parallelism
+    if partitioning == Partitioning.FORWARD and p != node.parallelism:
+        return Partitioning.REBALANCE
+    return partitioning
+
+
 class DataStream(Generic[T]):
     """A stream of records of type ``T``."""
 
@@ -60,12 +73,7 @@ class DataStream(Generic[T]):
     def _then(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
               partitioning: Partitioning | None = None,
               key_selector: Callable[[Any], Any] | None = None) -> Node:
-        if self._node.kind == OperatorKind.SINK:
-            raise PipelineDefinitionError("a sink has no output stream")
-        part = partitioning or self._partitioning
-        p = parallelism or self._p.parallelism
-        if part == Partitioning.FORWARD and p != self._node.parallelism:
-            part = Partitioning.REBALANCE
+        part = _edge(self._p, self._node, partitioning or self._partitioning, parallelism)
         return add_node(self._p, kind, fn, uid, parallelism, self._node, part, key_selector,
                         self._tag)
 
@@ -467,12 +475,7 @@ class ArrowStream:
 
     def _then(self, kind: OperatorKind, fn: Any, uid: str | None, parallelism: int | None,
               partitioning: Partitioning | None = None, key: ColumnKey | None = None) -> Node:
-        if self._node.kind == OperatorKind.SINK:
-            raise PipelineDefinitionError("a sink has no output stream")
-        part = partitioning or self._partitioning
-        p = parallelism or self._p.parallelism
-        if part == Partitioning.FORWARD and p != self._node.parallelism:
-            part = Partitioning.REBALANCE
+        part = _edge(self._p, self._node, partitioning or self._partitioning, parallelism)
         return add_node(self._p, kind, fn, uid, parallelism, self._node, part, key)
 
     def map_arrow(self, fn: Callable[[Any], Any], *, uid: str | None = None,
