@@ -138,6 +138,11 @@ class Commands:
                 cmd.future.set_exception(LockgateError(
                     f"job {self.job_id} is rescaling: ask again when the rescale is done"))
                 continue
+            if self.coordinator.finished:
+                # The final checkpoint completed: every task was told to end
+                # (its sinks committed), so no task would take a barrier.
+                cmd.future.set_exception(LockgateError(self._finishing(cmd.kind)))
+                continue
             if cmd.kind == CommandKind.RESCALE:
                 self._start_rescale(cmd)
                 continue
@@ -165,6 +170,14 @@ class Commands:
             self._savepoint_waiters[started] = cmd.future
             if cmd.kind == CommandKind.STOP:
                 self._stop_id = started
+
+    def _finishing(self, kind: CommandKind) -> str:
+        """Why a request cannot be served by a job whose final checkpoint completed."""
+        what = {CommandKind.SAVEPOINT: "no savepoint is taken",
+                CommandKind.STOP: "it is not stopped and no savepoint is taken",
+                CommandKind.RESCALE: "it is not rescaled"}[kind]
+        return (f"job {self.job_id} is finishing: its input ended and its final checkpoint "
+                f"completed (all its output is committed), so {what}; the job ends finished")
 
     def _start_rescale(self, cmd: Command) -> None:
         """A synchronous checkpoint in the job's folder (barrier kind ``stop``):

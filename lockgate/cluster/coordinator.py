@@ -192,8 +192,10 @@ class CheckpointCoordinator:
         ``savepoint_dir`` it is a rescale's checkpoint (barrier kind
         ``rescale``): the same, kept in the job's checkpoint folder as its
         latest completed checkpoint, its keyed state written as a periodic
-        checkpoint's (incrementally on RocksDB)."""
-        if self.pending is not None or self.plan is None:
+        checkpoint's (incrementally on RocksDB). None: a checkpoint is
+        pending, or the final one completed (the tasks were told to end:
+        none would take a barrier)."""
+        if self.pending is not None or self.plan is None or self.finished:
             return None
         if final and self._final_savepoint_dir is not None:
             savepoint_dir = self._final_savepoint_dir

@@ -81,7 +81,7 @@ def test_a_rescale_is_answered_when_the_next_attempts_tasks_run(env):
     future = env.commands.submit(CommandKind.RESCALE, {"graph": None,
                                                        "requested": time.time()}, True, "running")
     env.commands.serve()
-    assert env.sent == [(0, TriggerCheckpoint(1, "stop"))]
+    assert env.sent == [(0, TriggerCheckpoint(1, "rescale"))]
     assert env.commands.busy() == "a rescale is in progress"
     assert env.commands.rescaled() is None  # its checkpoint is pending
     env.ack_all(1)
@@ -124,3 +124,34 @@ def test_a_cancel_ends_the_job_and_is_answered_when_it_ended(env, tmp_path):
 def test_requests_to_a_job_that_is_not_running_are_refused(env):
     with pytest.raises(LockgateError, match="job job is finished"):
         env.commands.submit(CommandKind.SAVEPOINT, {}, False, "finished").result(0)
+
+
+@pytest.mark.parametrize("kind", [CommandKind.STOP, CommandKind.SAVEPOINT])
+def test_a_stop_or_savepoint_after_the_final_checkpoint_is_refused_saying_why(env, tmp_path,
+                                                                               kind):
+    """The input ended and the final checkpoint is in progress when the stop
+    comes: it waits for that checkpoint, whose completion tells every task to
+    end. No barrier follows the tasks' Finish (none would be taken: the
+    savepoint would fail, the stop with it); the request is refused saying
+    that the job finishes with all its output committed."""
+    for t in (0, 1):
+        env.coordinator.on_end_of_data(t)
+    assert env.sent == [(0, TriggerCheckpoint(1, "final"))]
+    future = env.commands.submit(kind, {"dir": str(tmp_path / "sp")}, True, "running")
+    env.commands.serve()
+    assert not future.done()  # waits for the final checkpoint
+    env.ack_all(1)
+    sent = len(env.sent)
+    env.commands.serve()
+    with pytest.raises(LockgateError, match="is finishing: its input ended and its final "
+                                            r"checkpoint completed \(all its output is "
+                                            "committed\\), so .* the job ends finished"):
+        future.result(0)
+    assert len(env.sent) == sent  # no barrier after Finish
+    assert env.coordinator.trigger(savepoint_dir=str(tmp_path / "sp")) is None
+    # a request that comes later is refused the same way, at once
+    later = env.commands.submit(CommandKind.STOP, {"dir": str(tmp_path / "sp")}, True, "running")
+    env.commands.serve()
+    with pytest.raises(LockgateError, match="is finishing"):
+        later.result(0)
+    assert len(env.sent) == sent
