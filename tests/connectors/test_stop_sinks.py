@@ -21,16 +21,21 @@ from lockgate.connectors import JetStreamSink, PostgresSink, SequenceSource
 from tests.connectors.kafka_server import kafka_broker_fixture  # noqa: F401 - kafka_broker
 from tests.connectors.nats_server import make_stream, stream_payloads, unique
 from tests.connectors.postgres_server import execute, prepared, query
+from tests.fault.held_source import HeldSequence
 from tests.fixtures import check_running_sums, start_and_await
 
 N, KEYS = 30_000, 5
 
 
 def _job(tmp: Path, sink: Any, rate: float | None) -> Pipeline:
+    """Rate-limited, the job to stop: its source never ends its input by
+    itself (the stop cannot come after the end, however slow the machine);
+    else the resumed job, which reads the rest to the end."""
     p = Pipeline("stop-sinks", parallelism=2,
                  checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp / "chk")),
                  restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
-    (p.source(SequenceSource(1, N, rate=rate), uid="numbers")
+    source = HeldSequence(1, N, rate=rate) if rate else SequenceSource(1, N)
+    (p.source(source, uid="numbers")
        .map(lambda x: (x % KEYS, x), uid="pairs")
        .key_by(lambda kv: kv[0])
        .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")

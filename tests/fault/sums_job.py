@@ -22,12 +22,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.fault.resc
 
 from lockgate import CheckpointConfig, DataStream, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, SequenceSource
+from tests.fault.held_source import HeldSequence
 
 
 def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval: float | None,
           mode: str = "exactly_once", rate: float | None = None, unaligned: bool = False,
           aligned_timeout: float | None = None, slow_sink: float | None = None,
-          batch_size: int | None = None, inline_threshold: int = 0) -> Pipeline:
+          batch_size: int | None = None, inline_threshold: int = 0,
+          held: bool = False) -> Pipeline:
+    """``held``: the source never ends its input by itself (a
+    :class:`~tests.fault.held_source.HeldSequence`): the job runs until it is
+    stopped, and a job resumed from its savepoint reads the rest."""
     p = Pipeline("sums", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, mode=mode,
                                              timeout=30.0, unaligned=unaligned,
@@ -35,7 +40,8 @@ def build(n: int, parallelism: int, keys: int, out: str, storage: str, interval:
                                              inline_threshold=inline_threshold),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0),
                  **({"batch_size": batch_size} if batch_size else {}))
-    running_sums(p.source(SequenceSource(1, n, rate=rate), uid="numbers"), keys, out,
+    source = HeldSequence(1, n, rate=rate) if held else SequenceSource(1, n, rate=rate)
+    running_sums(p.source(source, uid="numbers"), keys, out,
                  slow_sink=slow_sink)
     return p
 

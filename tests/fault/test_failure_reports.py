@@ -89,7 +89,8 @@ def test_a_tasks_own_report_is_never_replaced_by_its_exit_code(tmp_path: Path,
     run, the job fails naming the state and both kinds, never a bare exit code."""
     from tests.integration.test_savepoints import CountV1, CountV2, _counting
 
-    client = start_and_await(_counting(tmp_path, CountV1(), 100_000, 20_000), launcher=launcher)
+    client = start_and_await(_counting(tmp_path, CountV1(), 100_000, 20_000, held=True),
+                             launcher=launcher)
     savepoint = client.stop(dir=str(tmp_path / "sp")).savepoint
     for _ in range(4):
         with pytest.raises(JobFailedError) as info:

@@ -22,6 +22,7 @@ from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import LockgateError
 from tests.fault.checks import task_processes, wait_stopped
+from tests.fault.held_source import HeldSequence
 from tests.fault.sums_job import build, running_sums
 from tests.fixtures import (
     check_exact_sums,
@@ -87,7 +88,9 @@ def test_kill_during_a_savepoint(tmp_path: Path, launcher: str) -> None:
     (SIGKILL): the savepoint fails with a clear error, the job recovers, a
     new savepoint and a stop succeed, and resuming at another parallelism is exact."""
     n = 150_000
-    p = build(n, 2, 4, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2, rate=40_000)
+    # held: the job runs until the stop, however long the recovery takes
+    p = build(n, 2, 4, str(tmp_path / "out"), str(tmp_path / "chk"), 0.2, rate=40_000,
+              held=True)
     checkpointed = threading.Event()
     restarted = threading.Event()
 
@@ -130,16 +133,20 @@ class _MarkAtFinish(KeyedProcessFunction):
         return ["finished"]
 
 
-def _finished_branch_job(tmp: Path, parallelism: int, short: int, long: int) -> Pipeline:
+def _finished_branch_job(tmp: Path, parallelism: int, short: int, long: int,
+                         held: bool = False) -> Pipeline:
     """Branch ``a`` (bounded, short) ends early, with finish() markers; branch
-    ``b`` runs on: the running sums of the other tests."""
+    ``b`` runs on: the running sums of the other tests (``held``: until the
+    job is stopped, see :class:`~tests.fault.held_source.HeldSequence`)."""
+    numbers_b = (HeldSequence(1, long, rate=20_000) if held
+                 else SequenceSource(1, long, rate=20_000))
     p = Pipeline("finished-branch", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")))
     (p.source(SequenceSource(1, short), uid="numbers-a")
        .key_by(lambda x: x % 3)
        .process(_MarkAtFinish(), uid="mark-a")
        .sink(FileSink(str(tmp / "out-a"), format="jsonl"), uid="out-a"))
-    running_sums(p.source(SequenceSource(1, long, rate=20_000), uid="numbers-b"), 3,
+    running_sums(p.source(numbers_b, uid="numbers-b"), 3,
                  str(tmp / "out-b"), suffix="-b")
     return p
 
@@ -153,7 +160,7 @@ def test_finished_operators_are_recorded_and_skipped_on_restore(tmp_path: Path,
     again (no second set of markers), while ``b`` continues exactly."""
     short, long = 600, 60_000
     client = start_and_await(
-        _finished_branch_job(tmp_path, parallelism, short, long), launcher="local",
+        _finished_branch_job(tmp_path, parallelism, short, long, held=True), launcher="local",
         until=lambda _: len(committed_lines(tmp_path / "out-a")) == short + parallelism,
         what="branch a's output was not committed")
     result = client.stop(str(tmp_path / "sp"))
@@ -177,7 +184,9 @@ def test_drained_savepoint_records_nothing_as_finished(tmp_path: Path) -> None:
     """stop --drain ends the input artificially: the final savepoint records no
     operator as finished, so a job resumed from it reads on (and exactly)."""
     n = 60_000
-    p = build(n, 2, 3, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1, rate=20_000)
+    # held: the input cannot end before the drain, however slow the machine
+    p = build(n, 2, 3, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1, rate=20_000,
+              held=True)
     client = start_and_await(p, launcher="local")
     result = client.stop(str(tmp_path / "sp"), drain=True)
     assert result.status == "finished", result

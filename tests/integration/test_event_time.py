@@ -25,6 +25,7 @@ from lockgate import (
 from lockgate.checkpoint import storage
 from lockgate.cli.savepoint import describe_savepoint
 from lockgate.connectors import FileSink, FileSource, SequenceSource
+from tests.fault.held_source import HeldSequence
 from tests.fixtures import committed_lines, hidden_files, sequence_read, start_and_await
 
 WINDOW = 1_000
@@ -72,7 +73,7 @@ def expected(n: int) -> Counter:
 
 
 def job(tmp: Path, n: int, parallelism: int, rate: float | None = None,
-        interval: float = 0.2, watermark_interval: float = 0.2) -> Pipeline:
+        interval: float = 0.2, watermark_interval: float = 0.2, held: bool = False) -> Pipeline:
     half = n // 2
 
     def ts(x: int) -> int:
@@ -81,7 +82,8 @@ def job(tmp: Path, n: int, parallelism: int, rate: float | None = None,
     p = Pipeline("windows", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=str(tmp / "chk")),
                  restart=FixedDelayRestart(max_attempts=5, delay_s=0.0))
-    (p.source(SequenceSource(1, n, rate=rate), uid="numbers",
+    source = HeldSequence(1, n, rate=rate) if held else SequenceSource(1, n, rate=rate)
+    (p.source(source, uid="numbers",
               watermarks=WatermarkStrategy(ts, interval=watermark_interval))
        .key_by(lambda x: x % KEYS)
        .process(WindowCounts(ts), uid="windows")
@@ -147,7 +149,8 @@ def test_stop_keeps_timers_and_drain_fires_them(tmp_path: Path) -> None:
 
     def started(parallelism: int, savepoint: str | None, ready: Callable[[], bool]):
         """The job, once a checkpoint completed after which ``ready()`` holds."""
-        return start_and_await(job(tmp_path, n, parallelism, rate=60_000), launcher="local",
+        return start_and_await(job(tmp_path, n, parallelism, rate=60_000, held=True),
+                               launcher="local",
                                from_savepoint=savepoint, until=lambda _: ready(),
                                what="the job did not get there")
 

@@ -23,6 +23,7 @@ from lockgate.checkpoint import storage
 from lockgate.connectors import FileSink, SequenceSource
 from lockgate.errors import CheckpointCorruptError, JobFailedError, LockgateError
 from tests.fault.checks import task_processes
+from tests.fault.held_source import HeldSequence
 from tests.fault.sums_job import build
 from tests.fixtures import (
     check_exact_sums,
@@ -38,8 +39,13 @@ KEYS = 5
 
 
 def _start(tmp: Path, parallelism: int, launcher: str, **kwargs):
-    """Start the sums job; return its client once its first checkpoint completed."""
-    p = build(N, parallelism, KEYS, str(tmp / "out"), str(tmp / "chk"), 0.2, rate=40_000)
+    """Start the sums job; return its client once its first checkpoint
+    completed. Its source holds the last number of every split back: the job
+    runs until it is stopped, however slow the machine (a stop that came
+    after the end of the input would find the job finished); a job resumed
+    from its savepoint with the plain source reads the rest."""
+    p = build(N, parallelism, KEYS, str(tmp / "out"), str(tmp / "chk"), 0.2, rate=40_000,
+              held=True)
     return start_and_await(p, launcher=launcher, **kwargs)
 
 
@@ -207,11 +213,14 @@ class CountV2(KeyedProcessFunction):
         yield (ctx.current_key, len(list(self.count.get())))
 
 
-def _counting(tmp: Path, fn: KeyedProcessFunction, n: int, rate: float | None) -> Pipeline:
+def _counting(tmp: Path, fn: KeyedProcessFunction, n: int, rate: float | None,
+              held: bool = False) -> Pipeline:
+    """``held``: the job runs until it is stopped (see :func:`_start`)."""
     p = Pipeline("counts", parallelism=2,
                  checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp / "chk")),
                  restart=FixedDelayRestart(max_attempts=1, delay_s=0.0))
-    (p.source(SequenceSource(1, n, rate=rate), uid="numbers")
+    source = HeldSequence(1, n, rate=rate) if held else SequenceSource(1, n, rate=rate)
+    (p.source(source, uid="numbers")
        .key_by(lambda x: x % 7)
        .process(fn, uid="counter")
        .sink(FileSink(str(tmp / "out"), format="jsonl"), uid="out"))
@@ -219,7 +228,8 @@ def _counting(tmp: Path, fn: KeyedProcessFunction, n: int, rate: float | None) -
 
 
 def test_changed_state_type_is_refused_naming_both_types(tmp_path: Path) -> None:
-    client = start_and_await(_counting(tmp_path, CountV1(), 100_000, 20_000), launcher="local")
+    client = start_and_await(_counting(tmp_path, CountV1(), 100_000, 20_000, held=True),
+                             launcher="local")
     sp = client.stop(dir=str(tmp_path / "sp")).savepoint
     before = sorted(f.name for f in (tmp_path / "out").iterdir() if not f.name.startswith("."))
     with pytest.raises(JobFailedError) as info:
