@@ -10,8 +10,10 @@ batches of the Arrow path are buffered per channel beside them
 from __future__ import annotations
 
 import time
-from itertools import compress, repeat
-from operator import eq
+from collections import deque
+from collections.abc import Callable, Iterator
+from functools import partial
+from operator import call
 from typing import Any, cast
 
 from lockgate.errors import UnsendableRecordError, UserFunctionError
@@ -22,7 +24,8 @@ from lockgate.runtime.wire import Frame
 from lockgate.state.keygroups import KeyGroupAssigner
 
 MAX_BUFFER_AGE = 0.05  # seconds a non-empty buffer may wait before it is sent
-SPLIT_BY_MASK = 8  # up to this many channels, split batches with one masked pass each
+_drain: Callable[[Iterator[Any]], object] = partial(deque, maxlen=0)
+"""Runs an iterator to its end, keeping nothing."""
 
 
 class OutputEdgeWriter:
@@ -57,13 +60,10 @@ class OutputEdgeWriter:
                     f"the key selector of operator {self.edge.downstream_uid!r} raised "
                     f"{type(e).__name__}: {e}") from e
             targets = self.assigner.route(keys, len(bufs))
-            if len(bufs) <= SPLIT_BY_MASK:
-                for i, b in enumerate(bufs):  # one C-speed pass per target
-                    b.extend(compress(batch, map(eq, targets, repeat(i))))
-            else:
-                appends = [b.append for b in bufs]
-                for t, r in zip(targets, batch, strict=True):
-                    appends[t](r)
+            # one C-speed pass whatever the number of channels: each record
+            # appended to its target's buffer
+            appends = [b.append for b in bufs]
+            _drain(map(call, map(appends.__getitem__, targets), batch))
         elif self.partitioning == "forward":
             bufs[self.forward_index].extend(batch)
         elif self.partitioning == "broadcast":  # every record to every task

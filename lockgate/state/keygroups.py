@@ -85,13 +85,16 @@ class KeyGroupAssigner:
             cache = self._targets.get(parallelism)
             if cache is None or len(cache) >= _CACHE_LIMIT:
                 cache = self._targets[parallelism] = {}
-            targets: list[Any] = list(map(cache.get, keys))
-            if None in targets:
-                m = self.max_parallelism
-                for i, t in enumerate(targets):
-                    if t is None:
-                        k = keys[i]
-                        targets[i] = cache[k] = key_group_for_key(k, m) * parallelism // m
+            try:  # every key seen before: one lookup each, no pass to find the misses
+                return list(map(cache.__getitem__, keys))
+            except KeyError:
+                pass
+            m, get = self.max_parallelism, cache.get
+            targets: list[Any] = list(map(get, keys))
+            for i, t in enumerate(targets):
+                if t is None:
+                    k = keys[i]
+                    targets[i] = cache[k] = key_group_for_key(k, m) * parallelism // m
             return targets
         m, kg_of = self.max_parallelism, self.key_group
         return [kg_of(k) * parallelism // m for k in keys]
