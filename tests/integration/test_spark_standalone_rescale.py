@@ -190,6 +190,14 @@ class Driver:
     def log(self) -> str:
         return "".join(self.stderr)[-4000:]
 
+    def runs_on_and_finishes(self) -> None:
+        """The job still runs after the rescale's answer, then (the app opens
+        the gate) finishes with no restart, and the app exits cleanly."""
+        assert self.event("running")["status"] == "running"
+        result = self.event("result")
+        assert result["status"] == "finished" and result["restarts"] == 0, result
+        assert self.proc.wait(60) == 0, self.log()
+
     def end(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -219,10 +227,7 @@ def test_rescale_beyond_the_cluster_is_refused_after_the_wait_and_the_job_runs_o
         assert "start another worker" in message and "at most 2 tasks" in message, message
         assert refused["seconds"] >= 2.5, refused  # it waited for executors
         assert refused["status"] == "running" and refused["attempt"] == 0, refused
-        assert driver.event("running")["status"] == "running"
-        result = driver.event("result")
-        assert result["status"] == "finished" and result["restarts"] == 0, result
-        assert driver.proc.wait(60) == 0, driver.log()
+        driver.runs_on_and_finishes()
     finally:
         driver.end()
     check_exact_sums(driver.out, N, 3)
@@ -242,10 +247,7 @@ def test_a_worker_that_joins_within_the_wait_lets_the_rescale_go_through(
         rescaled = driver.event("rescaled")
         assert rescaled["parallelism"] == 2 and rescaled["slots"] == 4, rescaled
         assert rescaled["attempt"] == 1, rescaled  # a rescale, not a restart
-        assert driver.event("running")["status"] == "running"
-        result = driver.event("result")
-        assert result["status"] == "finished" and result["restarts"] == 0, result
-        assert driver.proc.wait(60) == 0, driver.log()
+        driver.runs_on_and_finishes()
     finally:
         driver.end()
         if joining is not None:
