@@ -17,11 +17,15 @@ import json
 import logging
 import os
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.fault.held_source
+
 from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
 from lockgate.connectors import FileSink, FileSource
+from tests.fault.held_source import HeldArrow
 
 FILES = 5
 ROW_GROUP = 7_000
@@ -41,14 +45,20 @@ def write_input(folder: Path, n: int) -> None:
 
 
 def build(input: str, parallelism: int, keys: int, out: str, copy: str, storage: str,
-          interval: float, rate: float | None, batch_rows: int) -> Pipeline:
+          interval: float, rate: float | None, batch_rows: int,
+          held: int | None = None) -> Pipeline:
+    """``held``: each source task reads at most that many rows, then idles
+    and never ends (:class:`~tests.fault.held_source.HeldArrow`): the job runs
+    until it is stopped, and a job resumed from its savepoint reads the rest."""
     import pyarrow.compute as pc
 
     p = Pipeline("arrow-sums", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
-    keyed = (p.source_arrow(FileSource(input, format="parquet"), uid="numbers",
-                            batch_rows=batch_rows, rate=rate)
+    files = FileSource(input, format="parquet")
+    source = (files if held is None
+              else HeldArrow(files, most=held, batch_rows=batch_rows, rate=rate))
+    keyed = (p.source_arrow(source, uid="numbers", batch_rows=batch_rows, rate=rate)
              .map_arrow(lambda b: b.append_column("k", pc.remainder(b["x"], keys)), uid="keys"))
     keyed.sink(FileSink(copy, format="parquet"), uid="copy")
     (keyed.key_by_column("k")

@@ -30,7 +30,11 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.fault.held_source
 
 from lockgate import (
     CheckpointConfig,
@@ -45,6 +49,7 @@ from lockgate import (
 from lockgate.api.broadcast import KeyedBroadcastProcessFunction
 from lockgate.api.joins import ProcessJoinFunction
 from lockgate.connectors import FileSink, SequenceSource
+from tests.fault.held_source import HeldSequence
 
 KEYS = 5
 CLASSES = 3
@@ -118,11 +123,15 @@ class Share(ProcessJoinFunction):
 
 
 def build(n: int, parallelism: int, out: str, rejected: str, storage: str,
-          interval: float = 0.2, rate: float | None = None) -> Pipeline:
+          interval: float = 0.2, rate: float | None = None, held: bool = False) -> Pipeline:
+    """``held``: the numbers never end by themselves (a
+    :class:`~tests.fault.held_source.HeldSequence`): the job runs until it is
+    stopped, and a job resumed from its savepoint reads the rest."""
     p = Pipeline("enrich-join", parallelism=parallelism, batch_size=50,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0),
                  restart=FixedDelayRestart(max_attempts=100, delay_s=0.0))
-    numbers = p.source(SequenceSource(1, n, rate=rate), uid="numbers", parallelism=1,
+    numbers = p.source(HeldSequence(1, n, rate=rate) if held else SequenceSource(1, n, rate=rate),
+                       uid="numbers", parallelism=1,
                        watermarks=WatermarkStrategy(timestamp, OUT_OF_ORDER, interval=0))
     rules = (p.source(SequenceSource(0, rule_count(n) - 1), uid="rules", parallelism=1,
                       watermarks=WatermarkStrategy(lambda v: rule(v)[0], 0, interval=0))

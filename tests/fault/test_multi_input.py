@@ -56,9 +56,10 @@ def test_enrichment_join_and_windows_rescale_through_savepoints(tmp_path, steps)
     new task takes an old task's copy) move; the output stays exact."""
     n = 24_000
 
-    def job(parallelism: int):
+    def job(parallelism: int, held: bool = True):
+        # held: a hop's input cannot end before its stop, however slow the machine
         return build(n, parallelism, str(tmp_path / "out"), str(tmp_path / "rejected"),
-                     str(tmp_path / "chk"), interval=0.2, rate=6000)
+                     str(tmp_path / "chk"), interval=0.2, rate=6000, held=held)
 
     savepoint = None
     for i, parallelism in enumerate(steps[:-1]):
@@ -68,6 +69,6 @@ def test_enrichment_join_and_windows_rescale_through_savepoints(tmp_path, steps)
         stopped = client.stop(str(tmp_path / f"sp{i}"))
         assert stopped.status == "stopped" and stopped.savepoint
         savepoint = stopped.savepoint
-    last = job(steps[-1]).run(launcher="local", from_savepoint=savepoint)
+    last = job(steps[-1], held=False).run(launcher="local", from_savepoint=savepoint)
     assert last.status == "finished"
     check(tmp_path, n)

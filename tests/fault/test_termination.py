@@ -246,25 +246,32 @@ def test_kill_after_the_final_checkpoint_completed(tmp_path: Path, launcher: str
     assert result.records_in == n
 
 
-class _UnevenSequence(SequenceSource):
+class _UnevenSequence(HeldSequence):
     """``1..n`` in two splits: split 0 holds only the first ``short`` numbers,
-    so at parallelism 2 subtask 0 runs out long before subtask 1."""
+    so at parallelism 2 subtask 0 runs out long before subtask 1. ``held``:
+    split 1 holds back its last number (split 0 ends: a partly finished
+    source), so the job runs until it is stopped, however slow the machine."""
 
-    def __init__(self, short: int, n: int, rate: float) -> None:
+    def __init__(self, short: int, n: int, rate: float | None, held: bool) -> None:
         super().__init__(1, n, rate=rate)
         self.short = short
+        self.held = held
 
     def splits(self, parallelism: int) -> list[dict]:
         assert parallelism == 2, "a fresh start of this test source takes 2 tasks"
         return [{"split": 0, "next": 1, "end": self.short, "step": 1},
                 {"split": 1, "next": self.short + 1, "end": self.end, "step": 1}]
 
+    def holds(self, split: dict) -> bool:
+        return self.held and split["split"] == 1
 
-def _uneven_job(tmp: Path, parallelism: int, n: int, rate: float | None) -> Pipeline:
+
+def _uneven_job(tmp: Path, parallelism: int, n: int, rate: float | None,
+                held: bool = False) -> Pipeline:
     p = Pipeline("uneven", parallelism=parallelism,
                  checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp / "chk")),
                  restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
-    running_sums(p.source(_UnevenSequence(2_000, n, rate=rate), uid="numbers"), 3,
+    running_sums(p.source(_UnevenSequence(2_000, n, rate, held), uid="numbers"), 3,
                  str(tmp / "out"))
     return p
 
@@ -287,8 +294,8 @@ def test_partly_finished_source_keeps_its_running_tasks_state(tmp_path: Path) ->
             if state["after_kill"] >= 2:
                 resumed.set()
 
-    client = _uneven_job(tmp_path, 2, n, 40_000).start(launcher="local",
-                                                       on_progress=on_progress)
+    client = _uneven_job(tmp_path, 2, n, 40_000, held=True).start(launcher="local",
+                                                                  on_progress=on_progress)
     assert ready.wait(120), "no checkpoints completed"
     victim = max(pid for pid, (attempt, _) in task_processes(os.getpid()).items()
                  if attempt == 0)

@@ -147,11 +147,14 @@ def test_unaligned_job_rescales_through_an_aligned_savepoint(tmp_path):
 
     n = N
 
-    def job(parallelism: int):
+    def job(parallelism: int, held: bool = False):
+        # held: the first job's input cannot end before its stop, however
+        # slow the machine; the second reads the rest with the plain source
         return build(n, parallelism, 2, str(tmp_path / "out"), str(tmp_path / "chk"), 0.1,
-                     rate=30_000, unaligned=True, slow_sink=20_000, batch_size=256)
+                     rate=30_000, unaligned=True, slow_sink=20_000, batch_size=256, held=held)
 
-    client = start_and_await(job(2), launcher="local", until=lambda pr: pr.records_read > n // 3)
+    client = start_and_await(job(2, held=True), launcher="local",
+                             until=lambda pr: pr.records_read > n // 3)
     first = client.stop(str(tmp_path / "sp"))
     assert first.status == "stopped" and first.savepoint, first
     assert any(c.in_flight for c in first.completed_checkpoints), "no in-flight data stored"

@@ -43,9 +43,13 @@ def test_arrow_state_and_positions_rescale_through_savepoints(tmp_path: Path, mo
     n, keys = 60_000, 7
     write_input(tmp_path / "in", n)
 
-    def job(parallelism: int) -> Pipeline:
+    def job(parallelism: int, held: bool = True) -> Pipeline:
+        # held: each task of a hop reads at most 7,500 rows (and a batch),
+        # so no hop can end before its stop, however slow the machine (at
+        # most 42,000 of 60,000 in all); the last job reads the rest
         return build(str(tmp_path / "in"), parallelism, keys, str(tmp_path / "out"),
-                     str(tmp_path / "copy"), str(tmp_path / "chk"), 0.2, 12_000, 500)
+                     str(tmp_path / "copy"), str(tmp_path / "chk"), 0.2, 12_000, 500,
+                     held=7_500 if held else None)
 
     savepoint = None
     for parallelism in (2, 3):
@@ -54,7 +58,7 @@ def test_arrow_state_and_positions_rescale_through_savepoints(tmp_path: Path, mo
         result = client.stop(str(tmp_path / "savepoints"))
         assert result.status == "stopped", result
         savepoint = result.savepoint
-    final = job(2).run(launcher="local", from_savepoint=savepoint)
+    final = job(2, held=False).run(launcher="local", from_savepoint=savepoint)
     assert final.status == "finished", final
     check_output(tmp_path / "out", tmp_path / "copy", n, keys, in_commit_order=False)
 

@@ -13,7 +13,9 @@ import pytest
 
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.connectors import FileSink, FileSource, SequenceSource
+from lockgate.connectors.dataframe import DataFrameSource
 from lockgate.connectors.sequence import deal_splits
+from tests.fault.held_source import HeldDataFrame, HeldFiles, HeldSequence
 from tests.fixtures import (
     check_exact_sums,
     check_running_sums,
@@ -95,13 +97,15 @@ def test_unbounded_sequence_scaled_2_1_3_reads_everything_once(tmp_path: Path) -
 
 def test_bounded_sequence_scaled_2_1_3_is_exact(tmp_path: Path) -> None:
     n = 8_000
-    source = SequenceSource(1, n)
+    # the hops read a held sequence: none can end before its stop, however
+    # slow the machine; the last job reads the rest with the plain source
+    held = HeldSequence(1, n)
     savepoint = None
     for p in HOPS:
-        savepoint = hop(tmp_path, p, source, lambda x: x, savepoint)
+        savepoint = hop(tmp_path, p, held, lambda x: x, savepoint)
         assert any(source_entries(savepoint)[i] for i in range(p))
-    final = build(tmp_path, 2, source, lambda x: x).run(launcher="local",
-                                                        from_savepoint=savepoint)
+    final = build(tmp_path, 2, SequenceSource(1, n), lambda x: x).run(
+        launcher="local", from_savepoint=savepoint)
     assert final.status == "finished"
     check_running_sums(committed_lines(tmp_path / "out"), n, KEYS)
 
@@ -124,9 +128,13 @@ def test_file_source_scaled_2_1_3_is_exact(tmp_path: Path, watch: bool) -> None:
     folder = tmp_path / "in"
     nxt = write_files(folder, 1, 40, 200)
     source = FileSource(str(folder), format="jsonl", watch=watch, poll_interval=0.1)
+    # bounded: each task of a hop reads at most 600 records, so no hop can
+    # end before its stop (at most 3,600 of 8,000 in all); the last job reads
+    # the rest with the plain source
+    held = source if watch else HeldFiles(str(folder), format="jsonl", most=600)
     savepoint = None
     for p in HOPS:
-        savepoint = hop(tmp_path, p, source, lambda r: r["i"], savepoint)
+        savepoint = hop(tmp_path, p, held, lambda r: r["i"], savepoint)
         if watch:  # files keep arriving while the job runs at every parallelism
             nxt = write_files(folder, nxt, 4, 200)
     n = nxt - 1
@@ -146,10 +154,13 @@ def test_dataframe_source_scaled_2_1_3_is_exact(tmp_path: Path) -> None:
         n = 8_000
         df = spark.range(1, n + 1, numPartitions=6).withColumnRenamed("id", "i")
 
-        def with_df(tmp: Path, parallelism: int, savepoint: str | None = None):
+        def with_df(tmp: Path, parallelism: int, held: bool = True):
+            # held: each task of a hop reads at most 600 rows, so no hop can
+            # end before its stop (at most 3,600 of 8,000 in all)
             p = Pipeline("rescale", parallelism=parallelism, batch_size=64,
                          checkpoint=CheckpointConfig(interval=0.2, storage=str(tmp / "chk")))
-            (p.source_dataframe(df, uid="numbers")
+            (p.source(HeldDataFrame(df, most=600) if held else DataFrameSource(df),
+                      uid="numbers")
                .map(throttle, uid="slow")
                .map(lambda r: (r["i"] % KEYS, r["i"]), uid="pairs")
                .key_by(lambda kv: kv[0])
@@ -164,7 +175,8 @@ def test_dataframe_source_scaled_2_1_3_is_exact(tmp_path: Path) -> None:
             result = client.stop(str(tmp_path / "savepoints"))
             assert result.status == "stopped", result
             savepoint = result.savepoint
-        final = with_df(tmp_path, 2).run(launcher="local", from_savepoint=savepoint)
+        final = with_df(tmp_path, 2, held=False).run(launcher="local",
+                                                     from_savepoint=savepoint)
         assert final.status == "finished"
         check_running_sums(committed_lines(tmp_path / "out"), n, KEYS)
     finally:
