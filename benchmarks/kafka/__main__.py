@@ -1,31 +1,43 @@
 """Workload W3, Kafka → running sums → Kafka, side by side on one broker:
 Lockgate (exactly-once, both launchers) and the bare confluent-kafka loop
-(``bare_loop.py``, with and without transactions), interleaved round by
-round; medians of the rounds. Beside records/s, the CPU seconds of all the
+(``bare_loop.py``, with and without transactions) and, where installed,
+the peers Quix Streams and Bytewax (``quix_w3.py``, ``bytewax_w3.py``, run
+with their own interpreter), interleaved round by round; medians of the
+rounds. Beside records/s, the CPU seconds of all the
 system's processes per million records (less sensitive to other work on the
 machine than the rate): for Lockgate the driver, the fork server and the
-tasks (on Spark also its JVM and Python workers), for the bare loop its
-workers; the broker's own CPU is printed apart.
+tasks (on Spark also its JVM and Python workers), for the bare loop and
+the peers their worker processes; the broker's own CPU is printed apart.
 
     python -m benchmarks.kafka [--n 2000000] [--rounds 3] [--parallelism 2]
-        [--interval 1.0] [--launchers local spark] [--bootstrap host:port] [--record]
+        [--interval 1.0] [--launchers local spark] [--no-bare]
+        [--peers-python PATH | --no-peers] [--bootstrap host:port] [--record]
 
 Topic ``in`` has 4 partitions holding the integers 1..N; key ``x % 1000``;
 one ``[key, sum]`` record per input to a fresh output topic; a checkpoint
 (or transaction) every ``--interval`` seconds. Lockgate's output is checked
-(every key's running sums exact, read with ``read_committed``). Without
+(every key's running sums exact, read with ``read_committed``); so is each
+peer's: exactly N records for exactly-once Quix Streams (and its sums), at
+least N for at-least-once Bytewax, or the peer has no figure. The peers run
+with ``--peers-python`` (or ``LOCKGATE_PEERS_PYTHON``, or
+``.venv-peers/bin/python`` in the repository, or this interpreter if it has
+them): an interpreter with ``benchmarks/kafka/requirements-peers.txt``
+installed; without one they are left out, with a line saying how to install
+them. Without
 ``--bootstrap`` (or ``LOCKGATE_KAFKA``) the benchmark starts its own
 noida-db broker. ``--record`` appends a line per system to
-``benchmarks/results/kafka.jsonl``.
+``benchmarks/results/kafka.jsonl`` (a peer's with its version).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +56,12 @@ from tests.connectors.kafka_topics import new_topic, produce_numbers, read_all, 
 from tests.fixtures import check_running_sums  # noqa: E402
 
 BROKER = "noida-db"
+PEERS = {  # name: (package, script, guarantee)
+    "quix streams": ("quixstreams", "quix_w3", "exactly-once"),
+    "bytewax": ("bytewax", "bytewax_w3", "at-least-once"),
+}
+INSTALL_PEERS = ("python3 -m venv .venv-peers && .venv-peers/bin/pip install "
+                 "-r benchmarks/kafka/requirements-peers.txt")
 
 
 def broker_cpu() -> float:
@@ -95,6 +113,62 @@ def bare_round(args: argparse.Namespace, bootstrap: str, source: str,
     return measured(lambda: bare_loop.run(loop))
 
 
+def peers_python(given: str | None) -> str | None:
+    """The interpreter to run the peers with: the one given, else the
+    repository's ``.venv-peers``, else this one if it has a peer."""
+    if given:
+        return given
+    venv = ROOT / ".venv-peers" / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    if any(has_package(sys.executable, package) for package, _, _ in PEERS.values()):
+        return sys.executable
+    return None
+
+
+def has_package(python: str, package: str) -> bool:
+    """Whether ``python`` can import ``package`` and confluent-kafka."""
+    probe = ("import importlib.util, sys; "
+             f"sys.exit(any(importlib.util.find_spec(m) is None "
+             f"for m in ({package!r}, 'confluent_kafka')))")
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True,
+                              timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def peer_round(args: argparse.Namespace, bootstrap: str, source: str, name: str,
+               python: str) -> tuple[float, float, float, dict[str, object]]:
+    """One run of a peer's script: its wall time and CPU seconds (as it
+    reports them), the broker's CPU seconds meanwhile and its JSON line. Raises
+    if the run failed or its output does not hold what its guarantee says."""
+    _, script, guarantee = PEERS[name]
+    out = new_topic(bootstrap, f"w3-{script.split('_')[0]}", 4)
+    command = [python, "-m", f"benchmarks.kafka.{script}", "--bootstrap", bootstrap,
+               "--input", source, "--output", out, "--n", str(args.n),
+               "--processes", str(args.parallelism), "--keys", str(args.keys),
+               "--interval", str(args.interval)]
+    broker = broker_cpu()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600 + args.n / 1000,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    broker = broker_cpu() - broker
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"exited with {done.returncode}: {done.stderr.strip()[-1500:]}")
+    line = json.loads(lines[-1])
+    count = len(records := read_all(bootstrap, out, timeout=300))
+    if guarantee == "exactly-once":
+        if count != args.n:
+            raise RuntimeError(f"{out} holds {count:,} records, not {args.n:,}")
+        if args.check:
+            check_running_sums(sums_of(records), args.n, args.keys)
+    elif count < args.n:
+        raise RuntimeError(f"{out} holds {count:,} records, fewer than {args.n:,}")
+    return float(line["wall_s"]), float(line["cpu_s"]), broker, line
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2_000_000)
@@ -102,8 +176,14 @@ def main() -> None:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--keys", type=int, default=1_000)
     ap.add_argument("--interval", type=float, default=1.0)
-    ap.add_argument("--launchers", nargs="+", default=["local", "spark"])
+    ap.add_argument("--launchers", nargs="*", default=["local", "spark"],
+                    help="Lockgate's launchers (none: Lockgate left out)")
     ap.add_argument("--no-bare", action="store_true")
+    ap.add_argument("--peers-python", default=os.environ.get("LOCKGATE_PEERS_PYTHON"),
+                    help="an interpreter with benchmarks/kafka/requirements-peers.txt "
+                         "installed, to run Quix Streams and Bytewax (default: "
+                         "LOCKGATE_PEERS_PYTHON, .venv-peers/bin/python, this one)")
+    ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--bootstrap", default=os.environ.get("LOCKGATE_KAFKA"))
     ap.add_argument("--record", action="store_true")
@@ -111,6 +191,19 @@ def main() -> None:
     systems = [] if args.no_bare else [("bare loop, transactions", "exactly-once"),
                                        ("bare loop", "none")]
     systems += [(f"lockgate {launcher}", "exactly-once") for launcher in args.launchers]
+    python = None if args.no_peers else peers_python(args.peers_python)
+    if python is not None:
+        missing = [name for name, (package, _, _) in PEERS.items()
+                   if not has_package(python, package)]
+        systems += [(name, PEERS[name][2]) for name in PEERS if name not in missing]
+        if missing:
+            print(f"not run: {', '.join(missing)} (not installed in {python}: "
+                  f"{INSTALL_PEERS})", flush=True)
+    elif not args.no_peers:
+        print(f"peers not run (Quix Streams, Bytewax): no interpreter with them; install "
+              f"them with `{INSTALL_PEERS}` (or give --peers-python PATH)", flush=True)
+    versions: dict[str, str] = {}
+    failed: dict[str, str] = {}
     walls: dict[str, list[float]] = {name: [] for name, _ in systems}
     cpus: dict[str, list[float]] = {name: [] for name, _ in systems}
     brokers: dict[str, list[float]] = {name: [] for name, _ in systems}
@@ -120,7 +213,19 @@ def main() -> None:
         produce_numbers(bootstrap, source, 1, args.n, 4)
         for r in range(args.rounds):
             for name, _ in systems:
-                if name.startswith("bare"):
+                if name in failed:
+                    continue
+                if name in PEERS:
+                    assert python is not None
+                    try:
+                        wall, cpu, broker, line = peer_round(args, bootstrap, source, name,
+                                                             python)
+                    except (RuntimeError, AssertionError, subprocess.TimeoutExpired) as e:
+                        failed[name] = str(e)
+                        print(f"round {r + 1}: {name}: FAILED, no figure: {e}", flush=True)
+                        continue
+                    versions[name] = str(line["version"])
+                elif name.startswith("bare"):
                     wall, cpu, broker = bare_round(args, bootstrap, source,
                                                    "transactions" in name)
                 else:
@@ -136,13 +241,18 @@ def main() -> None:
           f"interval {args.interval} s, median of {args.rounds} rounds")
     print(f"{'system':<26}{'guarantee':<14}{'records/s':>12}{'CPU s/M':>9}{'broker':>8}")
     for name, guarantee in systems:
+        if name in failed:
+            print(f"{name:<26}{guarantee:<14}{'failed':>12}")
+            continue
+        label = f"{name} {versions[name]}" if name in versions else name
         rate = args.n / statistics.median(walls[name])
         cpu, broker = statistics.median(cpus[name]), statistics.median(brokers[name])
-        print(f"{name:<26}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}")
+        print(f"{label:<26}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}")
         if args.record:
+            version = {"version": versions[name]} if name in versions else {}
             record("kafka", [{"workload": "W3", "records": args.n, "partitions": 4,
                               "parallelism": args.parallelism, "interval_s": args.interval,
-                              "system": name, "guarantee": guarantee,
+                              "system": name, **version, "guarantee": guarantee,
                               "records_per_s": round(rate), "rounds": args.rounds,
                               "cpu_s_per_million": round(cpu, 2),
                               "broker_cpu_s_per_million": round(broker, 2),
