@@ -166,6 +166,7 @@ def peer_round(args: argparse.Namespace, bootstrap: str, source: str, name: str,
             check_running_sums(sums_of(records), args.n, args.keys)
     elif count < args.n:
         raise RuntimeError(f"{out} holds {count:,} records, fewer than {args.n:,}")
+    line["output_records"] = count
     return float(line["wall_s"]), float(line["cpu_s"]), broker, line
 
 
@@ -204,6 +205,7 @@ def main() -> None:
               f"them with `{INSTALL_PEERS}` (or give --peers-python PATH)", flush=True)
     versions: dict[str, str] = {}
     failed: dict[str, str] = {}
+    outputs: dict[str, list[int]] = {}  # a peer's output records, round by round
     walls: dict[str, list[float]] = {name: [] for name, _ in systems}
     cpus: dict[str, list[float]] = {name: [] for name, _ in systems}
     brokers: dict[str, list[float]] = {name: [] for name, _ in systems}
@@ -225,6 +227,7 @@ def main() -> None:
                         print(f"round {r + 1}: {name}: FAILED, no figure: {e}", flush=True)
                         continue
                     versions[name] = str(line["version"])
+                    outputs.setdefault(name, []).append(int(line["output_records"]))
                 elif name.startswith("bare"):
                     wall, cpu, broker = bare_round(args, bootstrap, source,
                                                    "transactions" in name)
@@ -234,9 +237,11 @@ def main() -> None:
                 walls[name].append(wall)
                 cpus[name].append(cpu * 1e6 / args.n)
                 brokers[name].append(broker * 1e6 / args.n)
+                written = f", {outputs[name][-1]:,} records out" if name in PEERS else ""
                 print(f"round {r + 1}: {name}: {args.n / wall:,.0f} records/s, "
                       f"{cpus[name][-1]:.2f} CPU s per million records (broker "
-                      f"{brokers[name][-1]:.2f}), load {os.getloadavg()[0]:.1f}", flush=True)
+                      f"{brokers[name][-1]:.2f}){written}, load {os.getloadavg()[0]:.1f}",
+                      flush=True)
     print(f"\nW3: N={args.n:,}, 4 partitions, p={args.parallelism}, keys={args.keys}, "
           f"interval {args.interval} s, median of {args.rounds} rounds")
     print(f"{'system':<26}{'guarantee':<14}{'records/s':>12}{'CPU s/M':>9}{'broker':>8}")
@@ -249,7 +254,8 @@ def main() -> None:
         cpu, broker = statistics.median(cpus[name]), statistics.median(brokers[name])
         print(f"{label:<26}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}")
         if args.record:
-            version = {"version": versions[name]} if name in versions else {}
+            version = ({"version": versions[name], "output_records": max(outputs[name])}
+                       if name in versions else {})
             record("kafka", [{"workload": "W3", "records": args.n, "partitions": 4,
                               "parallelism": args.parallelism, "interval_s": args.interval,
                               "system": name, **version, "guarantee": guarantee,
