@@ -2,7 +2,8 @@
 
     python -m benchmarks.kafka.latency [--intervals 1.0 0.2 0.1] [--rounds 2]
         [--n 1000000] [--rate R] [--seconds 20] [--warmup 5]
-        [--launchers local] [--bootstrap host:port] [--inline-threshold B] [--record]
+        [--launchers local] [--bootstrap host:port] [--inline-threshold B]
+        [--buffer-timeout S] [--record]
 
 Two phases on one private noida-db broker (or ``--bootstrap``):
 
@@ -24,7 +25,8 @@ Two phases on one private noida-db broker (or ``--bootstrap``):
 
 ``--inline-threshold``: the latency job's ``CheckpointConfig.inline_threshold``
 (state files of at most that many bytes kept in ``_metadata``; default:
-the configuration's default).
+the configuration's default). ``--buffer-timeout``: the latency job's
+``Pipeline(buffer_timeout=...)`` (default: the pipeline's default).
 
 ``--split``: the sink also stamps each output record with the time it
 writes it, and each round reports where the latency of its slowest 1% of
@@ -88,12 +90,13 @@ def serialize_split(kst: tuple[int, int, int]) -> tuple[str, str]:
 
 def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys: int,
                 storage: str, interval: float, inline_threshold: int | None = None,
-                split: bool = False) -> Any:
+                split: bool = False, buffer_timeout: float | None = None) -> Any:
     from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
     from lockgate.connectors.kafka import KafkaSink, KafkaSource
 
     inline = {} if inline_threshold is None else {"inline_threshold": inline_threshold}
-    p = Pipeline("kafka-latency", parallelism=parallelism,
+    timeout = {} if buffer_timeout is None else {"buffer_timeout": buffer_timeout}
+    p = Pipeline("kafka-latency", parallelism=parallelism, **timeout,
                  checkpoint=CheckpointConfig(interval=interval, storage=storage, timeout=30.0,
                                              **inline),
                  restart=FixedDelayRestart(max_attempts=3, delay_s=0.0))
@@ -238,7 +241,8 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
     tmp = Path(tempfile.mkdtemp(prefix="lockgate-lat-"))
     p = latency_job(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
                     storage=str(tmp / "chk"), interval=interval,
-                    inline_threshold=args.inline_threshold, split=args.split)
+                    inline_threshold=args.inline_threshold, split=args.split,
+                    buffer_timeout=args.buffer_timeout)
     job = p.start(launcher=args.launcher, progress=False)
     try:
         ready = ctx.Event()
@@ -309,6 +313,8 @@ def main() -> None:
     ap.add_argument("--bootstrap", default=os.environ.get("LOCKGATE_KAFKA"))
     ap.add_argument("--inline-threshold", type=int,
                     help="the latency job's CheckpointConfig.inline_threshold (bytes)")
+    ap.add_argument("--buffer-timeout", type=float,
+                    help="the latency job's Pipeline(buffer_timeout=...) (seconds)")
     ap.add_argument("--split", action="store_true",
                     help="report where the slowest records' latency went (see the docstring)")
     ap.add_argument("--record", action="store_true")
@@ -355,7 +361,8 @@ def main() -> None:
                     "interval_s": i, "records_per_s": tp, "throughput_records": args.n,
                     "latency_rate": round(rate), "latency_seconds": args.seconds,
                     "rounds": args.rounds, "stat": "median",
-                    "inline_threshold": args.inline_threshold, **row}
+                    "inline_threshold": args.inline_threshold,
+                    "buffer_timeout": args.buffer_timeout, **row}
             record("kafka_latency", [line])
 
 

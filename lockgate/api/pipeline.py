@@ -35,7 +35,13 @@ from lockgate.api.stream import (
     set_two_stream_builders,
 )
 from lockgate.api.watermarks import WatermarkStrategy
-from lockgate.config import AutoscalerConfig, CheckpointConfig, RestartStrategy, RestConfig
+from lockgate.config import (
+    DEFAULT_BUFFER_TIMEOUT,
+    AutoscalerConfig,
+    CheckpointConfig,
+    RestartStrategy,
+    RestConfig,
+)
 from lockgate.connectors.base import Source
 from lockgate.errors import PipelineDefinitionError
 from lockgate.state.backends import StateBackend
@@ -105,6 +111,11 @@ class Pipeline:
             options (state larger than memory, incremental checkpoints;
             docs/state-backends.md).
         batch_size: records per batch that sources emit.
+        buffer_timeout: seconds a record may wait in a task's output buffer
+            for more to batch with before it is sent on (Flink's buffer
+            timeout). Full buffers (``batch_size`` records) go at once; lower
+            it for lower latency at low rates, raise it for fewer, larger
+            batches (docs/performance.md, *Latency*).
         autoscale: the autoscaler (off by default): the job master sizes each
             vertex from its tasks' metrics and rescales the running job
             (:class:`~lockgate.config.AutoscalerConfig`, docs/elasticity.md).
@@ -120,6 +131,7 @@ class Pipeline:
         restart: RestartStrategy | None = None,
         allow_pickle: bool = False,
         batch_size: int = 1024,
+        buffer_timeout: float = DEFAULT_BUFFER_TIMEOUT,
         state_backend: str | StateBackend | None = None,
         autoscale: AutoscalerConfig | None = None,
     ) -> None:
@@ -146,7 +158,13 @@ class Pipeline:
         self.restart = restart
         self.allow_pickle = allow_pickle
         self.state_backend: StateBackend = resolve_state_backend(state_backend)
+        if batch_size < 1:
+            raise PipelineDefinitionError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= buffer_timeout <= 10:
+            raise PipelineDefinitionError(
+                f"buffer_timeout must be between 0 and 10 seconds, got {buffer_timeout!r}")
         self.batch_size = batch_size
+        self.buffer_timeout = float(buffer_timeout)
         self.nodes: list[Node] = []
 
     # -- building ---------------------------------------------------------

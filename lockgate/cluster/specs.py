@@ -43,6 +43,7 @@ def task_specs(graph: JobGraph, job_id: str, job_dir: str, attempt: int, pipelin
                 state_backend=pipeline.state_backend,
                 script_classes=script_classes,
                 batch_size=pipeline.batch_size,
+                buffer_timeout=pipeline.buffer_timeout,
                 faults=list(faults),
                 encrypt_traffic=pipeline.checkpoint.encrypt_traffic,
                 unaligned=aligned and pipeline.checkpoint.unaligned,

@@ -71,7 +71,8 @@ def connect_outputs(spec: TaskSpec, peers: dict[int, Address],
                                      UNALIGNED_SOCKET_BUFFER)
             links.append(link)
         writers.append(OutputEdgeWriter(edge, links, spec.task_index,
-                                        spec.max_parallelism, spec.batch_size))
+                                        spec.max_parallelism, spec.batch_size,
+                                        spec.buffer_timeout))
     return writers
 
 

@@ -16,6 +16,7 @@ from functools import partial
 from operator import call
 from typing import Any, cast
 
+from lockgate.config import DEFAULT_BUFFER_TIMEOUT
 from lockgate.errors import UnsendableRecordError, UserFunctionError
 from lockgate.graph.jobgraph import OutputEdge
 from lockgate.protocol import StreamElement
@@ -23,17 +24,19 @@ from lockgate.runtime import wire
 from lockgate.runtime.wire import Frame
 from lockgate.state.keygroups import KeyGroupAssigner
 
-MAX_BUFFER_AGE = 0.05  # seconds a non-empty buffer may wait before it is sent
 _drain: Callable[[Iterator[Any]], object] = partial(deque, maxlen=0)
 """Runs an iterator to its end, keeping nothing."""
 
 
 class OutputEdgeWriter:
     def __init__(self, edge: OutputEdge, links: list[wire.Link | None], task_index: int,
-                 max_parallelism: int, batch_size: int) -> None:
+                 max_parallelism: int, batch_size: int,
+                 buffer_timeout: float = DEFAULT_BUFFER_TIMEOUT) -> None:
         self.edge = edge
         self.links = links
         self.batch_size = batch_size
+        self.buffer_timeout = buffer_timeout
+        """Seconds a non-empty buffer may wait for more records before it is sent."""
         self.buffers: list[list[Any]] = [[] for _ in links]
         self.partitioning = edge.partitioning
         self.forward_index = task_index if edge.partitioning == "forward" else 0
@@ -76,7 +79,7 @@ class OutputEdgeWriter:
         for i, b in enumerate(bufs):
             if len(b) >= size:
                 self._send(i)
-        if time.monotonic() - self.last_flush > MAX_BUFFER_AGE:
+        if time.monotonic() - self.last_flush >= self.buffer_timeout:
             self.flush()
 
     def _send(self, i: int) -> None:
@@ -241,7 +244,7 @@ class ArrowOutput:
         else:  # rebalance: whole batches round-robin
             self._put(w.next, batch)
             w.next = (w.next + 1) % n
-        if time.monotonic() - w.last_flush > MAX_BUFFER_AGE:
+        if time.monotonic() - w.last_flush >= w.buffer_timeout:
             w.flush()
 
     def _put(self, i: int, batch: Any) -> None:

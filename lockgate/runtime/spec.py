@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockgate.checkpoint.metadata import CheckpointMetadata
+from lockgate.config import DEFAULT_BUFFER_TIMEOUT
 from lockgate.graph.jobgraph import JobVertex
 from lockgate.state.backends import StateBackend
 
@@ -48,6 +49,8 @@ class TaskSpec:
     """The classes of the job script the pipeline uses (sent by value): the
     task makes them picklable by name (:mod:`lockgate.state.script_classes`)."""
     batch_size: int = 1024
+    buffer_timeout: float = DEFAULT_BUFFER_TIMEOUT
+    """Seconds a record may wait in an output buffer (``Pipeline(buffer_timeout=...)``)."""
     faults: list[dict[str, Any]] = field(default_factory=list)
     bind_host: str = "127.0.0.1"
     encrypt_traffic: bool = False

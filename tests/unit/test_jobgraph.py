@@ -57,3 +57,7 @@ def test_definition_errors():
         build_job_graph(p)
     with pytest.raises(PipelineDefinitionError, match="max_parallelism"):
         Pipeline("g", parallelism=200)
+    with pytest.raises(PipelineDefinitionError, match="buffer_timeout"):
+        Pipeline("g", buffer_timeout=-0.01)
+    with pytest.raises(PipelineDefinitionError, match="batch_size"):
+        Pipeline("g", batch_size=0)

@@ -13,7 +13,7 @@ from lockgate.graph.jobgraph import OutputEdge
 from lockgate.protocol import Barrier, Batch, EndOfData, TriggerCheckpoint
 from lockgate.runtime import wire
 from lockgate.runtime.mailbox import CONTROL, Mailbox
-from lockgate.runtime.output import MAX_BUFFER_AGE, OutputEdgeWriter
+from lockgate.runtime.output import OutputEdgeWriter
 from lockgate.state.keygroups import KeyGroupAssigner
 
 # ---------------------------------------------------------------- mailbox
@@ -107,11 +107,11 @@ class Channels:
 
 
 def writer(partitioning: Partitioning, channels: Channels, batch_size: int = 4,
-           task_index: int = 0) -> OutputEdgeWriter:
+           task_index: int = 0, buffer_timeout: float = 0.05) -> OutputEdgeWriter:
     edge = OutputEdge(1, len(channels.links), partitioning,
                       key_selector=(lambda r: r[0]) if partitioning == Partitioning.HASH
                       else None)
-    return OutputEdgeWriter(edge, channels.links, task_index, 128, batch_size)
+    return OutputEdgeWriter(edge, channels.links, task_index, 128, batch_size, buffer_timeout)
 
 
 def records_of(elements: list[object]) -> list[object]:
@@ -156,14 +156,24 @@ def test_rebalance_deals_whole_batches_round_robin() -> None:
 
 def test_a_buffer_older_than_its_age_limit_is_sent_with_the_next_add() -> None:
     ch = Channels(1)
-    out = writer(Partitioning.REBALANCE, ch, batch_size=1000)
+    out = writer(Partitioning.REBALANCE, ch, batch_size=1000, buffer_timeout=0.2)
     out.add([1])
     end = ch.ends[0]
     assert end is not None
     assert select.select([end.sock], [], [], 0.02)[0] == []  # not full: nothing sent yet
-    time.sleep(MAX_BUFFER_AGE + 0.02)
+    time.sleep(0.22)
     out.add([2])
     assert wire.decode_element(*end.recv()) == Batch([1, 2])
+
+
+def test_a_zero_buffer_timeout_sends_every_add_at_once() -> None:
+    ch = Channels(1)
+    out = writer(Partitioning.REBALANCE, ch, batch_size=1000, buffer_timeout=0.0)
+    end = ch.ends[0]
+    assert end is not None
+    for n in range(3):
+        out.add([n])
+        assert wire.decode_element(*end.recv()) == Batch([n])
 
 
 def test_wake_ends_a_waiting_take_and_is_not_lost_between_takes() -> None:

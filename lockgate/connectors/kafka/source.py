@@ -258,7 +258,15 @@ class KafkaReader(SourceReader[Any]):
     def _fetch(self, max_records: int, timeout: float) -> None:
         """Read what the consumer has into the per-partition buffers."""
         k = kafka_module()
-        messages = self._consumer.consume(max_records, timeout)
+        consume = self._consumer.consume
+        # What the consumer has now; when it has nothing, wait for the first
+        # record only (a batch-sized consume waits its whole timeout for a
+        # batch to fill: latency at low rates) and take what came with it.
+        messages = consume(max_records, 0)
+        if not messages and timeout:
+            messages = consume(1, timeout)
+            if messages and max_records > 1:
+                messages += consume(max_records - 1, 0)
         eof = False
         if messages:
             errors = list(map(k.Message.error, messages))
