@@ -177,6 +177,19 @@ class CheckpointCoordinator:
                 and now - self.last_completion >= self.config.min_pause):
             self.trigger()
 
+    def next_trigger_in(self) -> float | None:
+        """Seconds until :meth:`tick` would trigger the next periodic
+        checkpoint (at most 0), or None: none is due while one is pending,
+        without an interval, or after the job finished. The job master waits
+        no longer than this for its next tick, so a checkpoint starts when its
+        interval has passed, not up to a tick later."""
+        interval = self.config.interval
+        if interval is None or self.pending is not None or self.plan is None or self.finished:
+            return None
+        now = self.clock()
+        return max(0.0, self.last_trigger + interval - now,
+                   self.last_completion + self.config.min_pause - now)
+
     def _all_ended(self) -> bool:
         return self.plan is not None and self.end_of_data >= set(self.plan.all_tasks)
 

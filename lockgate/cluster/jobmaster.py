@@ -318,7 +318,7 @@ class JobMaster:
         running = False
         while not tasks.all_finished:
             try:
-                event: TaskEvent | None = self.events.get(timeout=TICK)
+                event: TaskEvent | None = self.events.get(timeout=self._tick_wait(running))
             except queue.Empty:
                 event = None
             if event is not None and event.attempt == self.attempt:
@@ -341,6 +341,12 @@ class JobMaster:
                 self.commands.serve_cancel()
             self.progress.update(self.coordinator, self._totals, len(self.restarts.failures),
                                  self.options.on_progress)
+
+    def _tick_wait(self, running: bool) -> float:
+        """Seconds to wait for the next event: a tick, or less when the next
+        periodic checkpoint is due sooner."""
+        due = self.coordinator.next_trigger_in() if running else None
+        return TICK if due is None else min(TICK, max(due, 0.001))
 
     def _on_event(self, event: TaskEvent) -> None:
         match event:

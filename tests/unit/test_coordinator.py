@@ -47,6 +47,22 @@ def ack_all(c, n, tasks=(0, 1, 2)):
         c.on_ack(t, n, {"src" if t == 0 else "sum": None}, (10 * t, t))
 
 
+def test_next_trigger_in_counts_down_to_the_tick_that_triggers(env):
+    c, clock, sent = env
+    assert c.next_trigger_in() == pytest.approx(1.0)
+    clock.now += 0.75
+    assert c.next_trigger_in() == pytest.approx(0.25)
+    clock.now += 0.25
+    assert c.next_trigger_in() == 0.0
+    c.tick()
+    assert [m for _, _, m in sent] == [TriggerCheckpoint(1)]
+    assert c.next_trigger_in() is None  # one checkpoint at a time: none is due
+    ack_all(c, 1)
+    assert c.next_trigger_in() == pytest.approx(1.0)  # an interval after the trigger
+    clock.now += 5.0
+    assert c.next_trigger_in() == 0.0
+
+
 def test_triggers_on_interval_and_completes_on_last_ack(env, tmp_path):
     c, clock, sent = env
     c.tick()
