@@ -78,6 +78,10 @@ class AttemptFailed(Exception):
         self.early_exit = False
         """The task's exit was seen before its messages were: its own report
         may still come (:func:`root_cause` waits for it)."""
+        self.exit_pending = False
+        """The task's connection was lost before its exit was seen: how its
+        process ended (a signal that killed it) may still come
+        (:func:`root_cause` waits for it)."""
 
     @property
     def fatal(self) -> bool:
@@ -119,9 +123,16 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
     * a task's exit seen before its messages (``early_exit``): the task's
       own report, if it comes before its disconnection; a bare exit code
       never replaces it;
+    * a task's lost connection seen before its exit (``exit_pending``):
+      how its process ended, if its exit comes (``was killed by SIGKILL``);
     * anything else: itself (nothing is waited for).
 
+    A silent death (a disconnection without a report) is named by the
+    process's exit when that comes among ``events``: a kill's signal, not
+    the lost connection it caused.
+
     ``finished``: tasks that ended normally (their disconnection is no death)."""
+    events = iter(events)
     if failure.early_exit:
         for event in events:
             match event:
@@ -130,6 +141,9 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
                 case TaskDisconnected(task=task) if task == failure.task:
                     return failure  # every message of it came before: there was none
         return failure
+    if failure.exit_pending:
+        assert failure.task is not None
+        return _how_it_ended(failure.task, events, task_name) or failure
     if failure.error_type not in BROKEN_CHANNELS:
         return failure
     reported = {failure.task}  # tasks that said why they failed: not silent deaths
@@ -140,9 +154,13 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
                 if report.error_type not in BROKEN_CHANNELS:
                     return reported_failure(task, report, task_name(task))
             case TaskDisconnected(task=task) if task not in finished and task not in reported:
-                # a task's report would have come before its disconnection: it died
-                return AttemptFailed(f"task {task_name(task)} lost its connection to the "
-                                     f"coordinator (and {failure.reason})", task)
+                # a task's report would have come before its disconnection: it
+                # died; its exit, if it comes, says how
+                death = _how_it_ended(task, events, task_name)
+                if death is None:
+                    death = AttemptFailed(f"task {task_name(task)} lost its connection to "
+                                          "the coordinator", task)
+                return AttemptFailed(f"{death.reason} (and {failure.reason})", task)
             case TaskExited(task=task, exit_code=code) if (
                     task not in finished and task not in reported
                     and (code is None or code < 0)):
@@ -151,6 +169,20 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
                 return AttemptFailed(f"task {task_name(task)} {exit_text(code)} (and "
                                      f"{failure.reason})", task)
     return failure
+
+
+def _how_it_ended(task: int, events: Iterable[TaskEvent],
+                  task_name: Callable[[int], str]) -> AttemptFailed | None:
+    """Task ``task`` disconnected without a report: its death as its exit
+    among the next ``events`` tells it (``was killed by SIGKILL``), or None
+    if no exit with a known code comes."""
+    for event in events:
+        match event:
+            case TaskExited(task=t, exit_code=code) if t == task:
+                if code is None:
+                    return None
+                return AttemptFailed(f"task {task_name(task)} {exit_text(code)}", task)
+    return None
 
 
 def exit_text(code: int | None) -> str:

@@ -57,7 +57,7 @@ from lockgate.cluster.metrics import JobMetrics, ProgressReports, history_entry,
 from lockgate.cluster.options import RunOptions
 from lockgate.cluster.provenance import other_job, sink_locations
 from lockgate.cluster.rescale import available_slots, submit_rescale
-from lockgate.cluster.restarts import ROOT_CAUSE_WAIT, Restarts
+from lockgate.cluster.restarts import EXIT_WAIT, ROOT_CAUSE_WAIT, Restarts
 from lockgate.cluster.server import ControlServer
 from lockgate.cluster.spark.naming import dashboard_of
 from lockgate.cluster.specs import task_specs
@@ -288,7 +288,8 @@ class JobMaster:
             except (AttemptFailed, CheckpointFailureError) as e:
                 self.startup.mark("failed")
                 if isinstance(e, AttemptFailed):
-                    e = self.restarts.root_cause(e, self._events_for(ROOT_CAUSE_WAIT),
+                    wait = EXIT_WAIT if e.exit_pending else ROOT_CAUSE_WAIT
+                    e = self.restarts.root_cause(e, self._events_for(wait),
                                                  self.tasks.finished)
                 self.startup.mark("cause")
                 self.restarts.detected()
@@ -363,7 +364,10 @@ class JobMaster:
                 failure.early_exit = True  # its own report may still come
                 raise failure
             case TaskDisconnected(task=task):
-                raise self._gone(task, self.tasks.exit_codes.get(task))
+                code = self.tasks.exit_codes.get(task)
+                failure = self._gone(task, code)
+                failure.exit_pending = code is None  # how it ended may still come
+                raise failure
 
     def _stalled(self) -> AttemptFailed:
         """The start-up watchdog: the attempt's tasks did not all register

@@ -31,6 +31,10 @@ log = logging.getLogger("lockgate.driver")
 
 ROOT_CAUSE_WAIT = 1.0
 """Seconds a failure seen as a broken channel waits for the failure that broke it."""
+EXIT_WAIT = 0.3
+"""Seconds a task's lost connection waits for the task's exit, which names
+what ended it (a kill's signal): the launcher sees a local process's exit
+within milliseconds, so only a task whose exit never comes costs this."""
 
 
 class Restarts:

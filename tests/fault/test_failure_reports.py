@@ -57,6 +57,8 @@ def test_the_killed_task_is_the_one_named(tmp_path: Path, launcher: str) -> None
     for (task, name), reason in zip(VICTIMS, result.failures, strict=True):
         assert reason.startswith(f"task {name} (task {task}) "), result.failures
         assert "Connection" not in reason.split("(and")[0], result.failures
+        if launcher == "local":  # the process's exit names the signal (not a lost connection)
+            assert reason.split(" (and")[0].endswith("was killed by SIGKILL"), result.failures
     check_exact_sums(tmp_path / "out", N, KEYS)
 
 

@@ -50,6 +50,25 @@ def test_a_peer_that_disconnects_without_a_report_died() -> None:
     assert cause.task == SOURCE and "lost its connection" in cause.reason
 
 
+def test_a_silent_death_is_named_by_its_exit_when_that_follows() -> None:
+    """The killed task's disconnection reaches the driver before its exit:
+    the exit's signal names the death, not the lost connection."""
+    lost = AttemptFailed("task t1 lost its connection to the coordinator", SOURCE)
+    lost.exit_pending = True
+    events = iter([failed(DOWN_0, "ConnectionError", "input channel from task 1 broke"),
+                   TaskExited(0, SOURCE, -9), TaskDisconnected(0, DOWN_0)])
+    cause = root_cause(lost, events, set(), name)
+    assert cause.reason == "task t1 was killed by SIGKILL" and cause.task == SOURCE
+    assert next(events, None) is not None  # nothing waited for after the exit
+    # no exit comes (or one without a code): the lost connection stands
+    assert root_cause(lost, [TaskDisconnected(0, DOWN_0)], set(), name) is lost
+    assert root_cause(lost, [TaskExited(0, SOURCE, None)], set(), name) is lost
+    # seen by a peer first: the same
+    cause = root_cause(broken_channel(DOWN_0),
+                       [TaskDisconnected(0, SOURCE), TaskExited(0, SOURCE, -9)], set(), name)
+    assert cause.task == SOURCE and cause.reason.startswith("task t1 was killed by SIGKILL (and ")
+
+
 def test_a_finished_task_that_disconnects_did_not_die() -> None:
     failure = broken_channel(DOWN_0)
     assert root_cause(failure, [TaskDisconnected(0, SOURCE)], {SOURCE}, name) is failure
