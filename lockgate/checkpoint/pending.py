@@ -31,6 +31,9 @@ class CheckpointAbortReason(StrEnum):
     TASK_FAILURE = "a task failed"
     ATTEMPT_ENDED = "its attempt ended without a failure"
     """The job was cancelled while the checkpoint was in flight."""
+    INPUT_ENDED = "the job's input ended first: the job finishes"
+    """A stop's or a rescale's checkpoint in flight when the last source
+    task reported the end of its input: the job finishes instead."""
 
 
 @dataclass

@@ -105,9 +105,11 @@ class Commands:
                 continue
             del self._savepoint_waiters[n]
             if isinstance(res, BaseException):
-                future.set_exception(res)
                 if n == self._stop_id:
                     self._stop_id = None  # the job goes on
+                    if self.coordinator.input_ended:  # aborted: the job finishes
+                        res = LockgateError(self._finishing(CommandKind.STOP))
+                future.set_exception(res)
             elif n == self._stop_id:
                 # Synchronous, as Flink's: the coordinator told the tasks, their
                 # sinks commit, then they end; the attempt ends with them.
@@ -119,8 +121,9 @@ class Commands:
             if isinstance(res, BaseException) and self.rescale is not None:
                 # the tasks go on at the old parallelism
                 self.rescale.future.set_exception(LockgateError(
-                    f"the rescale did not happen: {res}; the job goes on at its parallelism: "
-                    "ask again"))
+                    self._finishing(CommandKind.RESCALE) if self.coordinator.input_ended
+                    else f"the rescale did not happen: {res}; the job goes on at its "
+                         "parallelism: ask again"))
                 self.rescale = None
                 self._rescale_id = None
             elif res is not None:
@@ -138,9 +141,11 @@ class Commands:
                 cmd.future.set_exception(LockgateError(
                     f"job {self.job_id} is rescaling: ask again when the rescale is done"))
                 continue
-            if self.coordinator.finished:
-                # The final checkpoint completed: every task was told to end
-                # (its sinks committed), so no task would take a barrier.
+            if self.coordinator.finished or self.coordinator.input_ended:
+                # Every source read to its end: the final checkpoint follows
+                # (or completed: every task was told to end, its sinks
+                # committed, and no task would take a barrier). A savepoint
+                # now would hold a job with nothing left to read.
                 cmd.future.set_exception(LockgateError(self._finishing(cmd.kind)))
                 continue
             if cmd.kind == CommandKind.RESCALE:
@@ -172,12 +177,14 @@ class Commands:
                 self._stop_id = started
 
     def _finishing(self, kind: CommandKind) -> str:
-        """Why a request cannot be served by a job whose final checkpoint completed."""
+        """Why a request cannot be served by a job whose input ended."""
         what = {CommandKind.SAVEPOINT: "no savepoint is taken",
                 CommandKind.STOP: "it is not stopped and no savepoint is taken",
                 CommandKind.RESCALE: "it is not rescaled"}[kind]
+        final = ("completed (all its output is committed)" if self.coordinator.finished
+                 else "follows (it commits all its output)")
         return (f"job {self.job_id} is finishing: its input ended and its final checkpoint "
-                f"completed (all its output is committed), so {what}; the job ends finished")
+                f"{final}, so {what}; the job ends finished")
 
     def _start_rescale(self, cmd: Command) -> None:
         """A synchronous checkpoint in the job's folder (barrier kind ``stop``):

@@ -193,6 +193,13 @@ class CheckpointCoordinator:
     def _all_ended(self) -> bool:
         return self.plan is not None and self.end_of_data >= set(self.plan.all_tasks)
 
+    @property
+    def input_ended(self) -> bool:
+        """Every source task of the attempt reported the end of its input:
+        the job is finishing (its final checkpoint follows once every task
+        has ended its input), and no stop, savepoint or rescale starts."""
+        return self.plan is not None and self.end_of_data >= set(self.plan.source_tasks)
+
     def trigger(self, final: bool = False, savepoint_dir: str | None = None,
                 stops: bool = False) -> int | None:
         """Start a checkpoint: ``trigger(n)`` to every source task. With
@@ -246,7 +253,17 @@ class CheckpointCoordinator:
 
     # -------------------------------------------------------------- events
     def on_end_of_data(self, task: int) -> None:
+        """Task ``task`` ended its input. The last source task to do so
+        ends the job's input: a stop's or rescale's checkpoint in flight is
+        aborted (its tasks go on; a source reads to its end before it takes
+        a barrier, so its report always comes before its acknowledgement),
+        and the job finishes with its final checkpoint: a stop either comes
+        before the input's end or is refused, never a savepoint of a job
+        whose input ended."""
         self.end_of_data.add(task)
+        p = self.pending
+        if p is not None and p.stops and not p.is_final and self.input_ended:
+            self._abort(CheckpointAbortReason.INPUT_ENDED)
         if self._all_ended() and self.pending is None and not self.finished:
             self.trigger(final=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -178,6 +179,56 @@ def test_finished_operators_are_recorded_and_skipped_on_restore(tmp_path: Path,
     assert out_a.count("finished") == parallelism  # finish() ran once per subtask, ever
     check_exact_sums(tmp_path / "out-b", long, 3)
     assert hidden_files(tmp_path / "out-a") == []
+
+
+class _FinishAtGate(KeyedProcessFunction):
+    """Forwards every number; ``finish()`` returns only once the file
+    ``gate`` exists: the task cannot end its input before the test lets it."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+
+    def process_element(self, value, ctx):
+        return [value]
+
+    def finish(self, ctx):
+        while not os.path.exists(self.gate):
+            time.sleep(0.05)
+        return []
+
+
+def test_a_stop_after_the_input_ended_is_refused_and_the_job_finishes(tmp_path: Path) -> None:
+    """Every source read to its end, and a downstream task has not ended its
+    input yet (its ``finish()`` waits for the test's gate): the final
+    checkpoint is not triggered. A stop then is refused at once, saying the
+    job finishes; no savepoint starts, and the job ends finished (not
+    stopped), its output exact, once the gate opens."""
+    n, gate = 2_000, tmp_path / "gate"
+    p = Pipeline("finishing", parallelism=2,
+                 checkpoint=CheckpointConfig(interval=0.1, storage=str(tmp_path / "chk")))
+    (p.source(SequenceSource(1, n), uid="numbers")
+       .key_by(lambda x: x % 3)
+       .process(_FinishAtGate(str(gate)), uid="gated")
+       .sink(FileSink(str(tmp_path / "out"), format="jsonl"), uid="out"))
+    client = p.start(launcher="local")
+    try:
+        deadline = time.monotonic() + 120
+        coordinator = client.master.coordinator
+        while not (coordinator.plan is not None  # the sources' end, as the job saw it
+                   and coordinator.end_of_data >= set(coordinator.plan.source_tasks)):
+            assert client.master.state == "running" and time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(LockgateError, match="is finishing: its input ended and its final "
+                                                "checkpoint follows .*, so it is not stopped"):
+            client.stop(str(tmp_path / "sp"), timeout=60)
+    finally:
+        gate.touch()
+    result = client.result(timeout=120)
+    assert result.status == "finished" and result.savepoint is None, result
+    assert not (tmp_path / "sp").exists()  # no savepoint started
+    assert [c.final for c in result.checkpoints if c.status == "completed"][-1]
+    assert sorted(committed_lines(tmp_path / "out")) == list(range(1, n + 1))
+    assert hidden_files(tmp_path / "out") == []
 
 
 def test_drained_savepoint_records_nothing_as_finished(tmp_path: Path) -> None:

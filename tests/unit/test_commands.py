@@ -14,7 +14,7 @@ from lockgate.cluster.coordinator import AttemptPlan, CheckpointCoordinator
 from lockgate.cluster.failures import JobEnds
 from lockgate.config import CheckpointConfig
 from lockgate.errors import LockgateError
-from lockgate.protocol import Drain, TriggerCheckpoint
+from lockgate.protocol import Drain, NotifyAborted, TriggerCheckpoint
 
 TASK_OPERATORS = {0: (0, 0, ["src"]), 1: (1, 0, ["sum"])}
 
@@ -130,28 +130,72 @@ def test_requests_to_a_job_that_is_not_running_are_refused(env):
 def test_a_stop_or_savepoint_after_the_final_checkpoint_is_refused_saying_why(env, tmp_path,
                                                                                kind):
     """The input ended and the final checkpoint is in progress when the stop
-    comes: it waits for that checkpoint, whose completion tells every task to
-    end. No barrier follows the tasks' Finish (none would be taken: the
-    savepoint would fail, the stop with it); the request is refused saying
-    that the job finishes with all its output committed."""
+    comes: it is refused at once, saying that the final checkpoint follows;
+    once that completed (every task was told to end), a request is refused
+    saying that all the output is committed. No barrier follows the final
+    checkpoint (none would be taken after the tasks' Finish)."""
     for t in (0, 1):
         env.coordinator.on_end_of_data(t)
     assert env.sent == [(0, TriggerCheckpoint(1, "final"))]
     future = env.commands.submit(kind, {"dir": str(tmp_path / "sp")}, True, "running")
     env.commands.serve()
-    assert not future.done()  # waits for the final checkpoint
+    with pytest.raises(LockgateError, match="is finishing: its input ended and its final "
+                                            r"checkpoint follows \(it commits all its "
+                                            r"output\), so .* the job ends finished"):
+        future.result(0)
     env.ack_all(1)
     sent = len(env.sent)
+    assert env.coordinator.trigger(savepoint_dir=str(tmp_path / "sp")) is None
+    # a request that comes later is refused the same way, at once
+    later = env.commands.submit(kind, {"dir": str(tmp_path / "sp")}, True, "running")
     env.commands.serve()
     with pytest.raises(LockgateError, match="is finishing: its input ended and its final "
                                             r"checkpoint completed \(all its output is "
-                                            "committed\\), so .* the job ends finished"):
-        future.result(0)
-    assert len(env.sent) == sent  # no barrier after Finish
-    assert env.coordinator.trigger(savepoint_dir=str(tmp_path / "sp")) is None
-    # a request that comes later is refused the same way, at once
-    later = env.commands.submit(CommandKind.STOP, {"dir": str(tmp_path / "sp")}, True, "running")
-    env.commands.serve()
-    with pytest.raises(LockgateError, match="is finishing"):
+                                            r"committed\), so .* the job ends finished"):
         later.result(0)
-    assert len(env.sent) == sent
+    assert len(env.sent) == sent  # no barrier after Finish
+
+
+@pytest.mark.parametrize("kind", [CommandKind.STOP, CommandKind.SAVEPOINT, CommandKind.RESCALE])
+def test_a_request_after_the_input_ended_is_refused_before_the_final_checkpoint(env, tmp_path,
+                                                                               kind):
+    """Every source read to its end, a downstream task has not ended its
+    input yet (the final checkpoint is not triggered): the job is finishing.
+    The request is refused at once and starts nothing (a stop's savepoint
+    would hold a job with nothing left to read, and end it stopped); the
+    final checkpoint follows when the last task ends its input."""
+    env.coordinator.on_end_of_data(0)  # the source task
+    future = env.commands.submit(kind, {"dir": str(tmp_path / "sp"), "graph": None,
+                                        "requested": time.time()}, True, "running")
+    env.commands.serve()
+    with pytest.raises(LockgateError, match="is finishing: its input ended and its final "
+                                            "checkpoint follows"):
+        future.result(0)
+    assert env.sent == [] and env.commands.busy() is None
+    env.coordinator.on_end_of_data(1)
+    assert env.sent == [(0, TriggerCheckpoint(1, "final"))]
+
+
+@pytest.mark.parametrize("kind", [CommandKind.STOP, CommandKind.RESCALE])
+def test_a_stop_in_flight_when_the_input_ends_is_aborted_and_the_job_finishes(env, tmp_path,
+                                                                               kind):
+    """The stop's barrier was sent, and the source read to its end before it
+    took it (its end comes before its acknowledgement): the stop's savepoint
+    is aborted (the tasks holding still go on), the request is refused
+    saying the job finishes, and the final checkpoint follows."""
+    future = env.commands.submit(kind, {"dir": str(tmp_path / "sp"), "graph": None,
+                                        "requested": time.time()}, True, "running")
+    env.commands.serve()
+    barrier = "stop" if kind == CommandKind.STOP else "rescale"
+    assert env.sent == [(0, TriggerCheckpoint(1, barrier))]
+    env.coordinator.on_end_of_data(0)
+    assert env.sent[1:] == [(0, NotifyAborted(1)), (1, NotifyAborted(1))]
+    env.commands.serve()
+    with pytest.raises(LockgateError, match="is finishing: its input ended and its final "
+                                            "checkpoint follows"):
+        future.result(0)
+    assert env.commands.busy() is None and env.commands.rescaled() is None
+    env.coordinator.on_end_of_data(1)
+    assert env.sent[-1] == (0, TriggerCheckpoint(2, "final"))
+    env.ack_all(2)
+    assert env.coordinator.finished and env.coordinator.savepoint_results.get(2) is None
