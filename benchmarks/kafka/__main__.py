@@ -18,7 +18,9 @@ one ``[key, sum]`` record per input to a fresh output topic; a checkpoint
 (or transaction) every ``--interval`` seconds. Lockgate's output is checked
 (every key's running sums exact, read with ``read_committed``); so is each
 peer's: exactly N records for exactly-once Quix Streams (and its sums), at
-least N for at-least-once Bytewax, or the peer has no figure. The peers run
+least N for at-least-once Bytewax, or the round has no figure (a peer's
+median is of its other rounds; the failed ones are counted beside it, and
+the failed run's output is kept in a temporary file). The peers run
 with ``--peers-python`` (or ``LOCKGATE_PEERS_PYTHON``, or
 ``.venv-peers/bin/python`` in the repository, or this interpreter if it has
 them): an interpreter with ``benchmarks/kafka/requirements-peers.txt``
@@ -156,7 +158,11 @@ def peer_round(args: argparse.Namespace, bootstrap: str, source: str, name: str,
     broker = broker_cpu() - broker
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"exited with {done.returncode}: {done.stderr.strip()[-1500:]}")
+        with tempfile.NamedTemporaryFile("w", prefix=f"w3-{script}-", suffix=".log",
+                                         delete=False) as log:
+            log.write(done.stderr)
+        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"exited with {done.returncode}: {last[0]} (its output: {log.name})")
     line = json.loads(lines[-1])
     count = len(records := read_all(bootstrap, out, timeout=300))
     if guarantee == "exactly-once":
@@ -204,7 +210,7 @@ def main() -> None:
         print(f"peers not run (Quix Streams, Bytewax): no interpreter with them; install "
               f"them with `{INSTALL_PEERS}` (or give --peers-python PATH)", flush=True)
     versions: dict[str, str] = {}
-    failed: dict[str, str] = {}
+    failed: dict[str, int] = {}  # a peer's failed rounds: they have no figure
     outputs: dict[str, list[int]] = {}  # a peer's output records, round by round
     walls: dict[str, list[float]] = {name: [] for name, _ in systems}
     cpus: dict[str, list[float]] = {name: [] for name, _ in systems}
@@ -215,15 +221,13 @@ def main() -> None:
         produce_numbers(bootstrap, source, 1, args.n, 4)
         for r in range(args.rounds):
             for name, _ in systems:
-                if name in failed:
-                    continue
                 if name in PEERS:
                     assert python is not None
                     try:
                         wall, cpu, broker, line = peer_round(args, bootstrap, source, name,
                                                              python)
                     except (RuntimeError, AssertionError, subprocess.TimeoutExpired) as e:
-                        failed[name] = str(e)
+                        failed[name] = failed.get(name, 0) + 1
                         print(f"round {r + 1}: {name}: FAILED, no figure: {e}", flush=True)
                         continue
                     versions[name] = str(line["version"])
@@ -246,20 +250,22 @@ def main() -> None:
           f"interval {args.interval} s, median of {args.rounds} rounds")
     print(f"{'system':<26}{'guarantee':<14}{'records/s':>12}{'CPU s/M':>9}{'broker':>8}")
     for name, guarantee in systems:
-        if name in failed:
+        if not walls[name]:
             print(f"{name:<26}{guarantee:<14}{'failed':>12}")
             continue
         label = f"{name} {versions[name]}" if name in versions else name
+        note = f"  ({failed[name]} of {args.rounds} rounds failed)" if name in failed else ""
         rate = args.n / statistics.median(walls[name])
         cpu, broker = statistics.median(cpus[name]), statistics.median(brokers[name])
-        print(f"{label:<26}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}")
+        print(f"{label:<26}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}{note}")
         if args.record:
             version = ({"version": versions[name], "output_records": max(outputs[name])}
                        if name in versions else {})
             record("kafka", [{"workload": "W3", "records": args.n, "partitions": 4,
                               "parallelism": args.parallelism, "interval_s": args.interval,
                               "system": name, **version, "guarantee": guarantee,
-                              "records_per_s": round(rate), "rounds": args.rounds,
+                              "records_per_s": round(rate), "rounds": len(walls[name]),
+                              **({"failed_rounds": failed[name]} if name in failed else {}),
                               "cpu_s_per_million": round(cpu, 2),
                               "broker_cpu_s_per_million": round(broker, 2),
                               "stat": "median"}])
