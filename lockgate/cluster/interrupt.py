@@ -5,8 +5,10 @@ output is what its latest completed checkpoint committed (two-phase-commit
 sinks' later transactions stay pending, for a resume to decide). When the
 job has ended, one line names that checkpoint and the command that resumes
 it, and :class:`~lockgate.errors.JobInterrupted` ends the program with code
-130. A second SIGINT kills the job's task processes and the driver at once.
-Only the main thread receives signals: elsewhere (``Pipeline.start``, a
+130. A second SIGINT kills the job's task processes, every other process the
+driver started for the job (:func:`at_kill`: a Spark session's JVM, Spark's
+Python daemon and its workers, a class-data archive build) and the driver at
+once. Only the main thread receives signals: elsewhere (``Pipeline.start``, a
 job run from another thread) nothing is installed.
 """
 
@@ -17,7 +19,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -55,7 +57,8 @@ class InterruptedJob(Protocol):
 
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]: ...
 
-__all__ = ["CtrlC", "on_ctrl_c", "pressed", "python_command", "reassert", "resume_line"]
+__all__ = ["CtrlC", "at_kill", "kill_tree", "on_ctrl_c", "pressed", "python_command", "reassert",
+           "resume_line"]
 
 
 class CtrlC:
@@ -102,9 +105,67 @@ class CtrlC:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        for kill in list(_at_kill):
+            try:
+                kill()
+            except Exception:  # the rest is killed all the same
+                pass
         job = f"job {self.master.job_id}" if self.master is not None else "the job"
         _say(f"\n{job} killed\n")
         os._exit(130)
+
+
+_at_kill: list[Callable[[], None]] = []
+
+
+def at_kill(kill: Callable[[], None]) -> None:
+    """Have a second Ctrl-C call ``kill`` before the driver exits: it ends
+    at once the processes its module started for the job (children of this
+    process the driver's exit alone would not end at once, or at all). Runs
+    in the signal handler: no locks, no waiting."""
+    if kill not in _at_kill:
+        _at_kill.append(kill)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` (a child of this process, not reaped yet: its number
+    cannot be another process's) and every process below it, read from
+    ``/proc`` first, so that those its death would orphan are known. A
+    process that leads a process group of its own (Spark's Python daemon
+    makes one for its workers) is killed with its whole group: a worker
+    forked meanwhile is in it."""
+    below = _descendants(pid)
+    for target in (pid, *below):
+        try:
+            if os.getpgid(target) == target:
+                os.killpg(target, signal.SIGKILL)
+            else:
+                os.kill(target, signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, parents before their children."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop(0)
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                if child not in found and child != pid:
+                    found.append(child)
+                    todo.append(child)
+    return found
 
 
 def _say(text: str) -> None:

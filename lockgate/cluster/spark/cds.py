@@ -147,6 +147,12 @@ def has_base_archive(java: str) -> bool:
     return (home / "lib" / "server" / "classes.jsa").is_file()
 
 
+def builder() -> subprocess.Popen[bytes] | None:
+    """The builder this process started, if any (a second Ctrl-C kills it
+    with the job: :func:`lockgate.cluster.spark.session.kill_processes`)."""
+    return _builder
+
+
 def start_builder(key: str, options: str) -> bool:
     """Start the builder for ``key`` in the background unless one is
     running (its lock is held) or a build failed less than
@@ -227,6 +233,10 @@ def _build(key: str, options: str, out: IO[str] | None, wait: bool = False) -> P
         if found is not None:
             _say(out, f"class-data archive: {found} (already there)")
             return found
+        # what a killed builder left (the lock says none of this key runs)
+        for leftover in paths["archive"].parent.glob(f".{paths['archive'].name}.*.tmp*"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
         tmp = paths["archive"].with_name(f".{paths['archive'].name}.{os.getpid()}.tmp")
         try:
             reason = _make(tmp, options)

@@ -247,6 +247,39 @@ def _running_jvm() -> bool:
     return context._active_spark_context is not None or context._gateway is not None
 
 
+def kill_processes() -> None:
+    """A second Ctrl-C (:func:`lockgate.cluster.interrupt.at_kill`): SIGKILL
+    what this process started for Spark, each with the processes below it:
+    the driver's JVM (PySpark's gateway, or one :func:`prestart` began; the
+    local cluster's executors are in it, Spark's Python daemon below it),
+    the warm daemon (Spark's daemon by now, with its workers and the task
+    processes they forked) and a class-data archive build. Without this the
+    JVM ends only when it reads the end of its stdin and Spark's shutdown
+    hooks have run (seconds; never if it is frozen), and the build runs on
+    in a session of its own. Under ``spark-submit`` the JVM is this
+    process's parent, and ends with it."""
+    procs: list[Any] = [early.started.proc for early in list(_early.values())
+                        if early.started is not None]
+    module = sys.modules.get("pyspark")
+    gateway = module.SparkContext._gateway if module is not None else None
+    proc = getattr(gateway, "proc", None) if gateway is not None else None
+    if proc is not None:
+        procs.append(proc)
+    procs += list(spark_warm.started())
+    cds = sys.modules.get("lockgate.cluster.spark.cds")
+    if cds is not None and cds.builder() is not None:
+        procs.append(cds.builder())
+    for proc in procs:
+        try:
+            if proc.poll() is None:  # (not reaped: its pid is still its own)
+                interrupt.kill_tree(proc.pid)
+        except Exception:
+            pass
+
+
+interrupt.at_kill(kill_processes)
+
+
 def cancel_prestart() -> None:
     """End a session :func:`prestart` began and nobody took."""
     for early in list(_early.values()):

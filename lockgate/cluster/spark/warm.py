@@ -97,6 +97,11 @@ _started: list[subprocess.Popen[bytes]] = []
 """The warm processes of this driver (their stdin pipes stay open while it runs)."""
 
 
+def started() -> list[subprocess.Popen[bytes]]:
+    """The warm processes of this driver that were not reaped yet."""
+    return list(_started)
+
+
 def stop(settings: dict[str, str]) -> None:
     """End the warm process of a session's ``settings`` that will not start
     (the job was refused): its stdin closes, and it ends unless Spark took it."""
