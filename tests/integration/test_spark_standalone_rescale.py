@@ -31,41 +31,25 @@ from tests.integration.spark_daemons import (
 APP = """
 import json, os, sys, threading, time
 os.environ["PYSPARK_PYTHON"] = sys.executable
+url, n, out, chk, gate, wait, probe, repo = sys.argv[1:9]
+n = int(n)
+sys.path.insert(0, repo)
+import cloudpickle
 from pyspark import SparkConf, SparkContext
 from lockgate import CheckpointConfig, Pipeline
 from lockgate.cluster.spark.session import task_slots
 from lockgate.connectors import FileSink
-from lockgate.connectors.sequence import SequenceReader, SequenceSource
+from lockgate.connectors.sequence import SequenceSource
 from lockgate.errors import ConfigurationError
+import tests.fault.held_source
+from tests.fault.held_source import HeldSequence
 
-url, n, out, chk, gate, wait, probe = sys.argv[1:8]
-n = int(n)
+# the executors cannot import the tests: the source goes to them by value
+cloudpickle.register_pickle_by_value(tests.fault.held_source)
 
 
 def say(**event):
     print(json.dumps(event), flush=True)
-
-
-class HeldSource(SequenceSource):
-    # 1..n; the last number of every split is held back until the file
-    # `gate` exists: the job cannot end before the test is done with it
-    def __init__(self, n, rate, gate):
-        super().__init__(1, n, rate=rate)
-        self.gate = gate
-
-    def create_reader(self, info):
-        return HeldReader(self, info)
-
-
-class HeldReader(SequenceReader):
-    def poll(self, max_records):
-        if not os.path.exists(self.source.gate):
-            left = [(s["end"] - s["next"]) // s["step"] for s in self.splits
-                    if s["next"] <= s["end"]]
-            if not left or min(left) <= 0:
-                return []
-            max_records = min(max_records, min(left))
-        return super().poll(max_records)
 
 
 sc = SparkContext(conf=SparkConf().setMaster(url).setAppName("standalone-rescale")
@@ -87,7 +71,9 @@ if probe == "yes":  # a job of 4 tasks does not start on 2 slots: the reason, at
 
 pipeline = Pipeline("standalone-rescale", parallelism=1,
                     checkpoint=CheckpointConfig(interval=0.3, storage=chk))
-(pipeline.source(HeldSource(n, 2_000, gate), uid="numbers")
+# the last number of every split is held back until the file `gate` exists:
+# the job cannot end before the test is done with it
+(pipeline.source(HeldSequence(1, n, rate=2_000, gate=gate), uid="numbers")
     .map(lambda x: (x % 3, x), uid="pairs")
     .key_by(lambda kv: kv[0])
     .reduce(lambda a, b: (a[0], a[1] + b[1]), uid="sums")
@@ -126,6 +112,7 @@ result = client.result(timeout=300)
 say(event="result", status=result.status.value, restarts=result.restarts)
 """
 N = 20_000
+REPO = Path(__file__).resolve().parents[2]
 
 
 
@@ -152,7 +139,7 @@ class Driver:
         self.out, self.gate = tmp_path / "out", tmp_path / "gate"
         self.proc = subprocess.Popen(
             [sys.executable, "app.py", url, str(N), str(self.out), str(tmp_path / "chk"),
-             str(self.gate), wait, "yes" if probe else "no"],
+             str(self.gate), wait, "yes" if probe else "no", str(REPO)],
             cwd=tmp_path, env=spark_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
         self.events: list[dict[str, Any]] = []
