@@ -213,7 +213,8 @@ class ReduceOperator(KeyedOperator):
         if self._only_immutable:
             # Every stored value is immutable (atomic, or a tuple of atomic
             # values): nothing to copy until a function returns another
-            # value (a type test a record, one per item of a tuple).
+            # value (a type test a record, one per item of a tuple; a pair,
+            # the common tuple, tested item by item without an iterator).
             of_atomic = atomic.issuperset
             for r in records:
                 k = key_of(r)
@@ -224,7 +225,9 @@ class ReduceOperator(KeyedOperator):
                         raise  # the function's own KeyError
                     v = r
                 c = v.__class__
-                if c in atomic or (c is tuple and of_atomic(map(type, v))):
+                if c in atomic or c is tuple and (
+                        type(v[0]) in atomic and type(v[1]) in atomic if len(v) == 2
+                        else of_atomic(map(type, v))):
                     values[k] = v
                     append(v)
                 else:

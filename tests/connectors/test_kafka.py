@@ -18,7 +18,7 @@ from lockgate import CheckpointConfig, KeyedProcessFunction, Pipeline, Watermark
 from lockgate.connectors import CollectSink, FileSink, SequenceSource
 from lockgate.connectors.base import TaskInfo
 from lockgate.connectors.kafka import KafkaSink, KafkaSource
-from lockgate.connectors.kafka.sink import KafkaTransactionalWriter
+from lockgate.connectors.kafka.sink import KafkaTransactionalWriter, _produce, _serialized
 from lockgate.connectors.kafka.sink_plan import transactional_id
 from lockgate.connectors.kafka.source import owner_of
 from lockgate.errors import ConfigurationError
@@ -280,6 +280,52 @@ def test_a_zombie_producer_is_fenced_by_the_next_attempt(tmp_path, kafka_broker)
     values = [v for *_, v in read_all(kafka_broker, topic)]
     assert b"zombie" not in values
     assert sorted(int(v) for v in values) == list(range(1, 501))
+
+
+def test_a_full_producer_queue_is_waited_for_and_every_record_goes_once_in_order(
+        kafka_broker):
+    """The sink's send (one pass through ``map``) on a producer whose local
+    queue holds 20 records: it finds the queue full again and again, waits
+    for deliveries and sends every record once, in order, from the one
+    that did not fit."""
+
+    class Counting:  # the real producer, its full-queue refusals counted
+        def __init__(self, producer: Producer) -> None:
+            self.producer, self.full = producer, 0
+
+        def produce(self, *args: object) -> None:
+            try:
+                self.producer.produce(*args)
+            except BufferError:
+                self.full += 1
+                raise
+
+        def poll(self, timeout: float) -> int:
+            return self.producer.poll(timeout)
+
+    out = new_topic(kafka_broker, "full-queue", 1)
+    producer = Counting(Producer({"bootstrap.servers": kafka_broker, "linger.ms": 0,
+                                  "queue.buffering.max.messages": 20}))
+    keys = [None if i % 3 == 0 else str(i).encode() for i in range(3_000)]
+    values = [f"v{i}".encode() for i in range(3_000)]
+    _produce(producer, out, keys, values)
+    assert producer.producer.flush(30) == 0
+    assert producer.full > 0, "the queue was never full: the test tested nothing"
+    assert [(k, v) for _, _, k, v in read_all(kafka_broker, out, committed=False)] == \
+        list(zip(keys, values, strict=True))
+
+
+def test_the_sinks_serializer_output_as_keys_and_values():
+    """str encoded, bytes kept, None a null key; any other type or no
+    (key, value) pair is refused with the type named."""
+    assert _serialized(lambda x: x, [("k", "v"), (None, b"b"), (b"x", bytearray(b"y"))]) == \
+        ([b"k", None, b"x"], [b"v", b"b", b"y"])
+    assert _serialized(lambda x: (str(x), json.dumps([x])), [1, 2]) == \
+        ([b"1", b"2"], [b"[1]", b"[2]"])
+    with pytest.raises(TypeError, match="int"):
+        _serialized(lambda x: (x, "v"), [1])
+    with pytest.raises(ValueError, match="unpack"):
+        _serialized(lambda x: ("k", "v", "extra"), [1])
 
 
 def test_sink_checks_the_broker_and_the_topic_at_start(kafka_broker):

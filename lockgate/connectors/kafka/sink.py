@@ -14,8 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice, repeat
+from operator import length_hint
 from typing import Any
 
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
@@ -24,7 +28,6 @@ from lockgate.connectors.kafka.sink_plan import (
     KafkaEntry,
     KafkaOwner,
     KafkaTxnHandle,
-    Pair,
     check_entry,
     committed,
     plan_recovery,
@@ -36,6 +39,9 @@ from lockgate.connectors.twophase import Precommitted, TwoPhaseCommitSinkWriter
 __all__ = ["KafkaSink", "default_serializer"]
 
 log = logging.getLogger("lockgate.connectors.kafka")
+
+_drain: Callable[[Any], object] = partial(deque, maxlen=0)
+"""Runs an iterator to its end, keeping nothing."""
 
 TXN_TIMEOUT = 30.0
 """Seconds ``init_transactions``, ``commit_transaction`` and the marker's
@@ -54,12 +60,25 @@ def _bytes(x: Any) -> bytes | None:
     raise TypeError(f"Kafka sink: a key or value must be bytes, str or None, not {type(x)}")
 
 
-def _pairs(serializer: Any, batch: list[Any]) -> list[Pair]:
-    """The (key, value) bytes of a batch: str encoded, bytes as they are."""
-    return [(k if k is None or k.__class__ is bytes else
-             k.encode() if k.__class__ is str else _bytes(k),
-             v if v.__class__ is bytes else v.encode() if v.__class__ is str else _bytes(v))
-            for k, v in map(serializer, batch)]
+def _serialized(serializer: Any, batch: list[Any]) -> tuple[list[bytes | None],
+                                                             list[bytes | None]]:
+    """The keys and the values of a batch as bytes (str encoded, bytes as
+    they are), in two lists: the transaction's write-ahead lists are
+    extended with them, no tuple kept per record."""
+    pairs = list(map(serializer, batch))
+    encode = str.encode
+    try:  # every key and value a str, the common case
+        return [encode(k) for k, _ in pairs], [encode(v) for _, v in pairs]
+    except TypeError:  # bytes, None or another type among them (or no pair)
+        pass
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    add_key, add_value = keys.append, values.append
+    for k, v in pairs:
+        add_key(k if k is None or k.__class__ is bytes else
+                k.encode() if k.__class__ is str else _bytes(k))
+        add_value(v if v.__class__ is bytes else v.encode() if v.__class__ is str else _bytes(v))
+    return keys, values
 
 
 def default_serializer(record: Any) -> tuple[Any, Any]:
@@ -148,16 +167,22 @@ class _Delivery:
             raise kafka_module().KafkaException(f"Kafka sink: {what} failed: {first}")
 
 
-def _produce(producer: Any, topic: str, pairs: list[Pair]) -> None:
-    """Send ``pairs``; a full local queue waits for deliveries."""
+def _produce(producer: Any, topic: str, keys: list[bytes | None],
+             values: list[bytes | None]) -> None:
+    """Send the records (``keys[i]``, ``values[i]``); a full local queue
+    waits for deliveries. One C-speed pass (``map``) over the records: on a
+    full queue the count of topics left says which record to send again."""
     produce, poll = producer.produce, producer.poll
-    for key, value in pairs:
-        while True:
-            try:
-                produce(topic, value, key)
-                break
-            except BufferError:
-                poll(0.05)
+    n = len(values)
+    sent = 0
+    while sent < n:
+        topics = repeat(topic, n - sent)
+        try:
+            _drain(map(produce, topics, islice(values, sent, None), islice(keys, sent, None)))
+            break
+        except BufferError:
+            sent = n - length_hint(topics) - 1  # the record that did not fit
+            poll(0.05)
     poll(0)
 
 
@@ -174,7 +199,7 @@ class KafkaAtLeastOnceWriter(SinkWriter[Any]):
         self.producer = kafka_module().Producer(config)
 
     def write_batch(self, batch: list[Any]) -> None:
-        _produce(self.producer, self.sink.topic, _pairs(self.sink.serializer, batch))
+        _produce(self.producer, self.sink.topic, *_serialized(self.sink.serializer, batch))
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         self.delivery.flush(self.producer, "a flush")
@@ -188,10 +213,12 @@ class KafkaAtLeastOnceWriter(SinkWriter[Any]):
 
 @dataclass
 class _Txn:
-    """One checkpoint's transaction: its records (serialized) as they came."""
+    """One checkpoint's transaction: its records (serialized) as they came,
+    keys and values in two lists (as its handle keeps them)."""
 
     seq: int
-    records: list[Pair] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
 
 
 class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
@@ -251,7 +278,7 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
     def _redo(self, producer: Any, entry: Precommitted[KafkaTxnHandle]) -> None:
         """Send a handle's records in a new transaction, with its marker, and commit."""
         producer.begin_transaction()
-        _produce(producer, self.sink.topic, entry.handle.records)
+        _produce(producer, self.sink.topic, entry.handle.keys, entry.handle.values)
         self._commit_kafka(producer, entry.handle.tid, entry.checkpoint_id)
 
     # -------------------------------------------------------------- hooks
@@ -290,10 +317,11 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
         return txn
 
     def write(self, txn: _Txn, batch: list[Any]) -> None:
-        pairs = _pairs(self.sink.serializer, batch)
-        txn.records += pairs
+        keys, values = _serialized(self.sink.serializer, batch)
+        txn.keys += keys
+        txn.values += values
         if txn is self.live:
-            _produce(self.producer, self.sink.topic, pairs)
+            _produce(self.producer, self.sink.topic, keys, values)
 
     def pre_commit(self, txn: _Txn) -> KafkaTxnHandle:
         """Step 3: the handle keeps the records to redo the transaction, which
@@ -301,9 +329,8 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
         the records already sent are delivered while the checkpoint
         completes, and the commit flushes (a delivery error fails it, and
         recovery redoes the transaction from this handle)."""
-        records = txn.records
-        return KafkaTxnHandle(self.tid, self.nonce, txn.seq, [k for k, _ in records],
-                              [v for _, v in records])
+        # the lists themselves: nothing appends to a transaction once pre-committed
+        return KafkaTxnHandle(self.tid, self.nonce, txn.seq, txn.keys, txn.values)
 
     def commit(self, entry: Precommitted[KafkaEntry]) -> None:
         """Step 4: commit the live transaction, or redo one from its handle."""
@@ -328,7 +355,7 @@ class KafkaTransactionalWriter(TwoPhaseCommitSinkWriter[_Txn, KafkaEntry]):
             return
         self.producer.begin_transaction()
         self.live = txn
-        _produce(self.producer, self.sink.topic, txn.records)
+        _produce(self.producer, self.sink.topic, txn.keys, txn.values)
 
     def snapshot_state(self, checkpoint_id: int) -> list[Any]:
         entries = super().snapshot_state(checkpoint_id)
