@@ -35,9 +35,12 @@ def submit(pipeline: Pipeline, args: dict[str, Any], wait: bool) -> JobResult | 
             spark_session.cancel_prestart()  # (none is left once the job started)
             raise
     except KeyboardInterrupt:  # Ctrl-C before the job started: one line, code 130
-        from lockgate.cluster.submission import interrupted_before_start
+        from lockgate.cluster import interrupt
 
-        raise interrupted_before_start(pipeline.name) from None
+        with interrupt.on_ctrl_c(pressed=True):  # meanwhile a second one kills at once
+            from lockgate.cluster.submission import interrupted_before_start
+
+            raise interrupted_before_start(pipeline.name) from None
 
 
 def _submit_now(pipeline: Pipeline, args: dict[str, Any], wait: bool) -> JobResult | JobClient:

@@ -179,17 +179,21 @@ _active: list[CtrlC] = []
 
 
 @contextmanager
-def on_ctrl_c() -> Iterator[CtrlC | None]:
+def on_ctrl_c(pressed: bool = False) -> Iterator[CtrlC | None]:
     """Ctrl-C handling while the block runs (main thread only; None
-    elsewhere). Nested blocks share the outermost handler."""
+    elsewhere). Nested blocks share the outermost handler. ``pressed``:
+    the block handles a Ctrl-C already (a ``KeyboardInterrupt``), so the
+    next one kills at once."""
     if threading.current_thread() is not threading.main_thread():
         yield None
         return
     if _active:
         signal.signal(signal.SIGINT, _active[-1])
+        _active[-1].pressed = max(_active[-1].pressed, int(pressed))
         yield _active[-1]
         return
     handler = CtrlC()
+    handler.pressed = int(pressed)
     previous = signal.signal(signal.SIGINT, handler)
     _active.append(handler)
     try:
