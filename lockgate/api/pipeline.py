@@ -115,7 +115,8 @@ class Pipeline:
             for more to batch with before it is sent on (Flink's buffer
             timeout). Full buffers (``batch_size`` records) go at once; lower
             it for lower latency at low rates, raise it for fewer, larger
-            batches (docs/performance.md, *Latency*).
+            batches (docs/performance.md, *End-to-end latency of
+            exactly-once output*).
         autoscale: the autoscaler (off by default): the job master sizes each
             vertex from its tasks' metrics and rescales the running job
             (:class:`~lockgate.config.AutoscalerConfig`, docs/elasticity.md).
