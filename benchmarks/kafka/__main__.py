@@ -50,8 +50,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.kafka import bare_loop  # noqa: E402
-from benchmarks.nexmark.measure import JobUsage, _descendants, _stat  # noqa: E402
+from benchmarks.nexmark.measure import JobUsage, _stat  # noqa: E402
 from benchmarks.record import record  # noqa: E402
+from lockgate.cluster.interrupt import descendants  # noqa: E402
 from tests.connectors.kafka_server import noida_broker  # noqa: E402
 from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, produce_numbers, read_all, sums_of  # noqa: E402
@@ -68,7 +69,7 @@ INSTALL_PEERS = ("python3 -m venv .venv-peers && .venv-peers/bin/pip install "
 
 def broker_cpu() -> float:
     """CPU seconds of the broker this benchmark started (0 for one given)."""
-    return sum(st[1] for pid in _descendants(os.getpid())
+    return sum(st[1] for pid in descendants(os.getpid())
                if (st := _stat(pid)) is not None and st[0] == BROKER)
 
 

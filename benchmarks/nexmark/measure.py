@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.nexmark.queries import result_time
+from lockgate.cluster.interrupt import descendants
 from lockgate.connectors.base import Sink, SinkWriter, TaskInfo
 from lockgate.runtime.spec import TASK_PROCESS_PREFIX
 
@@ -80,27 +81,6 @@ def read_stats(folder: str) -> tuple[int, list[int]]:
     return count, latencies
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (the machine is shared: only this job's)."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    children = {int(c) for c in f.read().split()}
-            except OSError:
-                continue
-            todo.extend(children - found)
-            found |= children
-    return found
-
-
 def _stat(pid: int) -> tuple[str, float, float, int] | None:
     """``(name, own CPU s, CPU s of its reaped children, RSS bytes)`` of ``pid``."""
     try:
@@ -144,7 +124,7 @@ class JobUsage(threading.Thread):
         t = os.times()
         total = t.user + t.system - self.own + t.children_user + t.children_system
         rss = 0
-        for pid in _descendants(os.getpid()):
+        for pid in descendants(os.getpid()):
             st = _stat(pid)
             if st is None:
                 continue
@@ -170,7 +150,7 @@ class JobUsage(threading.Thread):
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline and any(
                 (st := _stat(pid)) is not None and st[0].startswith(TASK_PROCESS_PREFIX)
-                for pid in _descendants(os.getpid())):
+                for pid in descendants(os.getpid())):
             time.sleep(0.02)
         self.stop.set()
         self.join()

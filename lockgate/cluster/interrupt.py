@@ -57,8 +57,8 @@ class InterruptedJob(Protocol):
 
     def submit(self, kind: str, **args: Any) -> Future[dict[str, Any]]: ...
 
-__all__ = ["CtrlC", "at_kill", "kill_tree", "on_ctrl_c", "pressed", "python_command", "reassert",
-           "resume_line"]
+__all__ = ["CtrlC", "at_kill", "descendants", "kill_tree", "on_ctrl_c", "pressed", "python_command",
+           "reassert", "resume_line"]
 
 
 class CtrlC:
@@ -134,7 +134,7 @@ def kill_tree(pid: int) -> None:
     process that leads a process group of its own (Spark's Python daemon
     makes one for its workers) is killed with its whole group: a worker
     forked meanwhile is in it."""
-    below = _descendants(pid)
+    below = descendants(pid)
     for target in (pid, *below):
         try:
             if os.getpgid(target) == target:
@@ -145,7 +145,7 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below ``pid``, parents before their children."""
     found: list[int] = []
     todo = [pid]
