@@ -81,8 +81,9 @@ def read_stats(folder: str) -> tuple[int, list[int]]:
     return count, latencies
 
 
-def _stat(pid: int) -> tuple[str, float, float, int] | None:
-    """``(name, own CPU s, CPU s of its reaped children, RSS bytes)`` of ``pid``."""
+def _stat(pid: int) -> tuple[str, float, float, int, int, int] | None:
+    """``(name, own CPU s, CPU s of its reaped children, RSS bytes, parent
+    pid, start time in clock ticks)`` of ``pid``."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -91,7 +92,8 @@ def _stat(pid: int) -> tuple[str, float, float, int] | None:
     name = stat[stat.index("(") + 1:stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2:].split()
     return (name, (int(fields[11]) + int(fields[12])) / _TICK,
-            (int(fields[13]) + int(fields[14])) / _TICK, int(fields[21]) * _PAGE)
+            (int(fields[13]) + int(fields[14])) / _TICK, int(fields[21]) * _PAGE,
+            int(fields[1]), int(fields[19]))
 
 
 class JobUsage(threading.Thread):
@@ -103,12 +105,17 @@ class JobUsage(threading.Thread):
     CPU of its reaped children, and of every live descendant its own and its
     reaped children's: a task that ended is in its parent's (the fork
     server's) reaped-children figure from then on, so nothing is lost or
-    counted twice. ``finish`` takes the last snapshot after the tasks are
-    reaped; the CPU of the run is the difference of the first and the last.
-    Every 50 ms a sample ``(wall clock, CPU so far)`` goes to ``timeline``
-    (the steady-state figures), and the peak of the summed RSS of the tasks
-    (processes named ``lgtask-...``) is kept; ``tasks`` keeps each task's
-    last CPU sample (at most 50 ms old when it ended)."""
+    counted twice. A descendant orphaned by its parent's death (as a Spark
+    daemon's workers can be) is followed on by its pid, and one that ended
+    with nobody tracked to reap it (an orphan, or a process of an earlier
+    run ending now) keeps the CPU it was last seen with: without that, a
+    run's figure could even come out negative. ``finish`` takes the last
+    snapshot after the tasks are reaped; the CPU of the run is the
+    difference of the first and the last. Every 50 ms a sample ``(wall
+    clock, CPU so far)`` goes to ``timeline`` (the steady-state figures),
+    and the peak of the summed RSS of the tasks (processes named
+    ``lgtask-...``) is kept; ``tasks`` keeps each task's last CPU sample (at
+    most 50 ms old when it ended)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -118,21 +125,35 @@ class JobUsage(threading.Thread):
         self.stop = threading.Event()
         self.own = 0.0
         """CPU seconds of this thread (not the job's)."""
+        self.seen: dict[int, tuple[float, int, int]] = {}
+        """Per process followed at the last snapshot: its CPU (own and reaped
+        children's), its parent and its start time."""
+        self.gone = 0.0
+        """CPU seconds of descendants that vanished with no tracked parent."""
         self.base = self.snapshot()
 
     def snapshot(self) -> float:
         t = os.times()
         total = t.user + t.system - self.own + t.children_user + t.children_system
         rss = 0
-        for pid in descendants(os.getpid()):
-            st = _stat(pid)
-            if st is None:
+        me = os.getpid()
+        alive: dict[int, tuple[float, int, int]] = {}
+        for pid in [*descendants(me), *self.seen]:
+            if pid in alive or (st := _stat(pid)) is None:
                 continue
-            name, cpu, reaped, mem = st
+            name, cpu, reaped, mem, parent, start = st
+            if pid in self.seen and start != self.seen[pid][2]:
+                continue  # the pid was reused
+            alive[pid] = (cpu + reaped, parent, start)
             total += cpu + reaped
             if name.startswith(TASK_PROCESS_PREFIX):
                 self.tasks[pid] = cpu
                 rss += mem
+        for pid, (cpu, parent, _) in self.seen.items():
+            if pid not in alive and parent not in alive and parent != me:
+                self.gone += cpu  # nobody tracked reaped it: its last figure
+        self.seen = alive
+        total += self.gone
         self.peak_rss = max(self.peak_rss, rss)
         return total
 
