@@ -21,12 +21,12 @@ __all__ = [
 
 
 MAX_INLINE_THRESHOLD = 1 << 20
+"""The largest ``CheckpointConfig.inline_threshold`` (what a reader of
+``_metadata`` accepts inline: ``lockgate.checkpoint.metadata.MAX_INLINE``)."""
 
 DEFAULT_BUFFER_TIMEOUT = 0.01
 """Seconds a record may wait in a task's output buffer for more records to
 batch with (``Pipeline(buffer_timeout=...)``)."""
-"""The largest ``CheckpointConfig.inline_threshold`` (what a reader of
-``_metadata`` accepts inline: ``lockgate.checkpoint.metadata.MAX_INLINE``)."""
 
 
 class CheckpointingMode(StrEnum):
