@@ -142,11 +142,13 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
     also ``(produced, written by the sink, visible)`` of each."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from lockgate.connectors.kafka.source import FETCH_PACING
+
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "latency-watch",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "fetch.wait.max.ms": 5, "fetch.min.bytes": 1,
                          # paced as the source: a fetch per record would take the CPU
-                         "queued.min.messages": 1, "fetch.queue.backoff.ms": 5})
+                         **FETCH_PACING})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     lat: list[int] = []
     rows: list[tuple[int, int, int]] = []
