@@ -65,6 +65,8 @@ from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, produce_numbers  # noqa: E402
 
 PARTITIONS = 4
+WATCH_EVERY = 0.002
+"""Seconds between two reads of the output's last stable offsets."""
 
 
 # ------------------------------------------------------------------ the job
@@ -136,36 +138,65 @@ def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float,
 
 
 def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
-          split: bool = False) -> None:
+          split: bool = False, every: float = WATCH_EVERY) -> None:
     """Latencies (ms) of ``topic``'s records produced after ``since_ms``, as
     a read_committed consumer sees them, until ``stop`` is set; ``split``:
-    also ``(produced, written by the sink, visible)`` of each."""
-    from confluent_kafka import Consumer, TopicPartition
+    also ``(produced, written by the sink, visible)`` of each.
 
-    from lockgate.connectors.kafka.source import FETCH_PACING
+    A record is visible to a ``read_committed`` consumer once its partition's
+    last stable offset (LSO) is past it. The watcher asks the broker for the
+    LSO of every partition (one ListOffsets request) every ``every`` seconds
+    and notes when each advanced; once ``stop`` is set it reads the records
+    and gives each the time its offset became visible. A record's latency is
+    thus late by up to ``every`` (plus the request's round trip), never
+    early. A consumer fetching all along would tell the same, but against a
+    broker that answers every fetch at once (noida-db does not hold a fetch
+    for ``fetch.wait.max.ms``) it fetches in a loop between two commits and
+    takes a core from the job it measures."""
+    from confluent_kafka import Consumer, IsolationLevel, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
 
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    spec = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}
+    # per partition: the LSOs seen, and when (ms), in order
+    lsos: list[list[int]] = [[0] for _ in range(PARTITIONS)]
+    times: list[list[int]] = [[0] for _ in range(PARTITIONS)]
+    while not stop.is_set():
+        futures = admin.list_offsets(spec, isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=10)
+        answers = {tp.partition: f.result().offset for tp, f in futures.items()}
+        now = int(time.time() * 1000)
+        for p, lso in answers.items():
+            if lso > lsos[p][-1]:
+                lsos[p].append(lso)
+                times[p].append(now)
+        time.sleep(every)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "latency-watch",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "fetch.wait.max.ms": 5, "fetch.min.bytes": 1,
-                         # paced as the source: a fetch per record would take the CPU
-                         **FETCH_PACING})
+                         # noida-db answers a fetch with all it has, whatever fetch.max.bytes
+                         "receive.message.max.bytes": 1 << 30})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    ends = [lsos[p][-1] for p in range(PARTITIONS)]
     lat: list[int] = []
     rows: list[tuple[int, int, int]] = []
     seen = 0
-    while not stop.is_set():
-        msgs = consumer.consume(20_000, 0.01)
-        now = int(time.time() * 1000)
-        seen += len(msgs)
-        since = since_ms.value
+    since = since_ms.value
+    while msgs := consumer.consume(20_000, 2.0):  # every record visible when stopped
         for m in msgs:
-            if m.error() is None:
-                fields = m.value().split(b",")
-                t = int(fields[2])
-                if t >= since:
-                    lat.append(now - t)
-                    if split:
-                        rows.append((t, int(fields[3]), now))
+            if m.error() is not None:
+                continue
+            p, offset = m.partition(), m.offset()
+            if offset >= ends[p]:
+                continue
+            seen += 1
+            # the first LSO past the offset: when the record became visible
+            visible = times[p][bisect.bisect_right(lsos[p], offset)]
+            fields = m.value().split(b",")
+            t = int(fields[2])
+            if t >= since:
+                lat.append(visible - t)
+                if split:
+                    rows.append((t, int(fields[3]), visible))
     consumer.close()
     out.put((seen, lat, rows))
 
