@@ -3,7 +3,7 @@
     python -m benchmarks.kafka.latency [--intervals 1.0 0.2 0.1] [--rounds 2]
         [--n 1000000] [--rate R] [--seconds 20] [--warmup 5]
         [--launchers local] [--bootstrap host:port] [--inline-threshold B]
-        [--buffer-timeout S] [--record]
+        [--buffer-timeout S] [--split] [--history DIR] [--record]
 
 Two phases on one private noida-db broker (or ``--bootstrap``):
 
@@ -13,15 +13,24 @@ Two phases on one private noida-db broker (or ``--bootstrap``):
    intervals interleaved round by round; records/s is ``n`` / wall time
    (start-up included, as ``python -m benchmarks.kafka``), median of rounds.
 2. **Latency.** The same job with an unbounded source, fed at a fixed rate
-   (``--rate``, by default half the median throughput at the longest
-   interval) by a producer process that stamps each record's Kafka timestamp
-   with its produce time; the job carries the timestamp of the input that
-   made each sum into its output record; a ``read_committed`` consumer
-   process notes when each output record becomes visible. Latency = visible -
+   (``--rate``, by default half the live maximum, below) by a producer
+   process that stamps each record's Kafka timestamp with its produce time;
+   the job carries the timestamp of the input that made each sum into its
+   output record; a watcher process notes when each output record becomes
+   visible to a ``read_committed`` consumer (its partition's last stable
+   offset passed it; read every 5 ms). Latency = visible -
    produced, for records produced after ``--warmup`` seconds, over
    ``--seconds`` seconds; p50, p99 and max per interval (median over
    rounds), with the job's checkpoint history (duration, alignment, the
    synchronous and asynchronous parts) summarized.
+
+The live maximum is the highest rate the job keeps up with while the
+producer, the watcher and the broker share its machine (on a 2-core
+machine they take a good part of it, so it is below the throughput of
+phase 1, read from a topic filled beforehand): offered the throughput at
+the longest interval (or ``--max-from``), the job makes visible what it
+can; that rate is offered next, until at least 95% of what is offered
+becomes visible on time.
 
 ``--inline-threshold``: the latency job's ``CheckpointConfig.inline_threshold``
 (state files of at most that many bytes kept in ``_metadata``; default:
@@ -65,7 +74,7 @@ from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, produce_numbers  # noqa: E402
 
 PARTITIONS = 4
-WATCH_EVERY = 0.002
+WATCH_EVERY = 0.005
 """Seconds between two reads of the output's last stable offsets."""
 
 
@@ -114,10 +123,13 @@ def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys
 # ------------------------------------------------------- producer, consumer
 def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float,
                     ready: Any) -> None:
-    """``rate`` records/s for ``seconds``, each stamped with its produce time."""
+    """``rate`` records/s for ``seconds``, each stamped with its produce time.
+    It stands for clients on other machines: it runs at a lower priority
+    (``nice`` 10), and a record is stamped when it is produced, late or not."""
+    os.nice(10)
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1,
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
                          "queue.buffering.max.messages": 1_000_000})
     ready.wait()
     produce, poll = producer.produce, producer.poll
@@ -156,6 +168,8 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
     from confluent_kafka import Consumer, IsolationLevel, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
+    os.nice(10)  # as the producer: a client on another machine
+
     admin = AdminClient({"bootstrap.servers": bootstrap})
     spec = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}
     # per partition: the LSOs seen, and when (ms), in order
@@ -181,7 +195,15 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
     rows: list[tuple[int, int, int]] = []
     seen = 0
     since = since_ms.value
-    while msgs := consumer.consume(20_000, 2.0):  # every record visible when stopped
+    # every record is visible once stopped: read until none came for 2 s (the
+    # first fetch can take longer on a loaded machine: up to a minute)
+    deadline = time.monotonic() + 60
+    while True:
+        msgs = consumer.consume(20_000, 2.0)
+        if not msgs:
+            if seen or time.monotonic() > deadline:
+                break
+            continue
         for m in msgs:
             if m.error() is not None:
                 continue
@@ -198,7 +220,8 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
                 if split:
                     rows.append((t, int(fields[3]), visible))
     consumer.close()
-    out.put((seen, lat, rows))
+    out.put((seen, lat, rows, [list(zip(times[p], lsos[p], strict=True))
+                               for p in range(PARTITIONS)]))
 
 
 # ------------------------------------------------------------------- phases
@@ -301,16 +324,47 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
         time.sleep(max(3.0, 3 * interval))
         history = job.checkpoints()
         stop.set()
-        seen, lat, rows = results.get(timeout=120)
+        seen, lat, rows, visible = results.get(timeout=120)
         watcher.join(10)
         costs = checkpoint_costs(history, t0 + args.warmup, t1)
+        if args.history:
+            Path(args.history).mkdir(parents=True, exist_ok=True)
+            name = f"{args.launcher}-{interval}s-{int(t0)}.json"
+            (Path(args.history) / name).write_text(json.dumps(
+                {"since": t0 + args.warmup, "until": t1, "checkpoints": history}))
     finally:
         job.cancel()
         shutil.rmtree(tmp, ignore_errors=True)
     expected = int(total * rate)
     return {"interval_s": interval, "rate": rate, "produced": expected, "seen": seen,
+            "out_rate": out_rate(visible, t0 + args.warmup, t1),
             "measured": len(lat), "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99),
             "max_ms": max(lat) if lat else None, **costs, **split_latency(rows, history)}
+
+
+def out_rate(visible: list[list[tuple[int, int]]], since: float, until: float) -> float:
+    """Records/s that became visible between ``since`` and ``until`` (s),
+    from each partition's ``(time ms, last stable offset)`` steps (offsets
+    count the transactions' commit markers too: a few per second)."""
+    def at(steps: list[tuple[int, int]], t: float) -> int:
+        i = bisect.bisect_right([ms for ms, _ in steps], t * 1000)
+        return steps[i - 1][1] if i else 0
+    return sum(at(s, until) - at(s, since) for s in visible) / (until - since)
+
+
+def live_maximum(bootstrap: str, start: float, interval: float, args: Any) -> float:
+    """The highest rate the job keeps up with while the producer feeds it on
+    the same machine: offered ``start`` records/s, the job makes visible
+    what it can; that rate is offered next, until the job keeps up with
+    what it is offered (at least 95% of it visible on time)."""
+    rate = start
+    for _ in range(4):
+        got = latency_round(bootstrap, interval, rate, args)["out_rate"]
+        print(f"live: offered {rate:,.0f} records/s, visible {got:,.0f}/s", flush=True)
+        if got >= 0.95 * rate:
+            return rate
+        rate = got
+    return rate
 
 
 def _wait_running(job: Any) -> None:
@@ -338,7 +392,11 @@ def main() -> None:
     ap.add_argument("--intervals", type=float, nargs="+", default=[1.0, 0.2, 0.1])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--rate", type=float, help="records/s (default: half the throughput)")
+    ap.add_argument("--rate", type=float,
+                    help="records/s (default: half the live maximum, see the docstring)")
+    ap.add_argument("--max-from", type=float,
+                    help="records/s the search for the live maximum starts from "
+                         "(default: the throughput at the longest interval)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--parallelism", type=int, default=2)
@@ -352,6 +410,8 @@ def main() -> None:
                     help="the latency job's Pipeline(buffer_timeout=...) (seconds)")
     ap.add_argument("--split", action="store_true",
                     help="report where the slowest records' latency went (see the docstring)")
+    ap.add_argument("--history", metavar="DIR",
+                    help="write each latency round's checkpoint history to DIR as JSON")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     loads = [os.getloadavg()[0]]
@@ -369,7 +429,15 @@ def main() -> None:
                     print(f"round {r + 1}: interval {i} s: {rates[i][-1]:,.0f} records/s",
                           flush=True)
         top = max(args.intervals)
-        rate = args.rate or statistics.median(rates[top]) / 2
+        live_max = None
+        if args.rate:
+            rate = args.rate
+        else:
+            start = args.max_from or (statistics.median(rates[top]) if rates[top] else None)
+            if start is None:
+                ap.error("--no-throughput needs --rate or --max-from")
+            live_max = live_maximum(bootstrap, start, top, args)
+            rate = live_max / 2
         print(f"latency at {rate:,.0f} records/s", flush=True)
         for r in range(args.rounds):
             for i in args.intervals:
@@ -378,7 +446,9 @@ def main() -> None:
                 print(f"round {r + 1}: {json.dumps(lats[i][-1])}", flush=True)
     load = round(statistics.median(loads), 2)
     print(f"\nW3 latency, {args.launcher} launcher, p={args.parallelism}, "
-          f"{rate:,.0f} records/s, median of {args.rounds} rounds, load {load}")
+          f"{rate:,.0f} records/s"
+          + (f" (half the live maximum, {live_max:,.0f})" if live_max else "")
+          + f", median of {args.rounds} rounds, load {load}")
     cols = ("p50_ms", "p99_ms", "max_ms", "duration_ms", "alignment_ms", "sync_ms", "async_ms",
             "metadata_ms", "per_s", "size_bytes")
     if args.split:
@@ -395,6 +465,7 @@ def main() -> None:
                     "launcher": args.launcher, "parallelism": args.parallelism,
                     "interval_s": i, "records_per_s": tp, "throughput_records": args.n,
                     "latency_rate": round(rate), "latency_seconds": args.seconds,
+                    "live_maximum": round(live_max) if live_max else None,
                     "rounds": args.rounds, "stat": "median",
                     "inline_threshold": args.inline_threshold,
                     "buffer_timeout": args.buffer_timeout, **row}

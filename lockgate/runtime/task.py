@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -183,6 +184,7 @@ class Task:
             self._send(Running(self.steps, self.local_restores))
             self.meter.start(self, self._send)
             collect_less()
+            sys.setswitchinterval(SWITCH_INTERVAL)
             self._loop()
             # Step 5. End: tell downstream and the coordinator.
             for out in self.outputs:
@@ -485,6 +487,15 @@ def _exit_orphan() -> None:
     logging.shutdown()
     os._exit(1)
 
+
+SWITCH_INTERVAL = 0.0005
+"""Seconds a thread of a running task may hold the GIL while another waits
+for it (Python's default: 0.005). The main thread runs records; the
+readers of the input channels, the snapshot thread and the control
+connection release the GIL at every socket or file call and must win it
+back each time: at 5 ms a wait, a snapshot's few dozen file calls took
+hundreds of milliseconds while the main thread was busy, and a reader
+handed over few batches a second."""
 
 GC_THRESHOLD = 20_000
 """Allocations (less deallocations) of container objects between two

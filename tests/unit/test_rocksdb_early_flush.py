@@ -73,8 +73,10 @@ def learn_period(b, gap: float = 0.4) -> float:
     """Two snapshots ``gap`` apart: returns when the early flush is due."""
     b.snapshot()
     time.sleep(gap)
-    b.snapshot()
+    # the time before the snapshot: the period counts from its start, and on a
+    # loaded machine the snapshot itself can take longer than the lead
     now = time.monotonic()
+    b.snapshot()
     wait = b.prepare_snapshot(now)
     assert 0 < wait < 10 * gap  # the period: the gap and the first snapshot's own time
     return now + wait
