@@ -161,14 +161,15 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
     and notes when each advanced; once ``stop`` is set it reads the records
     and gives each the time its offset became visible. A record's latency is
     thus late by up to ``every`` (plus the request's round trip), never
-    early. A consumer fetching all along would tell the same, but against a
-    broker that answers every fetch at once (noida-db does not hold a fetch
-    for ``fetch.wait.max.ms``) it fetches in a loop between two commits and
-    takes a core from the job it measures."""
+    early (it runs at the job's priority: at a lower one, the time it
+    waited for a CPU would count as latency). A consumer fetching all along
+    would tell the same, but against a broker that answers every fetch at
+    once (noida-db does not hold a fetch for ``fetch.wait.max.ms``) it
+    fetches in a loop between two commits and takes a core from the job it
+    measures."""
     from confluent_kafka import Consumer, IsolationLevel, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    os.nice(10)  # as the producer: a client on another machine
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     spec = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}
