@@ -432,15 +432,19 @@ def _runtime_types(hint: Any) -> tuple[type, ...]:
     return (origin or hint,)
 
 
+_HINTS: dict[type[ControlMessage], list[tuple[str, Any]]] = {
+    cls: [(f.name, hints[f.name]) for f in fields(cls)]
+    for cls in _MESSAGES.values() for hints in [typing.get_type_hints(cls)]
+}
+"""Each message's fields and their types (the annotations evaluated once per class)."""
 _SCHEMAS: dict[type[ControlMessage], list[tuple[str, tuple[type, ...]]]] = {
-    cls: [(f.name, _runtime_types(typing.get_type_hints(cls)[f.name])) for f in fields(cls)]
-    for cls in _MESSAGES.values()
+    cls: [(name, _runtime_types(hint)) for name, hint in hints]
+    for cls, hints in _HINTS.items()
 }
 _ENUMS: dict[type[ControlMessage], list[tuple[int, type[StrEnum]]]] = {
-    cls: [(i, hint) for i, f in enumerate(fields(cls))
-          for hint in [typing.get_type_hints(cls)[f.name]]
+    cls: [(i, hint) for i, (_, hint) in enumerate(hints)
           if isinstance(hint, type) and issubclass(hint, StrEnum)]
-    for cls in _MESSAGES.values()
+    for cls, hints in _HINTS.items()
 }
 
 

@@ -85,9 +85,9 @@ def prepare_job(pipeline: Pipeline, options: RunOptions) -> JobMaster:
     check_parallelism(graph)
     check_autoscale(graph, pipeline)
     if options.launcher == "local":  # its imports overlap the checks below
-        from lockgate.cluster.local.forks import prestart
+        from lockgate.cluster.local.forks import prestart, task_modules
 
-        prestart()
+        prestart(task_modules(graph, pipeline.checkpoint.storage))
     elif options.launcher == "spark":  # a new local session's JVM starts during the checks
         from lockgate.cluster.spark import session as spark_session
         from lockgate.cluster.spark.naming import app_name

@@ -112,6 +112,14 @@ class Source(ABC, Generic[T]):
         knows (a bounded source), for the progress bar and its ETA; None if not."""
         return None
 
+    def task_modules(self) -> tuple[str, ...]:
+        """Modules this source's readers import on first use in a task (its
+        client library, say), beyond its own module: a task host that forks
+        tasks (the local launcher's fork server) imports them once, before
+        it forks the job's tasks, so that no task pays for them. Importing
+        them must start no thread. None by default."""
+        return ()
+
     @abstractmethod
     def create_reader(self, info: TaskInfo) -> SourceReader[T]: ...
 
@@ -177,6 +185,11 @@ class Sink(ABC, Generic[T]):
     def validate(self) -> None:
         """Called in the driver before the job starts: raise a LockgateError
         naming the problem and the fix if the sink cannot work (fail fast)."""
+
+    def task_modules(self) -> tuple[str, ...]:
+        """Modules this sink's writers import on first use in a task, beyond
+        its own module (as :meth:`Source.task_modules`). None by default."""
+        return ()
 
     @abstractmethod
     def create_writer(self, info: TaskInfo) -> SinkWriter[T]: ...

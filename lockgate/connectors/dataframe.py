@@ -222,6 +222,9 @@ class DataFrameSource(Source[dict[str, Any]]):
         self.path: str | None = None
         """The materialized copy (set in the driver by :meth:`prepare`)."""
 
+    def task_modules(self) -> tuple[str, ...]:
+        return ("pyarrow.parquet",)  # its copy is in the checkpoint storage
+
     def validate(self) -> None:
         """Columns must have distinct names (a record is a dict)."""
         if self._df is None:

@@ -341,6 +341,10 @@ class FileSink(Sink[Any]):
         self.path = fs.absolute(path)
         self.format = format
 
+    def task_modules(self) -> tuple[str, ...]:
+        parquet = ("pyarrow.parquet",) if self.format == "parquet" else ()
+        return parquet + fs.modules_for(self.path)
+
     def validate(self) -> None:
         """The folder must be creatable and writable before the job starts."""
         ensure_writable_dir(self.path, ".lockgate-probe-driver")

@@ -427,6 +427,10 @@ class FileSource(Source[Any]):
         self.poll_interval = poll_interval
         self.bounded = not watch
 
+    def task_modules(self) -> tuple[str, ...]:
+        parquet = ("pyarrow.parquet",) if self.format == "parquet" else ()
+        return parquet + fs.modules_for(self.path)
+
     def validate(self) -> None:
         """In the driver, before any task starts: the folder exists (unless
         ``watch``, which waits for it)."""

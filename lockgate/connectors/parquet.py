@@ -162,6 +162,9 @@ class ArrowSource(Source[Any]):
         self.rate = rate
         self.bounded = source.bounded
 
+    def task_modules(self) -> tuple[str, ...]:
+        return ("pyarrow", *self.inner.task_modules())
+
     def validate(self) -> None:
         self.inner.validate()
 

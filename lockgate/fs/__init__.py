@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
 __all__ = [
-    "is_url", "is_local", "local_path", "is_object_store", "resolve", "join", "parent",
-    "basename", "absolute", "redact", "exists", "is_dir", "is_file", "listdir",
+    "is_url", "is_local", "local_path", "modules_for", "is_object_store", "resolve", "join",
+    "parent", "basename", "absolute", "redact", "exists", "is_dir", "is_file", "listdir",
     "list_sizes", "walk_files", "makedirs", "open_write", "finish_write", "write_atomic",
     "read_bytes", "open_read", "remove", "rmtree", "move", "sync_dir",
 ]
@@ -75,6 +75,13 @@ def local_path(location: Location) -> str | None:
 def is_local(location: Location) -> bool:
     """Whether ``location`` is on the local filesystem."""
     return local_path(location) is not None
+
+
+def modules_for(location: Location) -> tuple[str, ...]:
+    """The modules reading or writing ``location`` imports: ``pyarrow.fs``
+    for anything but the local filesystem (a task host imports them before
+    it forks tasks: :meth:`lockgate.connectors.base.Source.task_modules`)."""
+    return () if is_local(location) else ("pyarrow.fs",)
 
 
 def join(location: Location, *names: str) -> str:

@@ -69,7 +69,7 @@ from lockgate.runtime.mailbox import CONTROL, OVERTAKABLE, Mailbox, Overtaking
 from lockgate.runtime.metrics import TaskMeter
 from lockgate.runtime.operators import SourceOperator, StreamOperator
 from lockgate.runtime.output import OutputEdgeWriter
-from lockgate.runtime.registry import OPERATORS
+from lockgate.runtime.registry import operator_class
 from lockgate.runtime.snapshots import SnapshotWriter, restore_operators
 from lockgate.runtime.snapshotter import Progress, Snapshotter
 from lockgate.runtime.spec import TaskSpec, process_name, task_process_name
@@ -230,7 +230,7 @@ class Task:
         for op_spec in spec.vertex.operators:
             info = TaskInfo(spec.job_id, op_spec.uid, spec.task_index, spec.vertex.parallelism,
                             spec.max_parallelism, spec.attempt)
-            op = OPERATORS[op_spec.kind](op_spec, info)
+            op = operator_class(op_spec.kind)(op_spec, info)
             op.setup(spec.state_backend, spec.job_dir, self.mailbox.wake)
             op.open(self.serializer)
             self.ops.append(op)

@@ -1,7 +1,10 @@
 """The driver's side of the local launcher's fork server
 (:mod:`lockgate.cluster.local.forkserver`): one server per driver process, started
 early (:func:`prestart`, while the job is being prepared) and shared by every
-attempt and job of the process, so that restarting a task is a fork.
+attempt and job of the process, so that restarting a task is a fork. It
+imports the task code at its start and, told by :func:`prestart`, what the
+job's tasks import beyond it (:func:`task_modules`: the connectors the job
+uses and their client libraries, not every connector Lockgate has).
 
 :meth:`ForkServer.spawn` starts a task and calls back with its exit code
 when it ends (``None``: unknown, the server died first); :meth:`ForkServer.kill`
@@ -24,9 +27,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from lockgate.cluster.local.forkserver import HEADER
+
+if TYPE_CHECKING:
+    from lockgate.graph.jobgraph import JobGraph
 
 log = logging.getLogger("lockgate.driver")
 
@@ -80,6 +87,13 @@ class ForkServer:
             raise OSError(f"the fork server did not start the task (it ended: exit code "
                           f"{self.proc.poll()})")
         return pid[0]
+
+    def preload(self, modules: Iterable[str]) -> None:
+        """Have the server import ``modules`` before it forks the next task
+        (:class:`OSError` when it is gone)."""
+        names = tuple(modules)
+        if names:
+            self._send(("preload", names), time.monotonic() + SPAWN_TIMEOUT)
 
     def end(self, why: str) -> None:
         """SIGKILL a server that stopped answering (its tasks die with it); the
@@ -170,22 +184,59 @@ def _watch_orphans(orphans: dict[int, OnExit]) -> None:
 
 _server: ForkServer | None = None
 _server_lock = threading.Lock()
+_preloaded: dict[str, None] = {}
+"""Every module :func:`prestart` was given: a server that replaces a dead
+one imports them too."""
 
 
 def server() -> ForkServer:
-    """This driver process's fork server (a new one if it has none or it died)."""
+    """This driver process's fork server (a new one if it has none or it
+    died, told to import what the one before it was)."""
     global _server
     with _server_lock:
         if _server is None or not _server.alive or _server.proc.poll() is not None:
             if _server is not None:  # it died or was killed: reaped, no zombie
                 _server.proc.poll()
             _server = ForkServer()
+            _server.preload(_preloaded)
         return _server
 
 
-def prestart() -> None:
-    """Start the fork server now, so that its imports overlap the job's preparation."""
+def prestart(modules: Iterable[str] = ()) -> None:
+    """Start the fork server now and have it import ``modules`` (the job's
+    :func:`task_modules`), so that its imports overlap the job's preparation."""
+    names = [m for m in modules if m not in _preloaded]
     try:
-        server()
+        started = server()
+        _preloaded.update(dict.fromkeys(names))
+        started.preload(names)
     except OSError as e:  # the launcher falls back to a process per task
         log.warning("cannot start the local launcher's fork server: %s", e)
+
+
+def task_modules(graph: JobGraph, storage: str) -> list[str]:
+    """What the tasks of ``graph`` import beyond the task code: the modules
+    of its runtime operators, the Lockgate modules of its operators'
+    classes (its connectors), what its sources and
+    sinks declare (``task_modules()``: their client libraries), pyarrow for
+    Arrow operators, and ``pyarrow.fs`` for a checkpoint ``storage`` that is
+    not on the local filesystem. A module a task needs and this misses is
+    imported by the task itself: slower, never wrong."""
+    from lockgate import fs
+    from lockgate.api.plan import OperatorKind
+    from lockgate.connectors.base import Sink, Source
+    from lockgate.runtime.registry import modules_of
+
+    names = dict.fromkeys(modules_of(op.kind for op in graph.operators()))
+    for op in graph.operators():
+        if op.kind in (OperatorKind.ARROW, OperatorKind.ARROW_AGGREGATE):
+            names.update(dict.fromkeys(("pyarrow", "pyarrow.compute")))
+        for obj in (op.fn, op.key_selector, op.watermarks):
+            if obj is None:
+                continue
+            names.update(dict.fromkeys(
+                c.__module__ for c in type(obj).__mro__ if c.__module__.startswith("lockgate.")))
+            if isinstance(obj, (Source, Sink)):
+                names.update(dict.fromkeys(obj.task_modules()))
+    names.update(dict.fromkeys(fs.modules_for(storage)))
+    return list(names)

@@ -7,15 +7,22 @@ once spent half a second importing). Spark's Python daemon does the same for
 its workers; :mod:`lockgate.cluster.spark.daemon` preloads Lockgate there.
 
 The driver (:mod:`lockgate.cluster.local.forks`) writes requests to stdin, each
-``u32 length | pickle``: ``("spawn", request, payload, environ, sys_path)``
-or ``("kill", pid)``. Replies go to file descriptor ``FD`` as text lines:
-``ready``, ``spawned <request> <pid>``, ``exited <pid> <exit code>`` (a
-negative code: the signal that killed it, as ``subprocess`` reports it).
+``u32 length | pickle``: ``("spawn", request, payload, environ, sys_path)``,
+``("kill", pid)`` or ``("preload", modules)``: module names the next tasks
+import beyond the task code (their connectors and client libraries, as the
+job declares them: :func:`lockgate.cluster.local.forks.task_modules`),
+imported here once so that no forked task imports them; one that fails to
+import is left to the tasks, which report the error. Replies go to file
+descriptor ``FD`` as text lines: ``ready``, ``spawned <request> <pid>``,
+``exited <pid> <exit code>`` (a negative code: the signal that killed it,
+as ``subprocess`` reports it).
 The pipe is private to the driver that started this process (nothing else
 can write to it), and the payload is only unpickled in the child, by the
 task code, as ``python -m lockgate.runtime.task_main`` would.
 
-The server stays single-threaded (forking a process with threads is unsafe),
+The server stays single-threaded (forking a process with threads is unsafe;
+the one exception is a job whose tasks use pyarrow, whose import starts its
+allocator's background thread, ``jemalloc_bg_thd``, as in Spark's daemon),
 reaps its children, kills only children it has not reaped (so a kill never
 reaches a recycled pid), and exits when the driver closes its stdin (the
 driver ended, or was killed). A task it forked dies with it
@@ -25,8 +32,10 @@ driver counts a dead server as a failure of every task it ran.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
+import re
 import select
 import signal
 import struct
@@ -39,6 +48,20 @@ from lockgate.runtime.task_main import die_with_parent, end_child, preload, run_
 
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 1 << 30
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _preload(modules: object) -> None:
+    """Import what the next tasks need (a failure is theirs to report)."""
+    if not isinstance(modules, (list, tuple)):
+        return
+    for name in modules:
+        if not isinstance(name, str) or not _MODULE.fullmatch(name):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # the task that imports it reports it
+            pass
 
 
 def _child(request: tuple[Any, ...], closing: list[int], server: int) -> None:
@@ -100,6 +123,8 @@ def serve(replies: int) -> None:
                         _child(request, [wake_r, wake_w, replies], me)
                     children.add(pid)
                     out.write(f"spawned {request[1]} {pid}\n")
+                elif request[0] == "preload":
+                    _preload(request[1])
                 elif request[0] == "kill" and request[1] in children:
                     try:
                         os.kill(request[1], signal.SIGKILL)

@@ -22,12 +22,19 @@ import threading
 
 
 def preload() -> None:
+    """The task code, every operator and every connector (the daemon
+    outlives the jobs of its session: it cannot know what their tasks use)."""
     import pyspark.worker  # noqa: F401
 
-    import lockgate.cluster.spark.host  # noqa: F401
+    import lockgate.cluster.spark.host
+    import lockgate.connectors
+    from lockgate.runtime.registry import import_all
     from lockgate.runtime.task_main import preload as task_code
 
     task_code()
+    import_all()  # every operator's module
+    for name in lockgate.connectors.__all__:
+        getattr(lockgate.connectors, name)
 
 
 def main() -> None:

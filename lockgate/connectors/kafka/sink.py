@@ -119,6 +119,9 @@ class KafkaSink(Sink[Any]):
         self.transaction_timeout = transaction_timeout
         self.config = dict(config or {})
 
+    def task_modules(self) -> tuple[str, ...]:
+        return ("confluent_kafka",)
+
     def validate(self) -> None:
         """A broker answers; the topic exists (or is created)."""
         ensure_topic(self.bootstrap_servers, self.topic, self.config, f"KafkaSink({self.topic})",

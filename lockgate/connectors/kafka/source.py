@@ -96,6 +96,9 @@ class KafkaSource(Source[Any]):
     def _what(self) -> str:
         return f"KafkaSource({', '.join(self.topics)})"
 
+    def task_modules(self) -> tuple[str, ...]:
+        return ("confluent_kafka",)
+
     def validate(self) -> None:
         """A broker answers and every topic exists."""
         topic_partitions(self.bootstrap_servers, self.topics, self.config, self._what())
