@@ -74,6 +74,8 @@ from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, produce_numbers  # noqa: E402
 
 PARTITIONS = 4
+BROKER_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+"""Where the benchmark's own broker keeps its data."""
 WATCH_EVERY = 0.005
 """Seconds between two reads of the output's last stable offsets."""
 
@@ -123,10 +125,9 @@ def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys
 # ------------------------------------------------------- producer, consumer
 def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float,
                     ready: Any) -> None:
-    """``rate`` records/s for ``seconds``, each stamped with its produce time.
-    It stands for clients on other machines: it runs at a lower priority
-    (``nice`` 10), and a record is stamped when it is produced, late or not."""
-    os.nice(10)
+    """``rate`` records/s for ``seconds``, each stamped with the time it is
+    due: a record the producer sends late (it shares the machine with the
+    job) counts its delay as latency."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
@@ -142,8 +143,13 @@ def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float,
         due = int((now - start) * rate)
         ms = int(now * 1000)
         while x < due:
+            try:
+                produce(topic, str(x + 1).encode(), partition=(x + 1) % PARTITIONS,
+                        timestamp=ms)
+            except BufferError:  # the broker is behind: wait for deliveries
+                poll(0.01)
+                break
             x += 1
-            produce(topic, str(x).encode(), partition=x % PARTITIONS, timestamp=ms)
         poll(0)
         time.sleep(0.002)
     producer.flush(30)
@@ -357,14 +363,20 @@ def live_maximum(bootstrap: str, start: float, interval: float, args: Any) -> fl
     """The highest rate the job keeps up with while the producer feeds it on
     the same machine: offered ``start`` records/s, the job makes visible
     what it can; that rate is offered next, until the job keeps up with
-    what it is offered (at least 95% of it visible on time)."""
-    rate = start
-    for _ in range(4):
+    what it is offered (at least 95% of it visible on time); then once
+    halfway between that rate and the last one it did not keep up with."""
+    def kept_up(rate: float) -> tuple[bool, float]:
         got = latency_round(bootstrap, interval, rate, args)["out_rate"]
         print(f"live: offered {rate:,.0f} records/s, visible {got:,.0f}/s", flush=True)
-        if got >= 0.95 * rate:
-            return rate
-        rate = got
+        return got >= 0.95 * rate, got
+    rate, too_much = start, None
+    for _ in range(4):
+        ok, got = kept_up(rate)
+        if ok:
+            break
+        rate, too_much = got, rate
+    if too_much is not None and kept_up((rate + too_much) / 2)[0]:
+        rate = (rate + too_much) / 2
     return rate
 
 
@@ -405,6 +417,9 @@ def main() -> None:
     ap.add_argument("--launcher", default="local", choices=["local", "spark"])
     ap.add_argument("--no-throughput", dest="throughput", action="store_false")
     ap.add_argument("--bootstrap", default=os.environ.get("LOCKGATE_KAFKA"))
+    ap.add_argument("--broker-dir", default=BROKER_DIR,
+                    help="where the benchmark's own broker keeps its data (default: "
+                         f"{BROKER_DIR}, memory, when it exists: see the docstring)")
     ap.add_argument("--inline-threshold", type=int,
                     help="the latency job's CheckpointConfig.inline_threshold (bytes)")
     ap.add_argument("--buffer-timeout", type=float,
@@ -419,7 +434,7 @@ def main() -> None:
     rates: dict[float, list[float]] = {i: [] for i in args.intervals}
     lats: dict[float, list[dict[str, Any]]] = {i: [] for i in args.intervals}
     with contextlib.ExitStack() as stack:
-        bootstrap = args.bootstrap or stack.enter_context(noida_broker())
+        bootstrap = args.bootstrap or stack.enter_context(noida_broker(args.broker_dir))
         if args.throughput:
             source = new_topic(bootstrap, "lat-w3-in", PARTITIONS)
             produce_numbers(bootstrap, source, 1, args.n, PARTITIONS)

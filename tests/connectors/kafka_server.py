@@ -81,9 +81,10 @@ def wait_ready(bootstrap: str, timeout: float, proc: subprocess.Popen | None = N
 
 
 @contextlib.contextmanager
-def noida_broker() -> Iterator[str]:
-    """Start a noida-db Kafka broker of its own; yield ``host:port``; stop it."""
-    folder = tempfile.mkdtemp(prefix="lockgate-kafka-")
+def noida_broker(parent: str | None = None) -> Iterator[str]:
+    """Start a noida-db Kafka broker of its own, its data in a new folder in
+    ``parent`` (default: the temporary folder); yield ``host:port``; stop it."""
+    folder = tempfile.mkdtemp(prefix="lockgate-kafka-", dir=parent)
     port = _free_port()
     log = open(Path(folder) / "noida.log", "wb")
     proc = subprocess.Popen(
