@@ -71,7 +71,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.record import record  # noqa: E402
 from tests.connectors.kafka_server import noida_broker  # noqa: E402
 from tests.connectors.kafka_sums_job import build  # noqa: E402
-from tests.connectors.kafka_topics import new_topic, produce_numbers  # noqa: E402
+from tests.connectors.kafka_topics import delete_topic, new_topic, produce_numbers  # noqa: E402
 
 PARTITIONS = 4
 BROKER_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -249,6 +249,7 @@ def throughput_round(bootstrap: str, source: str, n: int, interval: float, args:
         return n / wall
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        delete_topic(bootstrap, out)  # the broker keeps them in memory
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -346,6 +347,8 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
     finally:
         job.cancel()
         shutil.rmtree(tmp, ignore_errors=True)
+        for topic in (source, out):  # the broker keeps them in memory
+            delete_topic(bootstrap, topic)
     expected = int(total * rate)
     return {"interval_s": interval, "rate": rate, "produced": expected, "seen": seen,
             "out_rate": out_rate(visible, t0 + args.warmup, t1),

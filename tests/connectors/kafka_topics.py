@@ -22,6 +22,12 @@ def new_topic(bootstrap: str, prefix: str, partitions: int) -> str:
     return name
 
 
+def delete_topic(bootstrap: str, name: str) -> None:
+    """Delete a topic (and its data: a benchmark's broker may keep it in memory)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([name], operation_timeout=TIMEOUT)[name].result(TIMEOUT)
+
+
 def produce_numbers(bootstrap: str, topic: str, first: int, last: int,
                     partitions: int) -> None:
     """The values ``"first"`` .. ``"last"``, round-robin over the partitions."""
