@@ -4,7 +4,8 @@ registers this module as a plugin, so every test can ask for its fixtures.
 - ``launcher``: runs a test on each launcher;
 - the committed output of a file sink, read back and checked record by record;
 - the operator state a checkpoint or savepoint holds;
-- starting a job and awaiting a progress report.
+- starting a job and awaiting a progress report;
+- which modules a fresh interpreter imports.
 
 Helpers that drive a job under kills (finding, stopping and killing its task
 processes) are the fault tests' own: ``tests/fault/checks.py``.
@@ -13,9 +14,11 @@ processes) are the fault tests' own: ``tests/fault/checks.py``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -158,3 +161,13 @@ def start_and_await(pipeline: Pipeline, *, launcher: str,
     client = pipeline.start(launcher=launcher, on_progress=on_progress, **start)
     assert reached.wait(timeout), what
     return client
+
+
+def modules_imported_by(code: str, modules: Sequence[str]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has imported once it ran
+    ``code`` (the imports of a process about to start, say)."""
+    probe = (f"import sys\n{code}\n"
+             f"print(' '.join(m for m in {tuple(modules)!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, check=True)
+    return done.stdout.split()

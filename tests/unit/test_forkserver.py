@@ -105,13 +105,19 @@ def test_tasks_of_a_server_that_died_are_watched_until_they_are_gone(server) -> 
         spawn(server, "exit3")
 
 
-def test_the_process_wide_server_is_replaced_when_it_died() -> None:
+def replaced_server() -> forks.ForkServer:
+    """Kill the process-wide server; the one the next call starts."""
     first = forks.server()
     assert forks.server() is first
     first.proc.kill()
     first.proc.wait()
     second = forks.server()
     assert second is not first
+    return second
+
+
+def test_the_process_wide_server_is_replaced_when_it_died() -> None:
+    second = replaced_server()
     _, codes = spawn(second, "exit3")
     assert codes.get(timeout=60) == 3
 
@@ -152,11 +158,7 @@ def test_a_server_that_replaces_a_dead_one_imports_what_the_driver_preloaded(
     out = tmp_path / "out"
     monkeypatch.setenv("FORK_TEST_OUT", str(out))
     forks.prestart(PRELOADED)
-    first = forks.server()
-    first.proc.kill()
-    first.proc.wait()
-    second = forks.server()
-    assert second is not first
+    second = replaced_server()
     _, codes = spawn(second, "modules")
     assert codes.get(timeout=60) == 0
     assert out.read_text() == " ".join(PRELOADED)

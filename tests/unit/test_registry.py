@@ -3,12 +3,10 @@ module imported on first use (lockgate/runtime/registry.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from lockgate.api.plan import OperatorKind
 from lockgate.runtime.operators import StreamOperator
 from lockgate.runtime.registry import modules_of, operator_class
+from tests.fixtures import modules_imported_by
 
 
 def test_every_kind_but_a_union_has_a_runtime_operator_in_the_module_named() -> None:
@@ -22,9 +20,6 @@ def test_every_kind_but_a_union_has_a_runtime_operator_in_the_module_named() -> 
 
 
 def test_the_task_code_loads_no_operator_it_does_not_run() -> None:
-    probe = ("import sys, lockgate.runtime.task; print(' '.join(m for m in ("
-             "'asyncio', 'lockgate.runtime.async_io', 'lockgate.runtime.windows', "
-             "'lockgate.runtime.interval_join') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120, check=True)
-    assert done.stdout.strip() == ""
+    assert modules_imported_by("import lockgate.runtime.task", (
+        "asyncio", "lockgate.runtime.async_io", "lockgate.runtime.windows",
+        "lockgate.runtime.interval_join")) == []
