@@ -129,9 +129,9 @@ def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys
 # ------------------------------------------------------- producer, consumer
 def produce_at_rate(bootstrap: str, topic: str, rate: float, seconds: float,
                     ready: Any) -> None:
-    """``rate`` records/s for ``seconds``, each stamped with the time it is
-    due: a record the producer sends late (it shares the machine with the
-    job) counts its delay as latency."""
+    """``rate`` records/s for ``seconds``: every 2 ms (or as soon as it gets
+    a CPU) the records due since the last pass, each stamped with the time
+    of that pass: the time it is sent, not the time it was due."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
@@ -179,7 +179,6 @@ def watch(bootstrap: str, topic: str, since_ms: Any, stop: Any, out: Any,
     measures."""
     from confluent_kafka import Consumer, IsolationLevel, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
-
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     spec = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PARTITIONS)}

@@ -116,8 +116,10 @@ class Source(ABC, Generic[T]):
         """Modules this source's readers import on first use in a task (its
         client library, say), beyond its own module: a task host that forks
         tasks (the local launcher's fork server) imports them once, before
-        it forks the job's tasks, so that no task pays for them. Importing
-        them must start no thread. None by default."""
+        it forks the job's tasks, so that no task pays for them. A fork
+        keeps only the forking thread: a module that starts threads at its
+        import (pyarrow starts its allocator's) must not need them in the
+        forked tasks. Empty by default."""
         return ()
 
     @abstractmethod
@@ -188,7 +190,7 @@ class Sink(ABC, Generic[T]):
 
     def task_modules(self) -> tuple[str, ...]:
         """Modules this sink's writers import on first use in a task, beyond
-        its own module (as :meth:`Source.task_modules`). None by default."""
+        its own module (as :meth:`Source.task_modules`). Empty by default."""
         return ()
 
     @abstractmethod
