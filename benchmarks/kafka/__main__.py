@@ -27,8 +27,11 @@ them): an interpreter with ``benchmarks/kafka/requirements-peers.txt``
 installed; without one they are left out, with a line saying how to install
 them. Without
 ``--bootstrap`` (or ``LOCKGATE_KAFKA``) the benchmark starts its own
-noida-db broker. ``--record`` appends a line per system to
-``benchmarks/results/kafka.jsonl`` (a peer's with its version).
+noida-db broker, its data in ``--broker-dir`` (default ``/dev/shm``: in
+memory, off the disk the job's checkpoints use); every round's output topic
+is deleted after it is checked (that broker keeps its topics in memory).
+``--record`` appends a line per system to ``benchmarks/results/kafka.jsonl``
+(a peer's with its version).
 """
 
 from __future__ import annotations
@@ -55,10 +58,19 @@ from benchmarks.record import record  # noqa: E402
 from lockgate.cluster.interrupt import descendants  # noqa: E402
 from tests.connectors.kafka_server import noida_broker  # noqa: E402
 from tests.connectors.kafka_sums_job import build  # noqa: E402
-from tests.connectors.kafka_topics import new_topic, produce_numbers, read_all, sums_of  # noqa: E402
+from tests.connectors.kafka_topics import (  # noqa: E402
+    delete_topic,
+    new_topic,
+    produce_numbers,
+    read_all,
+    sums_of,
+)
 from tests.fixtures import check_running_sums  # noqa: E402
 
 BROKER = "noida-db"
+BROKER_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+"""Where the benchmark's own broker keeps its data: in memory, so that its
+writes do not share the disk with the job's checkpoints."""
 PEERS = {  # name: (package, script, guarantee)
     "quix streams": ("quixstreams", "quix_w3", "exactly-once"),
     "bytewax": ("bytewax", "bytewax_w3", "at-least-once"),
@@ -105,6 +117,7 @@ def lockgate_round(args: argparse.Namespace, bootstrap: str, source: str,
         return measures
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        delete_topic(bootstrap, out)  # the broker keeps its topics in memory
 
 
 def bare_round(args: argparse.Namespace, bootstrap: str, source: str,
@@ -113,7 +126,10 @@ def bare_round(args: argparse.Namespace, bootstrap: str, source: str,
     loop = argparse.Namespace(bootstrap=bootstrap, input=source, output=out,
                               workers=args.parallelism, keys=args.keys,
                               interval=args.interval, transactions=transactions)
-    return measured(lambda: bare_loop.run(loop))
+    try:
+        return measured(lambda: bare_loop.run(loop))
+    finally:
+        delete_topic(bootstrap, out)
 
 
 def peers_python(given: str | None) -> str | None:
@@ -166,6 +182,7 @@ def peer_round(args: argparse.Namespace, bootstrap: str, source: str, name: str,
         raise RuntimeError(f"exited with {done.returncode}: {last[0]} (its output: {log.name})")
     line = json.loads(lines[-1])
     count = len(records := read_all(bootstrap, out, timeout=300))
+    delete_topic(bootstrap, out)
     if guarantee == "exactly-once":
         if count != args.n:
             raise RuntimeError(f"{out} holds {count:,} records, not {args.n:,}")
@@ -194,6 +211,9 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-check", dest="check", action="store_false")
     ap.add_argument("--bootstrap", default=os.environ.get("LOCKGATE_KAFKA"))
+    ap.add_argument("--broker-dir", default=BROKER_DIR,
+                    help="where the benchmark's own broker keeps its data "
+                         "(default: /dev/shm, in memory)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     systems = [] if args.no_bare else [("bare loop, transactions", "exactly-once"),
@@ -217,7 +237,7 @@ def main() -> None:
     cpus: dict[str, list[float]] = {name: [] for name, _ in systems}
     brokers: dict[str, list[float]] = {name: [] for name, _ in systems}
     with contextlib.ExitStack() as stack:
-        bootstrap = args.bootstrap or stack.enter_context(noida_broker())
+        bootstrap = args.bootstrap or stack.enter_context(noida_broker(args.broker_dir))
         source = new_topic(bootstrap, "w3-in", 4)
         produce_numbers(bootstrap, source, 1, args.n, 4)
         for r in range(args.rounds):
