@@ -50,6 +50,15 @@ older producer of that id left open)."""
 
 
 
+TXN_LINGER_MS = 50
+"""The transactional producer's ``linger.ms`` (librdkafka's default is 5):
+its records become visible only when the checkpoint's commit flushes and
+commits them, and a flush sends at once whatever lingers, so a longer
+linger costs no visibility and makes fewer, larger produce requests (in W3,
+about a tenth more records per second). Kafka Streams lingers 100 ms for
+the same reason. ``KafkaSink(config={"linger.ms": ...})`` overrides it."""
+
+
 def _bytes(x: Any) -> bytes | None:
     if x is None or isinstance(x, bytes):
         return x
@@ -135,6 +144,7 @@ class KafkaSink(Sink[Any]):
         if tid is not None:
             config["transactional.id"] = tid
             config["transaction.timeout.ms"] = int(self.transaction_timeout * 1000)
+            config["linger.ms"] = TXN_LINGER_MS
         config.update(self.config)
         return config
 
