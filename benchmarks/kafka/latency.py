@@ -29,9 +29,12 @@ producer, the watcher and the broker share its machine (on a 2-core
 machine they take a good part of it, so it is below the throughput of
 phase 1, read from a topic filled beforehand): offered the throughput at
 the longest interval (or ``--max-from``), the job makes visible what it
-can; that rate is offered next, until at least 95% of what is offered
-becomes visible on time.
+can; that rate is offered next, until at least 98% of what is offered
+becomes visible on time; then the gap to the lowest rate it did not keep
+up with is halved, up to three times while it is over a tenth.
 
+``--sink-config JSON``: librdkafka settings of the latency job's sink
+producer (``KafkaSink(config=...)``, e.g. ``'{"linger.ms": 5}'``).
 ``--inline-threshold``: the latency job's ``CheckpointConfig.inline_threshold``
 (state files of at most that many bytes kept in ``_metadata``; default:
 the configuration's default). ``--buffer-timeout``: the latency job's
@@ -76,6 +79,9 @@ from tests.connectors.kafka_topics import delete_topic, new_topic, produce_numbe
 PARTITIONS = 4
 BROKER_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 """Where the benchmark's own broker keeps its data."""
+BISECTIONS = 3
+"""Steps of the live maximum's search between the highest rate kept up
+with and the lowest one not (:func:`live_maximum`)."""
 KEEPS_UP = 0.98
 """The share of the offered rate made visible over a round that counts as
 keeping up (measured at the shortest interval: a 15 s round of 1 s
@@ -107,7 +113,8 @@ def serialize_split(kst: tuple[int, int, int]) -> tuple[str, str]:
 
 def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys: int,
                 storage: str, interval: float, inline_threshold: int | None = None,
-                split: bool = False, buffer_timeout: float | None = None) -> Any:
+                split: bool = False, buffer_timeout: float | None = None,
+                sink_config: dict[str, Any] | None = None) -> Any:
     from lockgate import CheckpointConfig, FixedDelayRestart, Pipeline
     from lockgate.connectors.kafka import KafkaSink, KafkaSource
 
@@ -121,8 +128,8 @@ def latency_job(bootstrap: str, source: str, out: str, *, parallelism: int, keys
        .map(stamped(keys), uid="pairs")
        .key_by(lambda kst: kst[0])
        .reduce(add, uid="sums")
-       .sink(KafkaSink(bootstrap, out, serializer=serialize_split if split else serialize),
-             uid="out"))
+       .sink(KafkaSink(bootstrap, out, serializer=serialize_split if split else serialize,
+                       config=sink_config), uid="out"))
     return p
 
 
@@ -311,7 +318,7 @@ def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> di
     p = latency_job(bootstrap, source, out, parallelism=args.parallelism, keys=args.keys,
                     storage=str(tmp / "chk"), interval=interval,
                     inline_threshold=args.inline_threshold, split=args.split,
-                    buffer_timeout=args.buffer_timeout)
+                    buffer_timeout=args.buffer_timeout, sink_config=args.sink_config)
     job = p.start(launcher=args.launcher, progress=False)
     try:
         ready = ctx.Event()
@@ -369,8 +376,11 @@ def live_maximum(bootstrap: str, start: float, interval: float, args: Any) -> fl
     """The highest rate the job keeps up with while the producer feeds it on
     the same machine: offered ``start`` records/s, the job makes visible
     what it can; that rate is offered next, until the job keeps up with
-    what it is offered (``KEEPS_UP`` of it visible on time); then once
-    halfway between that rate and the last one it did not keep up with."""
+    what it is offered (``KEEPS_UP`` of it visible on time); then the gap
+    between that rate and the lowest one it did not keep up with is halved,
+    up to ``BISECTIONS`` times while it is more than a tenth (overloaded,
+    a job makes visible less than it keeps up with when it is not: the
+    first steps find a rate below the maximum)."""
     def kept_up(rate: float) -> tuple[bool, float]:
         got = latency_round(bootstrap, interval, rate, args)["out_rate"]
         print(f"live: offered {rate:,.0f} records/s, visible {got:,.0f}/s", flush=True)
@@ -381,8 +391,14 @@ def live_maximum(bootstrap: str, start: float, interval: float, args: Any) -> fl
         if ok:
             break
         rate, too_much = got, rate
-    if too_much is not None and kept_up((rate + too_much) / 2)[0]:
-        rate = (rate + too_much) / 2
+    for _ in range(BISECTIONS):
+        if too_much is None or too_much <= 1.1 * rate:
+            break
+        middle = (rate + too_much) / 2
+        if kept_up(middle)[0]:
+            rate = middle
+        else:
+            too_much = middle
     return rate
 
 
@@ -430,6 +446,8 @@ def main() -> None:
                     help="the latency job's CheckpointConfig.inline_threshold (bytes)")
     ap.add_argument("--buffer-timeout", type=float,
                     help="the latency job's Pipeline(buffer_timeout=...) (seconds)")
+    ap.add_argument("--sink-config", type=json.loads, metavar="JSON",
+                    help="the sink producer's librdkafka settings, e.g. '{\"linger.ms\": 5}'")
     ap.add_argument("--split", action="store_true",
                     help="report where the slowest records' latency went (see the docstring)")
     ap.add_argument("--history", metavar="DIR",
