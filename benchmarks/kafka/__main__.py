@@ -52,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.kafka import bare_loop  # noqa: E402
+from benchmarks.kafka import BROKER_DIR, bare_loop  # noqa: E402
 from benchmarks.nexmark.measure import JobUsage, _stat  # noqa: E402
 from benchmarks.record import record  # noqa: E402
 from lockgate.cluster.interrupt import descendants  # noqa: E402
@@ -68,9 +68,6 @@ from tests.connectors.kafka_topics import (  # noqa: E402
 from tests.fixtures import check_running_sums  # noqa: E402
 
 BROKER = "noida-db"
-BROKER_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-"""Where the benchmark's own broker keeps its data: in memory, so that its
-writes do not share the disk with the job's checkpoints."""
 PEERS = {  # name: (package, script, guarantee)
     "quix streams": ("quixstreams", "quix_w3", "exactly-once"),
     "bytewax": ("bytewax", "bytewax_w3", "at-least-once"),
@@ -168,28 +165,30 @@ def peer_round(args: argparse.Namespace, bootstrap: str, source: str, name: str,
                "--input", source, "--output", out, "--n", str(args.n),
                "--processes", str(args.parallelism), "--keys", str(args.keys),
                "--interval", str(args.interval)]
-    broker = broker_cpu()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600 + args.n / 1000,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    broker = broker_cpu() - broker
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        with tempfile.NamedTemporaryFile("w", prefix=f"w3-{script}-", suffix=".log",
-                                         delete=False) as log:
-            log.write(done.stderr)
-        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"exited with {done.returncode}: {last[0]} (its output: {log.name})")
-    line = json.loads(lines[-1])
-    count = len(records := read_all(bootstrap, out, timeout=300))
-    delete_topic(bootstrap, out)
-    if guarantee == "exactly-once":
-        if count != args.n:
-            raise RuntimeError(f"{out} holds {count:,} records, not {args.n:,}")
-        if args.check:
-            check_running_sums(sums_of(records), args.n, args.keys)
-    elif count < args.n:
-        raise RuntimeError(f"{out} holds {count:,} records, fewer than {args.n:,}")
+    try:
+        broker = broker_cpu()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                              timeout=600 + args.n / 1000,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        broker = broker_cpu() - broker
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            with tempfile.NamedTemporaryFile("w", prefix=f"w3-{script}-", suffix=".log",
+                                             delete=False) as log:
+                log.write(done.stderr)
+            last = done.stderr.strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"exited with {done.returncode}: {last[0]} (its output: {log.name})")
+        line = json.loads(lines[-1])
+        count = len(records := read_all(bootstrap, out, timeout=300))
+        if guarantee == "exactly-once":
+            if count != args.n:
+                raise RuntimeError(f"{out} holds {count:,} records, not {args.n:,}")
+            if args.check:
+                check_running_sums(sums_of(records), args.n, args.keys)
+        elif count < args.n:
+            raise RuntimeError(f"{out} holds {count:,} records, fewer than {args.n:,}")
+    finally:
+        delete_topic(bootstrap, out)
     line["output_records"] = count
     return float(line["wall_s"]), float(line["cpu_s"]), broker, line
 

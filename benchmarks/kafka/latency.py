@@ -71,14 +71,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.kafka import BROKER_DIR  # noqa: E402
 from benchmarks.record import record  # noqa: E402
 from tests.connectors.kafka_server import noida_broker  # noqa: E402
 from tests.connectors.kafka_sums_job import build  # noqa: E402
 from tests.connectors.kafka_topics import delete_topic, new_topic, produce_numbers  # noqa: E402
 
 PARTITIONS = 4
-BROKER_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-"""Where the benchmark's own broker keeps its data."""
 BISECTIONS = 3
 """Steps of the live maximum's search between the highest rate kept up
 with and the lowest one not (:func:`live_maximum`)."""
