@@ -8,6 +8,7 @@ task ``i`` of ``p`` owns key groups ``[ceil(i*m/p), ceil((i+1)*m/p))``. Python's
 from __future__ import annotations
 
 import zlib
+from itertools import chain
 from typing import Any
 
 from lockgate.state.serde import key_bytes
@@ -80,8 +81,13 @@ class KeyGroupAssigner:
 
     def route(self, keys: list[Any], parallelism: int) -> list[int]:
         """Target task of each key. Batches of int and str keys (never equal to
-        each other) take a C-speed path: one dict lookup per key through ``map``."""
-        if set(map(type, keys)) <= _CACHEABLE:
+        each other), or of tuples of them (a composite key), take a C-speed
+        path: one dict lookup per key through ``map``. (Keys equal as dict
+        keys must have one key group: ``1``, ``1.0`` and ``True`` are equal
+        but encode differently, so only these types share a cache.)"""
+        types = set(map(type, keys))
+        if types <= _CACHEABLE or types == _TUPLE and set(
+                map(type, chain.from_iterable(keys))) <= _CACHEABLE:
             cache = self._targets.get(parallelism)
             if cache is None or len(cache) >= _CACHE_LIMIT:
                 cache = self._targets[parallelism] = {}
@@ -101,3 +107,4 @@ class KeyGroupAssigner:
 
 
 _CACHEABLE = frozenset((int, str))
+_TUPLE = {tuple}

@@ -48,8 +48,16 @@ class StateSerializer:
 
     def __init__(self, allow_pickle: bool = False) -> None:
         self.allow_pickle = allow_pickle
-        self._pack: Callable[[Any], bytes] = msgpack.Packer(
-            default=self._default, strict_types=True, use_bin_type=True, autoreset=True).pack
+        self._pack: Callable[[Any], bytes] = self._packer().pack
+        self._inner_packers: list[msgpack.Packer] = []
+        """The packers of values nested in an ext type (a tuple, a set...),
+        one per depth of nesting, made once: ``msgpack.packb`` would make a
+        packer, and allocate its buffer, for every tuple."""
+        self._depth = 0
+
+    def _packer(self) -> msgpack.Packer:
+        return msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
+                              autoreset=True)
 
     def dumps(self, obj: Any) -> bytes:
         return self._pack(obj)
@@ -95,9 +103,17 @@ class StateSerializer:
         )
 
     def _inner(self, obj: Any) -> bytes:
-        # a fresh packer: the shared one is in the middle of packing the outer value
-        data: bytes = msgpack.packb(obj, default=self._default, strict_types=True,
-                                    use_bin_type=True)
+        # a packer of the next depth: the outer one is in the middle of
+        # packing the value this one is part of
+        depth = self._depth
+        packers = self._inner_packers
+        if depth == len(packers):
+            packers.append(self._packer())
+        self._depth = depth + 1
+        try:
+            data: bytes = packers[depth].pack(obj)
+        finally:
+            self._depth = depth
         return data
 
     # -- decoding ---------------------------------------------------------

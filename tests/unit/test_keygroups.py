@@ -78,3 +78,19 @@ def test_keys_spread_over_key_groups():
     for k in range(128 * 100):
         counts[key_group_for_key(k, 128)] += 1
     assert min(counts) > 50 and max(counts) < 160
+
+
+def test_composite_keys_route_by_their_bytes_through_the_cache():
+    """Tuples of ints and strs share the cache; a tuple holding an equal
+    float, bool or nested tuple is routed by its own bytes, never by a cached
+    entry of an equal key."""
+    a = KeyGroupAssigner(128)
+    tuples = [(i, f"s{i % 7}") for i in range(300)] + [(i,) for i in range(50)] + [()]
+    odd = [(1.0, "s1"), (True, "s1"), ((1,), "s1"), (1, 1.0), (True,), (1.0,)]
+    for p in (2, 3, 7):
+        for keys in (tuples, tuples, odd + tuples, tuples + odd):
+            assert a.route(keys, p) == [
+                task_for_key_group(key_group_for_key(k, 128), p, 128) for k in keys]
+    # the float key's own group, not that of the equal int key seen before
+    assert a.route([(1, "s1")], 128) == [key_group_for_key((1, "s1"), 128)]
+    assert a.route([(1.0, "s1")], 128) == [key_group_for_key((1.0, "s1"), 128)]

@@ -91,3 +91,43 @@ def test_key_bytes_are_canonical_and_never_pickle():
     assert key_bytes(1) != key_bytes(True) != key_bytes(1.0)
     with pytest.raises(StateSerializationError):
         key_bytes(Point(1))
+
+
+def test_nested_values_encode_as_msgpack_packb_would_even_after_a_failure():
+    """The packers of nested values are made once and reused: the bytes are
+    those of a fresh ``msgpack.packb`` at every depth (key groups hash them),
+    and a value that fails half-way leaves nothing behind for the next one."""
+    import msgpack
+
+    s = StateSerializer()
+
+    def fresh(obj):  # the encoding with a new packer for every nested value
+        return msgpack.packb(obj, default=lambda o: fresh_default(o), strict_types=True,
+                             use_bin_type=True)
+
+    def fresh_default(o):
+        if type(o) is tuple:
+            return msgpack.ExtType(1, fresh(list(o)))
+        return s._default(o)
+
+    rng = random.Random(3)
+    values = [random_value(rng) for _ in range(300)] + [((1, (2, (3, "x"))), [(4,)])]
+    for v in values:
+        if not any(type(x) in (set, frozenset) for x in _walk(v)):
+            assert s.dumps(v) == fresh(v), v
+    for bad in [(1, (2, Point(1))), [(1, Point(2))], {(1,): (Point(3),)}]:
+        with pytest.raises(StateSerializationError):
+            s.dumps(bad)
+        for v in values[:50]:
+            assert same(s.loads(s.dumps(v)), v), v
+
+
+def _walk(v):
+    yield v
+    if isinstance(v, list | tuple | set | frozenset):
+        for x in v:
+            yield from _walk(x)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield from _walk(k)
+            yield from _walk(x)
