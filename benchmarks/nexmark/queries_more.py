@@ -55,6 +55,7 @@ Every output record ends with its result time.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -277,8 +278,19 @@ def day_and_minute(t: int) -> tuple[str, str]:
     return d.strftime("%Y-%m-%d"), d.strftime("%H:%M")
 
 
+@functools.lru_cache(maxsize=4096)
+def _of_minute(minute: int) -> tuple[str, str]:
+    return day_and_minute(minute * 60_000)
+
+
+def day_and_minute_of(t: int) -> tuple[str, str]:
+    """:func:`day_and_minute`, remembered per minute (the date and time a
+    query formats for every bid; the references call the plain function)."""
+    return _of_minute(t // 60_000)
+
+
 def _q10_row(b: tuple[Any, ...]) -> tuple[Any, ...]:
-    dt, hm = day_and_minute(b[B_TIME])
+    dt, hm = day_and_minute_of(b[B_TIME])
     return (b[B_AUCTION], b[B_BIDDER], b[B_PRICE], dt, hm, b[B_TIME])
 
 
@@ -410,8 +422,8 @@ class PerDay(ProcessWindowFunction):
 
     def process(self, key: Any, context: Any, elements: list[Any]) -> Iterable[Any]:
         stats = elements[0]
-        day, _ = day_and_minute(context.window.start)
-        extra = (day_and_minute(stats[-1])[1],) if self.with_minute else ()
+        day, _ = day_and_minute_of(context.window.start)
+        extra = (day_and_minute_of(stats[-1])[1],) if self.with_minute else ()
         head = () if key == "all" else (key,)
         return [(*head, day, *stats[:-1], *extra, context.window.end)]
 
@@ -454,7 +466,7 @@ class AuctionStats(AggregateFunction):
 
 class AuctionDay(ProcessWindowFunction):
     def process(self, key: Any, context: Any, elements: list[Any]) -> Iterable[Any]:
-        day, _ = day_and_minute(context.window.start)
+        day, _ = day_and_minute_of(context.window.start)
         return [(key, day, *elements[0], context.window.end)]
 
 
