@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from lockgate.api.triggers import Trigger, TriggerContext, TriggerResult, TriggerState
 from lockgate.api.watermarks import TimeDomain
 from lockgate.api.windows import GlobalWindow, GlobalWindows, TimeWindow
-from lockgate.errors import UserFunctionError
+from lockgate.errors import LockgateError, UserFunctionError
 from lockgate.runtime.operators import user_hook
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.values import ATOMIC, private_copy
@@ -170,8 +170,13 @@ class TriggerRunner:
         ctx = self.ctx
         ctx.key, ctx.window = key, w
         window = GlobalWindow() if w is None else TimeWindow(*w)
-        with user_hook(self.op.uid, f"trigger.{hook}"):
+        try:  # user_hook's handling, inline: a call per record and window
             res = call(*args, window, ctx)
+        except LockgateError:
+            raise
+        except Exception as e:
+            raise UserFunctionError(f"operator {self.op.uid!r} raised {type(e).__name__} in "
+                                    f"trigger.{hook}(): {e}") from e
         if not isinstance(res, TriggerResult):
             raise UserFunctionError(f"operator {self.op.uid!r}: {type(self.trigger).__name__}."
                                     f"{hook} returned {res!r}, not a TriggerResult")

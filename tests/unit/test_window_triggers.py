@@ -234,6 +234,11 @@ class Bad(Trigger):
         return "fire"
 
 
+class Raising(Trigger):
+    def on_element(self, element, timestamp, window, ctx):
+        return {}["missing"]
+
+
 def test_what_triggers_refuse():
     p = Pipeline("t")
     keyed = p.source(SequenceSource(1, 10), uid="s",
@@ -256,6 +261,11 @@ def test_what_triggers_refuse():
                                WindowFunctionKind.AGGREGATE))
     with pytest.raises(UserFunctionError, match="not a TriggerResult"):
         op.process([("k", 1, 1)])
+    op = operator(with_trigger(TumblingEventTimeWindows.of(10), Raising(),
+                               WindowFunctionKind.AGGREGATE))
+    with pytest.raises(UserFunctionError, match=r"raised KeyError in trigger.on_element\(\)") as e:
+        op.process([("k", 1, 1)])
+    assert isinstance(e.value.__cause__, KeyError)
     assert TriggerResult.FIRE_AND_PURGE.fires and TriggerResult.FIRE_AND_PURGE.purges
     assert WithWindow  # the window function of the reference specs
 
