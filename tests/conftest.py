@@ -24,6 +24,11 @@ _AREAS = ("unit", "integration", "fault", "connectors", "security", "docs")
 # The fast loop (`pytest -m "not slow"`, CONTRIBUTING.md) leaves out the
 # kill suites, the real servers, every Spark run and the long files below.
 _SLOW_AREAS = {"fault", "connectors"}
+# `pytest -n 2 --dist loadgroup` (pyproject.toml): the tests of the shared
+# servers (PostgreSQL, MariaDB, Redis, NATS, RabbitMQ: tables, slots and
+# streams by name), the kill suites and the docs' blocks run in one worker,
+# one after another; the rest spreads over both
+_SERIAL_AREAS = {"fault", "connectors", "docs"}
 _SLOW_FILES = {
     "docs/test_docs.py", "security/test_load.py", "security/test_rest_fuzz.py",
     "security/test_wire_fuzz.py", "integration/test_nexmark.py", "integration/test_examples.py",
@@ -44,6 +49,8 @@ def pytest_collection_modifyitems(items: list) -> None:
         area = next((a for a in _AREAS if a in parts[-3:-1]), None)
         if area is not None:
             item.add_marker(getattr(pytest.mark, area))
+        if area in _SERIAL_AREAS:
+            item.add_marker(pytest.mark.xdist_group("serial"))
         if (area in _SLOW_AREAS or "/".join(parts[-2:]) in _SLOW_FILES
                 or "spark" in item.path.name or "[spark" in item.name or "-spark" in item.name):
             item.add_marker(pytest.mark.slow)
