@@ -1,6 +1,7 @@
 """Workload W3, Kafka → running sums → Kafka, side by side on one broker:
 Lockgate (exactly-once, both launchers) and the bare confluent-kafka loop
-(``bare_loop.py``, with and without transactions) and, where installed,
+(``bare_loop.py``, with and without transactions; the transactional one
+with each ``--bare-linger``) and, where installed,
 the peers Quix Streams and Bytewax (``quix_w3.py``, ``bytewax_w3.py``, run
 with their own interpreter), interleaved round by round; medians of the
 rounds. Beside records/s, the CPU seconds of all the
@@ -10,7 +11,7 @@ tasks (on Spark also its JVM and Python workers), for the bare loop and
 the peers their worker processes; the broker's own CPU is printed apart.
 
     python -m benchmarks.kafka [--n 2000000] [--rounds 3] [--parallelism 2]
-        [--interval 1.0] [--launchers local spark] [--no-bare]
+        [--interval 1.0] [--launchers local spark] [--no-bare] [--bare-linger 5 50]
         [--peers-python PATH | --no-peers] [--bootstrap host:port] [--record]
 
 Topic ``in`` has 4 partitions holding the integers 1..N; key ``x % 1000``;
@@ -118,15 +119,22 @@ def lockgate_round(args: argparse.Namespace, bootstrap: str, source: str,
 
 
 def bare_round(args: argparse.Namespace, bootstrap: str, source: str,
-               transactions: bool) -> tuple[float, float, float]:
+               transactions: bool, linger: int) -> tuple[float, float, float]:
     out = new_topic(bootstrap, "w3-bare", 4)
     loop = argparse.Namespace(bootstrap=bootstrap, input=source, output=out,
                               workers=args.parallelism, keys=args.keys,
-                              interval=args.interval, transactions=transactions)
+                              interval=args.interval, transactions=transactions,
+                              linger=linger)
     try:
         return measured(lambda: bare_loop.run(loop))
     finally:
         delete_topic(bootstrap, out)
+
+
+def bare_name(linger: int) -> str:
+    """The transactional bare loop's name in the table: its linger named
+    unless it is librdkafka's default."""
+    return "bare loop, transactions" + ("" if linger == 5 else f", linger {linger} ms")
 
 
 def peers_python(given: str | None) -> str | None:
@@ -203,6 +211,10 @@ def main() -> None:
     ap.add_argument("--launchers", nargs="*", default=["local", "spark"],
                     help="Lockgate's launchers (none: Lockgate left out)")
     ap.add_argument("--no-bare", action="store_true")
+    ap.add_argument("--bare-linger", type=int, nargs="+", default=[5],
+                    help="the bare transactional loop's linger.ms, a round of it for each "
+                         "(default: 5, librdkafka's own; Lockgate's transactional sink "
+                         "lingers 50)")
     ap.add_argument("--peers-python", default=os.environ.get("LOCKGATE_PEERS_PYTHON"),
                     help="an interpreter with benchmarks/kafka/requirements-peers.txt "
                          "installed, to run Quix Streams and Bytewax (default: "
@@ -215,7 +227,8 @@ def main() -> None:
                          "(default: /dev/shm, in memory)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
-    systems = [] if args.no_bare else [("bare loop, transactions", "exactly-once"),
+    lingers = {bare_name(ms): ms for ms in args.bare_linger}
+    systems = [] if args.no_bare else [*((name, "exactly-once") for name in lingers),
                                        ("bare loop", "none")]
     systems += [(f"lockgate {launcher}", "exactly-once") for launcher in args.launchers]
     python = None if args.no_peers else peers_python(args.peers_python)
@@ -254,7 +267,7 @@ def main() -> None:
                     outputs.setdefault(name, []).append(int(line["output_records"]))
                 elif name.startswith("bare"):
                     wall, cpu, broker = bare_round(args, bootstrap, source,
-                                                   "transactions" in name)
+                                                   "transactions" in name, lingers.get(name, 5))
                 else:
                     wall, cpu, broker = lockgate_round(args, bootstrap, source,
                                                        name.split()[-1])
@@ -268,16 +281,16 @@ def main() -> None:
                       flush=True)
     print(f"\nW3: N={args.n:,}, 4 partitions, p={args.parallelism}, keys={args.keys}, "
           f"interval {args.interval} s, median of {args.rounds} rounds")
-    print(f"{'system':<26}{'guarantee':<14}{'records/s':>12}{'CPU s/M':>9}{'broker':>8}")
+    print(f"{'system':<40}{'guarantee':<14}{'records/s':>12}{'CPU s/M':>9}{'broker':>8}")
     for name, guarantee in systems:
         if not walls[name]:
-            print(f"{name:<26}{guarantee:<14}{'failed':>12}")
+            print(f"{name:<40}{guarantee:<14}{'failed':>12}")
             continue
         label = f"{name} {versions[name]}" if name in versions else name
         note = f"  ({failed[name]} of {args.rounds} rounds failed)" if name in failed else ""
         rate = args.n / statistics.median(walls[name])
         cpu, broker = statistics.median(cpus[name]), statistics.median(brokers[name])
-        print(f"{label:<26}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}{note}")
+        print(f"{label:<40}{guarantee:<14}{rate:>12,.0f}{cpu:>9.2f}{broker:>8.2f}{note}")
         if args.record:
             version = ({"version": versions[name], "output_records": max(outputs[name])}
                        if name in versions else {})

@@ -9,9 +9,11 @@ to the output topic. With ``--transactions`` (exactly-once), every
 commits it (Kafka's consume-transform-produce loop); without, a plain
 producer. The sums live only in memory: nothing is durable, so a crash
 loses them (this is the speed of the client, not a fault-tolerant job).
+The producer lingers ``--linger`` milliseconds (librdkafka's default, 5,
+unless given).
 
     python -m benchmarks.kafka.bare_loop --bootstrap host:port --input T --output U \
-        [--workers 2] [--keys 1000] [--interval 1.0] [--transactions]
+        [--workers 2] [--keys 1000] [--interval 1.0] [--transactions] [--linger 5]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _worker(index: int, args: argparse.Namespace, partitions: list[int],
     consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": group,
                          "enable.auto.commit": False, "enable.partition.eof": True,
                          "isolation.level": "read_committed"})
-    config = {"bootstrap.servers": args.bootstrap, "linger.ms": 5}
+    config = {"bootstrap.servers": args.bootstrap, "linger.ms": args.linger}
     if args.transactions:
         config["transactional.id"] = f"{group}-{index}"
     producer = Producer(config)
@@ -121,6 +123,8 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=1_000)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--transactions", action="store_true")
+    ap.add_argument("--linger", type=int, default=5,
+                    help="the producer's linger.ms (default 5, librdkafka's own)")
     args = ap.parse_args()
     wall = run(args)
     print(json.dumps({"wall": wall}))
