@@ -7,6 +7,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 pytest_plugins = ["tests.fixtures"]
 
 # Jobs started by the tests register with the REST API's discovery folder:
@@ -24,11 +26,11 @@ _AREAS = ("unit", "integration", "fault", "connectors", "security", "docs")
 # The fast loop (`pytest -m "not slow"`, CONTRIBUTING.md) leaves out the
 # kill suites, the real servers, every Spark run and the long files below.
 _SLOW_AREAS = {"fault", "connectors"}
-# `pytest -n 2 --dist loadgroup` (pyproject.toml): the tests of the shared
-# servers (PostgreSQL, MariaDB, Redis, NATS, RabbitMQ: tables, slots and
-# streams by name), the kill suites and the docs' blocks run in one worker,
-# one after another; the rest spreads over both
-_SERIAL_AREAS = {"fault", "connectors", "docs"}
+# `pytest -n 2` (pyproject.toml): the tests of the shared servers
+# (PostgreSQL, MariaDB, Redis, NATS, RabbitMQ: tables, slots and streams by
+# name), the kill suites and the docs' blocks run in one worker, one after
+# another; the rest spreads over both (pytest_xdist_make_scheduler below)
+_SERIAL = ("tests/connectors/", "tests/fault/", "tests/docs/")
 _SLOW_FILES = {
     "docs/test_docs.py", "security/test_load.py", "security/test_rest_fuzz.py",
     "security/test_wire_fuzz.py", "integration/test_nexmark.py", "integration/test_examples.py",
@@ -42,15 +44,25 @@ _SLOW_FILES = {
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    import pytest
 
     for item in items:
         parts = item.path.parts
         area = next((a for a in _AREAS if a in parts[-3:-1]), None)
         if area is not None:
             item.add_marker(getattr(pytest.mark, area))
-        if area in _SERIAL_AREAS:
-            item.add_marker(pytest.mark.xdist_group("serial"))
         if (area in _SLOW_AREAS or "/".join(parts[-2:]) in _SLOW_FILES
                 or "spark" in item.path.name or "[spark" in item.name or "-spark" in item.name):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: object, log: object) -> object:
+    """With pytest-xdist: every test of ``_SERIAL`` in one scope (one worker,
+    in order), every other test a scope of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialServers(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "serial" if nodeid.startswith(_SERIAL) else nodeid
+
+    return SerialServers(config, log)
