@@ -44,7 +44,6 @@ _SLOW_FILES = {
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-
     for item in items:
         parts = item.path.parts
         area = next((a for a in _AREAS if a in parts[-3:-1]), None)

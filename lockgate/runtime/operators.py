@@ -312,8 +312,13 @@ def user_hook(uid: str, hook: str) -> Iterator[None]:
     except LockgateError:
         raise
     except Exception as e:
-        raise UserFunctionError(
-            f"operator {uid!r} raised {type(e).__name__} in {hook}(): {e}") from e
+        raise hook_error(uid, hook, e) from e
+
+
+def hook_error(uid: str, hook: str, e: Exception) -> UserFunctionError:
+    """The error ``user_hook`` raises for ``e`` (also for a hook called
+    per record, where a context manager per call would cost too much)."""
+    return UserFunctionError(f"operator {uid!r} raised {type(e).__name__} in {hook}(): {e}")
 
 
 def fire_timers(op: StreamOperator, on_timer: Callable[[int, Any], Any], ctx: KeyedContext,

@@ -20,7 +20,7 @@ from lockgate.api.triggers import Trigger, TriggerContext, TriggerResult, Trigge
 from lockgate.api.watermarks import TimeDomain
 from lockgate.api.windows import GlobalWindow, GlobalWindows, TimeWindow
 from lockgate.errors import LockgateError, UserFunctionError
-from lockgate.runtime.operators import user_hook
+from lockgate.runtime.operators import hook_error, user_hook
 from lockgate.state.backend import ValueStateDescriptor
 from lockgate.state.values import ATOMIC, private_copy
 
@@ -175,8 +175,7 @@ class TriggerRunner:
         except LockgateError:
             raise
         except Exception as e:
-            raise UserFunctionError(f"operator {self.op.uid!r} raised {type(e).__name__} in "
-                                    f"trigger.{hook}(): {e}") from e
+            raise hook_error(self.op.uid, f"trigger.{hook}", e) from e
         if not isinstance(res, TriggerResult):
             raise UserFunctionError(f"operator {self.op.uid!r}: {type(self.trigger).__name__}."
                                     f"{hook} returned {res!r}, not a TriggerResult")

@@ -17,6 +17,7 @@ whose state holds numbers or tuples of numbers is a single type test.
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from itertools import chain
 from typing import Any
 
@@ -37,6 +38,17 @@ def immutable(value: Any) -> bool:
 _TUPLES = {tuple}
 
 
+def _rows_or_atomic(items: Collection[Any]) -> bool:
+    """Every item is a tuple of atomic values (a row), or every item is
+    atomic: told by type tests that run in C (``map``), the first item's
+    type saying which to try (none for a container of dicts or lists)."""
+    first = type(next(iter(items)))
+    if first is tuple:
+        return set(map(type, items)) == _TUPLES and ATOMIC.issuperset(
+            map(type, chain.from_iterable(items)))
+    return first in ATOMIC and ATOMIC.issuperset(map(type, items))
+
+
 def private_copy(value: Any) -> Any:
     """A copy of ``value`` that shares nothing mutable with it.
 
@@ -47,34 +59,19 @@ def private_copy(value: Any) -> Any:
     t = type(value)
     if t in ATOMIC:
         return value
-    # a container of more than a few items, all tuples of atomic values
-    # (rows) or all atomic, is told by type tests that run in C (``map``):
-    # a shallow copy is then a private one (the type of the first item says
-    # which test to try: none for a container of dicts or lists)
+    # a container of more than a few items (up to 4, copied item by item:
+    # fewer steps), all rows or all atomic, is copied shallow
     if t is dict:
-        if len(value) > 4:  # up to 4 items, copied item by item (fewer steps)
-            items = value.values()
-            first = type(next(iter(items)))
-            if first is tuple:
-                if set(map(type, items)) == _TUPLES and ATOMIC.issuperset(
-                        map(type, chain.from_iterable(items))):
-                    return dict(value)
-            elif first in ATOMIC and ATOMIC.issuperset(map(type, items)):
-                return dict(value)
+        if len(value) > 4 and _rows_or_atomic(value.values()):
+            return dict(value)
         out = dict(value)
         for k, v in out.items():
             if type(v) not in ATOMIC:
                 out[k] = private_copy(v)
         return out
     if t is list:
-        if len(value) > 4:  # up to 4 items, copied item by item (fewer steps)
-            first = type(value[0])
-            if first is tuple:
-                if set(map(type, value)) == _TUPLES and ATOMIC.issuperset(
-                        map(type, chain.from_iterable(value))):
-                    return list(value)
-            elif first in ATOMIC and ATOMIC.issuperset(map(type, value)):
-                return list(value)
+        if len(value) > 4 and _rows_or_atomic(value):
+            return list(value)
         return [v if type(v) in ATOMIC else private_copy(v) for v in value]
     if t is tuple:
         for v in value:
