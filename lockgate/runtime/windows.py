@@ -40,6 +40,7 @@ from lockgate.api.windows import (
     WindowContext,
     WindowFunctionKind,
     WindowSpec,
+    _Tumbling,
 )
 from lockgate.checkpoint.kinds import OperatorStateMode
 from lockgate.runtime.operators import KeyedContext, KeyedOperator, OperatorSnapshot, user_hook
@@ -160,6 +161,8 @@ class WindowOperator(KeyedOperator):
         assign = self.assigner.assign
         watermark = self.timers.watermark
         lateness, merging = self.lateness, self.assigner.merging
+        if not merging and self.kind == WindowFunctionKind.AGGREGATE and timestamp_of is not None:
+            return self._aggregate(batch, out, key_of, timestamp_of, assign, watermark, lateness)
         for r in batch:
             key = backend.current_key = key_of(r)
             ts = timestamp_of(r) if timestamp_of is not None else now
@@ -174,6 +177,58 @@ class WindowOperator(KeyedOperator):
                 if self.event_time and w[1] - 1 <= watermark:
                     self._fire(key, w, out)  # a late firing: the updated result
             if skipped and self.event_time and ts + lateness <= watermark:
+                tag = self.window_spec.late_tag
+                if tag is not None:
+                    self.emit_side(tag, r)
+        return out
+
+    def _aggregate(self, batch: list[Any], out: list[Any], key_of: Any, timestamp_of: Any,
+                   assign: Any, watermark: float, lateness: int) -> list[Any]:
+        """``process`` for an aggregate over windows that never merge, the
+        common case, with ``_add``'s path for a window the record's key
+        already has inlined: one dict lookup for the key, one for the
+        window, the accumulator changed in place if it was stored after the
+        last snapshot (the same rules as ``_add``, which takes every other
+        case)."""
+        backend = self.backend
+        assert backend is not None
+        windows, fresh, slow = self.windows, self._fresh, self._add
+        add = self.window_spec.function.add
+        event_time = self.event_time
+        tumbling = isinstance(self.assigner, _Tumbling)
+        lo = hi = 0  # a tumbling window's bounds: records in a row mostly share it
+        ws: list[Window] = []
+        for r in batch:
+            key = backend.current_key = key_of(r)
+            ts = timestamp_of(r)
+            skipped = True
+            if not tumbling or not lo <= ts < hi:
+                ws = assign(ts)
+                if tumbling:
+                    lo, hi = ws[0]
+            for w in ws:
+                end = w[1] - 1
+                if event_time and end + lateness <= watermark:
+                    continue  # too late for this window
+                skipped = False
+                table = windows.get(key)
+                old = _MISSING if table is None else table.get(w, _MISSING)
+                if table is None or old is _MISSING:
+                    slow(key, w, r)
+                elif old.__class__ in ATOMIC:
+                    new = add(r, old)
+                    table[w] = new if new.__class__ in ATOMIC else private_copy(new)
+                    if new.__class__ not in ATOMIC:
+                        fresh.add((key, w))
+                elif (key, w) in fresh:
+                    new = add(r, old)
+                    if new is not old:
+                        table[w] = new if new.__class__ in ATOMIC else private_copy(new)
+                else:
+                    slow(key, w, r)
+                if event_time and end <= watermark:
+                    self._fire(key, w, out)  # a late firing: the updated result
+            if skipped and event_time and ts + lateness <= watermark:
                 tag = self.window_spec.late_tag
                 if tag is not None:
                     self.emit_side(tag, r)

@@ -280,6 +280,28 @@ def test_stored_contents_are_private_to_the_operator():
     assert op.windows == {}
 
 
+def test_an_aggregate_changes_its_accumulator_in_place_only_after_a_copy_of_its_own():
+    """An aggregate whose ``add`` changes the accumulator in place: the
+    first record after a snapshot copies the window's accumulator once, the
+    next ones change that copy, and the snapshot keeps what it had. Records
+    of one batch that go back and forth between windows each land in their
+    own."""
+    op = operator(spec(TumblingEventTimeWindows.of(10), WindowFunctionKind.AGGREGATE))
+    op.process([("k", 1, 1), ("k", 12, 10), ("k", 2, 2), ("j", 3, 5), ("k", 15, 20)])
+    assert op.windows == {"k": {(0, 10): [3], (10, 20): [30]}, "j": {(0, 10): [5]}}
+    snap = op.snapshot(1)
+    kept = op.windows["k"][(0, 10)]
+    op.process([("k", 4, 4)])
+    copy = op.windows["k"][(0, 10)]
+    assert copy is not kept and copy == [7]
+    op.process([("k", 5, 5), ("k", 11, 1)])
+    assert op.windows["k"][(0, 10)] is copy and copy == [12]
+    assert snap.keyed.tables[WINDOWS_STATE] == {"k": {(0, 10): [3], (10, 20): [30]},
+                                                "j": {(0, 10): [5]}}
+    assert sorted(op.process_watermark(INF)) == [("j", 0, 10, 5), ("k", 0, 10, 12),
+                                                  ("k", 10, 20, 31)]
+
+
 def test_a_growing_session_moves_its_records_and_a_snapshot_keeps_its_own():
     """A session that only grows keeps its list of records under the new
     bounds (no copy per record: a session of n records would cost n**2);
