@@ -448,9 +448,11 @@ class AuctionStats(AggregateFunction):
 
     def add(self, b: Any, acc: list[int]) -> list[int]:
         price = b[1]  # (auction, price, date_time)
-        acc[rank(price)] += 1
-        acc[3] = price if acc[3] < 0 else min(acc[3], price)
-        acc[4] = max(acc[4], price)
+        acc[0 if price < 10_000 else 1 if price < 1_000_000 else 2] += 1  # rank(price)
+        if price < acc[3] or acc[3] < 0:
+            acc[3] = price
+        if price > acc[4]:
+            acc[4] = price
         acc[5] += price
         return acc
 
