@@ -211,13 +211,12 @@ class NexmarkGenerator:
         if is_bid.all():
             return self._bids(i)
         out: list[Any] = [None] * len(numbers)
-        for where, events in ((is_bid, self._bids), (is_auction, self._auctions)):
+        for where, events in ((is_bid, self._bids), (is_auction, self._auctions),
+                              (~is_bid & ~is_auction, self._people)):
             at = np.flatnonzero(where)
             if len(at):
                 for k, e in zip(at.tolist(), events(i[at]), strict=True):
                     out[k] = e
-        for k in np.flatnonzero(~is_bid & ~is_auction).tolist():
-            out[k] = self.person(numbers[k])
         return out
 
     # --------------------------------------------------------------- models
@@ -302,6 +301,21 @@ class NexmarkGenerator:
     def person(self, i: int) -> Event:
         c = self.config
         w0, w1, w2, w3 = (_word(i, k) for k in range(4))
+        return self._person(w0, w1, w2, w3, c.last_person(i) + FIRST_PERSON_ID, c.timestamp(i))
+
+    def _people(self, i: np.ndarray) -> list[Event]:
+        """The people ``i`` (their words drawn for all at once)."""
+        c = self.config
+        last_person, _ = self._last_ids(i)
+        ts = c.base_time + i.astype(np.int64) * 1000 // c.rate
+        make = self._person
+        return [make(w0, w1, w2, w3, p + FIRST_PERSON_ID, t)
+                for w0, w1, w2, w3, p, t in zip(
+                    *(_words(i, k).tolist() for k in range(4)), last_person.tolist(),
+                    ts.tolist(), strict=True)]
+
+    def _person(self, w0: int, w1: int, w2: int, w3: int, person: int, ts: int) -> Event:
+        c = self.config
         name = f"{FIRST_NAMES[(w0 & 0xFFFF) % len(FIRST_NAMES)]} " \
                f"{LAST_NAMES[(w0 >> 16 & 0xFFFF) % len(LAST_NAMES)]}"
         city = US_CITIES[(w0 >> 32 & 0xFFFF) % len(US_CITIES)]
@@ -309,8 +323,8 @@ class NexmarkGenerator:
         email = f"{_slice(w1 & 0xFFFFFFFF, 7)}@{_slice(w1 >> 32, 5)}.com"
         card = " ".join(f"{(w2 >> s & 0xFFFF) % 10000:04d}" for s in (0, 16, 32, 48))
         size = 8 + len(name) + len(email) + len(card) + len(city) + len(state)
-        return ("P", c.last_person(i) + FIRST_PERSON_ID, name, email, card, city, state,
-                c.timestamp(i), _extra(w3, size, c.avg_person_bytes))
+        return ("P", person, name, email, card, city, state, ts,
+                _extra(w3, size, c.avg_person_bytes))
 
 
 PRICES_ARRAY = np.array(PRICES, dtype=np.int64)

@@ -30,12 +30,10 @@ from lockgate.connectors.sequence import SequenceReader
 
 __all__ = ["NexmarkSource", "event_time", "WATERMARKS"]
 
-_TIME_FIELD = {"P": 7, "A": 6, "B": 6}
-
-
 def event_time(event: Event) -> int:
-    """The event time (ms) of a person, auction or bid."""
-    return int(event[_TIME_FIELD[event[0]]])
+    """The event time (ms) of a person, auction or bid (an int: the
+    generator's ``date_time``)."""
+    return event[7] if event[0] == "P" else event[6]
 
 
 WATERMARKS = WatermarkStrategy(event_time, 0, interval=0.05)
