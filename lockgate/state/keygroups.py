@@ -95,13 +95,12 @@ class KeyGroupAssigner:
                 return list(map(cache.__getitem__, keys))
             except KeyError:
                 pass
-            m, get = self.max_parallelism, cache.get
-            targets: list[Any] = list(map(get, keys))
-            for i, t in enumerate(targets):
-                if t is None:
-                    k = keys[i]
-                    targets[i] = cache[k] = key_group_for_key(k, m) * parallelism // m
-            return targets
+            # the new keys, each once however often the batch has it, found
+            # at C speed; then the lookups again
+            m = self.max_parallelism
+            for k in set(keys).difference(cache):
+                cache[k] = key_group_for_key(k, m) * parallelism // m
+            return list(map(cache.__getitem__, keys))
         m, kg_of = self.max_parallelism, self.key_group
         return [kg_of(k) * parallelism // m for k in keys]
 

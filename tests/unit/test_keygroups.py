@@ -64,6 +64,11 @@ def test_route_matches_key_group_owner_for_every_key_type():
         assert a.route(ints, p) == [
             task_for_key_group(key_group_for_key(k, 128), p, 128) for k in ints
         ]
+        # seen and new keys mixed, the new ones more than once in the batch
+        mixed = [3, 10**6 + p, 3, 10**6 + p, "k1", f"new{p}", f"new{p}", 999]
+        assert a.route(mixed, p) == [
+            task_for_key_group(key_group_for_key(k, 128), p, 128) for k in mixed
+        ]
 
 
 def test_true_and_one_are_different_keys_for_routing():
