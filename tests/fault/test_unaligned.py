@@ -97,7 +97,7 @@ WINDOWS = ["tumbling", "sliding", "session", "join"]
 
 
 @pytest.mark.parametrize("launcher,windows", [("local", w) for w in WINDOWS] + [
-    ("spark", w) for w in (WINDOWS if SOAK else ["sliding", "join"])])
+    ("spark", w) for w in (WINDOWS if SOAK else ["join"])])
 def test_unaligned_windows_with_watermarks_in_flight(tmp_path, windows, launcher):
     """Event-time windows (tumbling, sliding, session) and an interval
     join behind a slow function: the source sends a watermark after every
