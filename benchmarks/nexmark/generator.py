@@ -298,11 +298,6 @@ class NexmarkGenerator:
                     seller.tolist(), category.tolist(), extra.tolist(), length.tolist(),
                     strict=True)]
 
-    def person(self, i: int) -> Event:
-        c = self.config
-        w0, w1, w2, w3 = (_word(i, k) for k in range(4))
-        return self._person(w0, w1, w2, w3, c.last_person(i) + FIRST_PERSON_ID, c.timestamp(i))
-
     def _people(self, i: np.ndarray) -> list[Event]:
         """The people ``i`` (their words drawn for all at once)."""
         c = self.config
@@ -315,6 +310,7 @@ class NexmarkGenerator:
                     ts.tolist(), strict=True)]
 
     def _person(self, w0: int, w1: int, w2: int, w3: int, person: int, ts: int) -> Event:
+        """The person of id ``person`` at time ``ts`` from its four words."""
         c = self.config
         name = f"{FIRST_NAMES[(w0 & 0xFFFF) % len(FIRST_NAMES)]} " \
                f"{LAST_NAMES[(w0 >> 16 & 0xFFFF) % len(LAST_NAMES)]}"
