@@ -112,7 +112,8 @@ def reported_failure(task: int, report: Failed, task_name: str) -> AttemptFailed
 
 
 def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Collection[int],
-               task_name: Callable[[int], str]) -> AttemptFailed:
+               task_name: Callable[[int], str],
+               awaiting_exit: Callable[[], None] = lambda: None) -> AttemptFailed:
     """The failure to report for an attempt that failed with ``failure``:
 
     * a broken channel (:data:`BROKEN_CHANNELS`): the report of the task
@@ -131,7 +132,10 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
     process's exit when that comes among ``events``: a kill's signal, not
     the lost connection it caused.
 
-    ``finished``: tasks that ended normally (their disconnection is no death)."""
+    ``finished``: tasks that ended normally (their disconnection is no death);
+    ``awaiting_exit``: called when a silent death found behind a broken
+    channel waits for its exit, so that the caller's deadline gives that exit
+    time of its own (the disconnection may come late in the wait)."""
     events = iter(events)
     if failure.early_exit:
         for event in events:
@@ -156,6 +160,7 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
             case TaskDisconnected(task=task) if task not in finished and task not in reported:
                 # a task's report would have come before its disconnection: it
                 # died; its exit, if it comes, says how
+                awaiting_exit()
                 death = _how_it_ended(task, events, task_name)
                 if death is None:
                     death = AttemptFailed(f"task {task_name(task)} lost its connection to "

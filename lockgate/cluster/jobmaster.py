@@ -16,6 +16,7 @@ Why an attempt failed and how long to wait are pure decisions
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -288,9 +289,10 @@ class JobMaster:
             except (AttemptFailed, CheckpointFailureError) as e:
                 self.startup.mark("failed")
                 if isinstance(e, AttemptFailed):
-                    wait = EXIT_WAIT if e.exit_pending else ROOT_CAUSE_WAIT
-                    e = self.restarts.root_cause(e, self._events_for(wait),
-                                                 self.tasks.finished)
+                    window = _EventWindow(self.events, self.attempt,
+                                          EXIT_WAIT if e.exit_pending else ROOT_CAUSE_WAIT)
+                    e = self.restarts.root_cause(e, window, self.tasks.finished,
+                                                 functools.partial(window.extend, EXIT_WAIT))
                 self.startup.mark("cause")
                 self.restarts.detected()
                 self._end_attempt(failed=True)
@@ -503,17 +505,6 @@ class JobMaster:
         time.sleep(delay)
         self.attempt += 1
 
-    def _events_for(self, seconds: float) -> Iterator[TaskEvent]:
-        """This attempt's events as they come, for ``seconds`` at most."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                event = self.events.get(timeout=left)
-            except queue.Empty:
-                return
-            if event.attempt == self.attempt:
-                yield event
-
     def _end_attempt(self, failed: bool) -> None:
         """Kill what is left of the attempt; its checkpoint in flight (if
         any) ends for a task's failure only if one ``failed``."""
@@ -535,3 +526,26 @@ class JobMaster:
 
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in name).strip("-") or "job"
+
+
+class _EventWindow:
+    """An attempt's events as they come, until a deadline ``seconds`` away,
+    which :meth:`extend` can push back."""
+
+    def __init__(self, events: queue.Queue[TaskEvent], attempt: int, seconds: float) -> None:
+        self._events = events
+        self._attempt = attempt
+        self._deadline = time.monotonic() + seconds
+
+    def extend(self, seconds: float) -> None:
+        """Wait at least ``seconds`` more from now."""
+        self._deadline = max(self._deadline, time.monotonic() + seconds)
+
+    def __iter__(self) -> Iterator[TaskEvent]:
+        while (left := self._deadline - time.monotonic()) > 0:
+            try:
+                event = self._events.get(timeout=left)
+            except queue.Empty:
+                return
+            if event.attempt == self._attempt:
+                yield event

@@ -31,10 +31,11 @@ log = logging.getLogger("lockgate.driver")
 
 ROOT_CAUSE_WAIT = 1.0
 """Seconds a failure seen as a broken channel waits for the failure that broke it."""
-EXIT_WAIT = 0.3
+EXIT_WAIT = 1.0
 """Seconds a task's lost connection waits for the task's exit, which names
-what ended it (a kill's signal): the launcher sees a local process's exit
-within milliseconds, so only a task whose exit never comes costs this."""
+what ended it (a kill's signal): the launcher most often sees a local
+process's exit within milliseconds, but a loaded machine can delay it, and
+only a task whose exit never comes costs the whole wait."""
 
 
 class Restarts:
@@ -78,12 +79,14 @@ class Restarts:
         self._running_since = None
 
     def root_cause(self, failure: AttemptFailed, events: Iterable[TaskEvent],
-                   finished: Collection[int]) -> AttemptFailed:
+                   finished: Collection[int],
+                   awaiting_exit: Callable[[], None] = lambda: None) -> AttemptFailed:
         """The failure to report for ``failure``, from what the attempt's
-        tasks said next (``events``, until the caller's deadline; ``finished``:
-        the tasks that ended normally); a cause found there is logged
+        tasks said next (``events``, until the caller's deadline, which
+        ``awaiting_exit`` extends for a silent death's exit; ``finished``: the
+        tasks that ended normally); a cause found there is logged
         (:func:`root_cause`)."""
-        cause = root_cause(failure, events, finished, self.task_name)
+        cause = root_cause(failure, events, finished, self.task_name, awaiting_exit)
         if cause is not failure and cause.report is not None:
             self.log_report(cause)
         return cause

@@ -4,8 +4,12 @@ channels: the reports come through separate connections, in any order.
 
 from __future__ import annotations
 
-from lockgate.cluster.events import TaskDisconnected, TaskExited, TaskMessage
+import queue
+from collections.abc import Iterator
+
+from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.cluster.failures import AttemptFailed, restart_delay, root_cause, streak
+from lockgate.cluster.jobmaster import _EventWindow
 from lockgate.config import FailureHistory, FixedDelayRestart
 from lockgate.protocol import Failed
 
@@ -67,6 +71,35 @@ def test_a_silent_death_is_named_by_its_exit_when_that_follows() -> None:
     cause = root_cause(broken_channel(DOWN_0),
                        [TaskDisconnected(0, SOURCE), TaskExited(0, SOURCE, -9)], set(), name)
     assert cause.task == SOURCE and cause.reason.startswith("task t1 was killed by SIGKILL (and ")
+
+
+def test_a_silent_death_found_late_gets_time_for_its_exit() -> None:
+    """A broken channel is reported first and the killed task's disconnection
+    comes late in the wait: the wait is extended for its exit (the events
+    stop where a deadline that was not extended would have ended them)."""
+    extended: list[bool] = []
+
+    def events() -> Iterator[TaskEvent]:
+        yield TaskDisconnected(0, SOURCE)
+        if extended:
+            yield TaskExited(0, SOURCE, -9)
+
+    cause = root_cause(broken_channel(DOWN_0), events(), set(), name,
+                       lambda: extended.append(True))
+    assert cause.task == SOURCE and "was killed by SIGKILL (and" in cause.reason, cause.reason
+    extended.clear()
+    cause = root_cause(broken_channel(DOWN_0), events(), set(), name)
+    assert "lost its connection" in cause.reason, cause.reason
+
+
+def test_the_job_masters_event_window_ends_at_its_deadline_unless_extended() -> None:
+    events: queue.Queue[TaskEvent] = queue.Queue()
+    events.put(TaskExited(1, SOURCE, -9))  # another attempt's: never shown
+    events.put(TaskExited(0, SOURCE, -9))
+    window = _EventWindow(events, 0, 0.0)
+    assert list(window) == []
+    window.extend(5.0)
+    assert next(iter(window)) == TaskExited(0, SOURCE, -9)
 
 
 def test_a_finished_task_that_disconnects_did_not_die() -> None:
