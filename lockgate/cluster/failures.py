@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pickle
 import signal
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from lockgate.cluster.events import TaskDisconnected, TaskEvent, TaskExited, TaskMessage
 from lockgate.config import FailureHistory, RestartStrategy
@@ -113,7 +113,8 @@ def reported_failure(task: int, report: Failed, task_name: str) -> AttemptFailed
 
 def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Collection[int],
                task_name: Callable[[int], str],
-               awaiting_exit: Callable[[], None] = lambda: None) -> AttemptFailed:
+               awaiting_exit: Callable[[], None] = lambda: None,
+               exits: Mapping[int, int | None] | None = None) -> AttemptFailed:
     """The failure to report for an attempt that failed with ``failure``:
 
     * a broken channel (:data:`BROKEN_CHANNELS`): the report of the task
@@ -135,7 +136,11 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
     ``finished``: tasks that ended normally (their disconnection is no death);
     ``awaiting_exit``: called when a silent death found behind a broken
     channel waits for its exit, so that the caller's deadline gives that exit
-    time of its own (the disconnection may come late in the wait)."""
+    time of its own (the disconnection may come late in the wait);
+    ``exits``: the exit codes of tasks whose exit came before the failure
+    (a killed task's exit may overtake its peers' reports of the channels
+    its death broke: it is the cause, and its disconnection may come later
+    or have come already)."""
     events = iter(events)
     if failure.early_exit:
         for event in events:
@@ -151,6 +156,10 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
     if failure.error_type not in BROKEN_CHANNELS:
         return failure
     reported = {failure.task}  # tasks that said why they failed: not silent deaths
+    for task, code in (exits or {}).items():  # killed by a signal: no report comes
+        if task not in finished and task not in reported and code is not None and code < 0:
+            return AttemptFailed(f"task {task_name(task)} {exit_text(code)} (and "
+                                 f"{failure.reason})", task)
     for event in events:
         match event:
             case TaskMessage(task=task, message=Failed() as report):

@@ -292,7 +292,8 @@ class JobMaster:
                     window = _EventWindow(self.events, self.attempt,
                                           EXIT_WAIT if e.exit_pending else ROOT_CAUSE_WAIT)
                     e = self.restarts.root_cause(e, window, self.tasks.finished,
-                                                 functools.partial(window.extend, EXIT_WAIT))
+                                                 functools.partial(window.extend, EXIT_WAIT),
+                                                 self.tasks.exit_codes)
                 self.startup.mark("cause")
                 self.restarts.detected()
                 self._end_attempt(failed=True)

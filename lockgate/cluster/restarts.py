@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from lockgate import fs
@@ -80,13 +80,14 @@ class Restarts:
 
     def root_cause(self, failure: AttemptFailed, events: Iterable[TaskEvent],
                    finished: Collection[int],
-                   awaiting_exit: Callable[[], None] = lambda: None) -> AttemptFailed:
+                   awaiting_exit: Callable[[], None] = lambda: None,
+                   exits: Mapping[int, int | None] | None = None) -> AttemptFailed:
         """The failure to report for ``failure``, from what the attempt's
         tasks said next (``events``, until the caller's deadline, which
         ``awaiting_exit`` extends for a silent death's exit; ``finished``: the
-        tasks that ended normally); a cause found there is logged
-        (:func:`root_cause`)."""
-        cause = root_cause(failure, events, finished, self.task_name, awaiting_exit)
+        tasks that ended normally; ``exits``: the exits seen before); a cause
+        found there is logged (:func:`root_cause`)."""
+        cause = root_cause(failure, events, finished, self.task_name, awaiting_exit, exits)
         if cause is not failure and cause.report is not None:
             self.log_report(cause)
         return cause

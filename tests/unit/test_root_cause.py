@@ -92,6 +92,18 @@ def test_a_silent_death_found_late_gets_time_for_its_exit() -> None:
     assert "lost its connection" in cause.reason, cause.reason
 
 
+def test_a_killed_tasks_exit_seen_before_the_broken_channel_names_the_cause() -> None:
+    """The killed task's exit overtook its peer's report (the job master kept
+    it, waiting for the disconnection): the cause is the kill, though no
+    exit follows among the events."""
+    events = [TaskDisconnected(0, SOURCE), TaskDisconnected(0, DOWN_0)]
+    cause = root_cause(broken_channel(DOWN_0), events, set(), name, exits={SOURCE: -9})
+    assert cause.task == SOURCE and "was killed by SIGKILL (and" in cause.reason, cause.reason
+    # an exit by the task's own failure (its report may still be on its way) is no kill
+    cause = root_cause(broken_channel(DOWN_0), [], set(), name, exits={SOURCE: 1, DOWN_1: None})
+    assert cause.task == DOWN_0, cause.reason
+
+
 def test_the_job_masters_event_window_ends_at_its_deadline_unless_extended() -> None:
     events: queue.Queue[TaskEvent] = queue.Queue()
     events.put(TaskExited(1, SOURCE, -9))  # another attempt's: never shown
