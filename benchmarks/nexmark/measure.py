@@ -109,7 +109,9 @@ class JobUsage(threading.Thread):
     daemon's workers can be) is followed on by its pid, and one that ended
     with nobody tracked to reap it (an orphan, or a process of an earlier
     run ending now) keeps the CPU it was last seen with: without that, a
-    run's figure could even come out negative. ``finish`` takes the last
+    run's figure could even come out negative. So does one whose parent
+    ignores SIGCHLD (Spark's Python daemon: the kernel reaps its workers,
+    and their CPU never reaches its reaped-children figure). ``finish`` takes the last
     snapshot after the tasks are reaped; the CPU of the run is the
     difference of the first and the last. Every 50 ms a sample ``(wall
     clock, CPU so far)`` goes to ``timeline`` (the steady-state figures),
@@ -125,9 +127,9 @@ class JobUsage(threading.Thread):
         self.stop = threading.Event()
         self.own = 0.0
         """CPU seconds of this thread (not the job's)."""
-        self.seen: dict[int, tuple[float, int, int]] = {}
+        self.seen: dict[int, tuple[float, int, int, float]] = {}
         """Per process followed at the last snapshot: its CPU (own and reaped
-        children's), its parent and its start time."""
+        children's), its parent, its start time and its reaped children's CPU."""
         self.gone = 0.0
         """CPU seconds of descendants that vanished with no tracked parent."""
         self.base = self.snapshot()
@@ -137,21 +139,32 @@ class JobUsage(threading.Thread):
         total = t.user + t.system - self.own + t.children_user + t.children_system
         rss = 0
         me = os.getpid()
-        alive: dict[int, tuple[float, int, int]] = {}
+        alive: dict[int, tuple[float, int, int, float]] = {}
         for pid in [*descendants(me), *self.seen]:
             if pid in alive or (st := _stat(pid)) is None:
                 continue
             name, cpu, reaped, mem, parent, start = st
             if pid in self.seen and start != self.seen[pid][2]:
                 continue  # the pid was reused
-            alive[pid] = (cpu + reaped, parent, start)
+            alive[pid] = (cpu + reaped, parent, start, reaped)
             total += cpu + reaped
             if name.startswith(TASK_PROCESS_PREFIX):
                 self.tasks[pid] = cpu
                 rss += mem
-        for pid, (cpu, parent, _) in self.seen.items():
-            if pid not in alive and parent not in alive and parent != me:
+        vanished: dict[int, float] = {}  # per live parent: its children gone since
+        for pid, (cpu, parent, _, _) in self.seen.items():
+            if pid in alive:
+                continue
+            if parent not in alive and parent != me:
                 self.gone += cpu  # nobody tracked reaped it: its last figure
+            elif parent in alive and parent in self.seen:
+                vanished[parent] = vanished.get(parent, 0.0) + cpu
+        for parent, cpu in vanished.items():
+            # A parent that ignores SIGCHLD (Spark's Python daemon) has its
+            # children reaped by the kernel, their CPU never added to its
+            # reaped-children figure: what that figure did not grow by is
+            # kept, at the children's last figures.
+            self.gone += max(0.0, cpu - (alive[parent][3] - self.seen[parent][3]))
         self.seen = alive
         total += self.gone
         self.peak_rss = max(self.peak_rss, rss)
