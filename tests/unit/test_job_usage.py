@@ -22,7 +22,8 @@ if os.fork() == 0:
     end = time.process_time() + 0.4
     while time.process_time() < end:
         pass
-    (folder / "burned").touch()
+    (folder / "pid").write_text(str(os.getpid()))
+    os.rename(folder / "pid", folder / "burned")  # whole when it appears
     while not (folder / "go").exists():
         time.sleep(0.01)
     os._exit(0)
@@ -44,11 +45,15 @@ def test_a_child_reaped_by_a_parent_that_ignores_sigchld_keeps_its_cpu(tmp_path:
     parent = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path)])
     try:
         _wait_for(tmp_path / "burned")
+        child = Path(f"/proc/{(tmp_path / 'burned').read_text()}")
         usage = JobUsage()
         usage.start()
         time.sleep(0.2)
         (tmp_path / "go").touch()
-        time.sleep(0.5)  # the child ends and is reaped, its parent lives on
+        deadline = time.monotonic() + 60
+        while child.exists():  # the child ends and is reaped; its parent lives on
+            assert time.monotonic() < deadline, "the child did not end"
+            time.sleep(0.01)
         cpu = usage.finish(settle=0.0)["cpu_s"]
     finally:
         (tmp_path / "end").touch()
