@@ -158,8 +158,7 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
     reported = {failure.task}  # tasks that said why they failed: not silent deaths
     for task, code in (exits or {}).items():  # killed by a signal: no report comes
         if task not in finished and task not in reported and code is not None and code < 0:
-            return AttemptFailed(f"task {task_name(task)} {exit_text(code)} (and "
-                                 f"{failure.reason})", task)
+            return _killed(task, code, failure, task_name)
     for event in events:
         match event:
             case TaskMessage(task=task, message=Failed() as report):
@@ -180,9 +179,15 @@ def root_cause(failure: AttemptFailed, events: Iterable[TaskEvent], finished: Co
                     and (code is None or code < 0)):
                 # killed (a task that fails itself exits with code 1, after
                 # its report, which may still be on its way)
-                return AttemptFailed(f"task {task_name(task)} {exit_text(code)} (and "
-                                     f"{failure.reason})", task)
+                return _killed(task, code, failure, task_name)
     return failure
+
+
+def _killed(task: int, code: int | None, failure: AttemptFailed,
+            task_name: Callable[[int], str]) -> AttemptFailed:
+    """Task ``task``, which exited with ``code`` (killed) without a report,
+    as the cause of ``failure`` (a broken channel its death made)."""
+    return AttemptFailed(f"task {task_name(task)} {exit_text(code)} (and {failure.reason})", task)
 
 
 def _how_it_ended(task: int, events: Iterable[TaskEvent],
