@@ -5,7 +5,8 @@
         [--launchers local] [--bootstrap host:port] [--inline-threshold B]
         [--buffer-timeout S] [--split] [--history DIR] [--record]
 
-Two phases on one private noida-db broker (or ``--bootstrap``):
+Two phases, each on a private noida-db broker of its own (or all on
+``--bootstrap``):
 
 1. **Throughput.** A bounded W3 run (``--n`` integers in topic ``in``, 4
    partitions, key ``x % 1000``, a running sum per key, one record per input
@@ -22,7 +23,13 @@ Two phases on one private noida-db broker (or ``--bootstrap``):
    produced, for records produced after ``--warmup`` seconds, over
    ``--seconds`` seconds; p50, p99 and max per interval (median over
    rounds), with the job's checkpoint history (duration, alignment, the
-   synchronous and asynchronous parts) summarized.
+   synchronous and asynchronous parts) summarized. Each latency round
+   (those of the live maximum's search too) starts a fresh broker: noida-db
+   keeps what earlier rounds did (its resident memory grows to about a
+   gigabyte over the throughput phase, deleted topics and all), and on it
+   records and commits stall for hundreds of milliseconds at a time that a
+   fresh broker does not show, which would measure the broker's history,
+   not the job.
 
 The live maximum is the highest rate the job keeps up with while the
 producer, the watcher and the broker share its machine (on a 2-core
@@ -65,6 +72,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -309,7 +317,24 @@ def split_latency(rows: list[tuple[int, int, int]],
                for j, name in enumerate(names)}}
 
 
-def latency_round(bootstrap: str, interval: float, rate: float, args: Any) -> dict[str, Any]:
+@contextlib.contextmanager
+def broker(args: Any) -> Iterator[str]:
+    """``--bootstrap``, or a fresh broker of this benchmark's own (stopped
+    after)."""
+    if args.bootstrap:
+        yield args.bootstrap
+    else:
+        with noida_broker(args.broker_dir) as bootstrap:
+            yield bootstrap
+
+
+def latency_round(interval: float, rate: float, args: Any) -> dict[str, Any]:
+    with broker(args) as bootstrap:
+        return _latency_round(bootstrap, interval, rate, args)
+
+
+def _latency_round(bootstrap: str, interval: float, rate: float,
+                   args: Any) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     source = new_topic(bootstrap, "lat-in", PARTITIONS)
     out = new_topic(bootstrap, "lat-out", PARTITIONS)
@@ -371,7 +396,7 @@ def out_rate(visible: list[list[tuple[int, int]]], since: float, until: float) -
     return sum(at(s, until) - at(s, since) for s in visible) / (until - since)
 
 
-def live_maximum(bootstrap: str, start: float, interval: float, args: Any) -> float:
+def live_maximum(start: float, interval: float, args: Any) -> float:
     """The highest rate the job keeps up with while the producer feeds it on
     the same machine: offered ``start`` records/s, the job makes visible
     what it can; that rate is offered next, until the job keeps up with
@@ -381,7 +406,7 @@ def live_maximum(bootstrap: str, start: float, interval: float, args: Any) -> fl
     a job makes visible less than it keeps up with when it is not: the
     first steps find a rate below the maximum)."""
     def kept_up(rate: float) -> tuple[bool, float]:
-        got = latency_round(bootstrap, interval, rate, args)["out_rate"]
+        got = latency_round(interval, rate, args)["out_rate"]
         print(f"live: offered {rate:,.0f} records/s, visible {got:,.0f}/s", flush=True)
         return got >= KEEPS_UP * rate, got
     rate, too_much = start, None
@@ -456,9 +481,8 @@ def main() -> None:
     loads = [os.getloadavg()[0]]
     rates: dict[float, list[float]] = {i: [] for i in args.intervals}
     lats: dict[float, list[dict[str, Any]]] = {i: [] for i in args.intervals}
-    with contextlib.ExitStack() as stack:
-        bootstrap = args.bootstrap or stack.enter_context(noida_broker(args.broker_dir))
-        if args.throughput:
+    if args.throughput:
+        with broker(args) as bootstrap:
             source = new_topic(bootstrap, "lat-w3-in", PARTITIONS)
             produce_numbers(bootstrap, source, 1, args.n, PARTITIONS)
             for r in range(args.rounds):
@@ -467,22 +491,22 @@ def main() -> None:
                     loads.append(os.getloadavg()[0])
                     print(f"round {r + 1}: interval {i} s: {rates[i][-1]:,.0f} records/s",
                           flush=True)
-        top = max(args.intervals)
-        live_max = None
-        if args.rate:
-            rate = args.rate
-        else:
-            start = args.max_from or (statistics.median(rates[top]) if rates[top] else None)
-            if start is None:
-                ap.error("--no-throughput needs --rate or --max-from")
-            live_max = live_maximum(bootstrap, start, min(args.intervals), args)
-            rate = live_max / 2
-        print(f"latency at {rate:,.0f} records/s", flush=True)
-        for r in range(args.rounds):
-            for i in args.intervals:
-                lats[i].append(latency_round(bootstrap, i, rate, args))
-                loads.append(os.getloadavg()[0])
-                print(f"round {r + 1}: {json.dumps(lats[i][-1])}", flush=True)
+    top = max(args.intervals)
+    live_max = None
+    if args.rate:
+        rate = args.rate
+    else:
+        start = args.max_from or (statistics.median(rates[top]) if rates[top] else None)
+        if start is None:
+            ap.error("--no-throughput needs --rate or --max-from")
+        live_max = live_maximum(start, min(args.intervals), args)
+        rate = live_max / 2
+    print(f"latency at {rate:,.0f} records/s", flush=True)
+    for r in range(args.rounds):
+        for i in args.intervals:
+            lats[i].append(latency_round(i, rate, args))
+            loads.append(os.getloadavg()[0])
+            print(f"round {r + 1}: {json.dumps(lats[i][-1])}", flush=True)
     load = round(statistics.median(loads), 2)
     print(f"\nW3 latency, {args.launcher} launcher, p={args.parallelism}, "
           f"{rate:,.0f} records/s"
